@@ -1,0 +1,172 @@
+"""Which backend runs a call, and why the others did not.
+
+Backends, fastest first (a variant's spec lists the ones it has, in this order):
+
+=============  ============================================================================
+``tlx-sm90``   TLX warp-specialised kernels, Hopper only (a later variant backend)
+``portable``   stock Triton kernels on a CUDA GPU
+``interpreter`` the same stock Triton kernels run by Triton's interpreter on the CPU
+               (``TRITON_INTERPRET=1`` must be set before jagflash's kernels are imported)
+``reference``  plain PyTorch, one sequence at a time (``jagflash.core.reference``)
+=============  ============================================================================
+
+Choice per call: the ``backend=`` argument, else the ``JAGFLASH_BACKEND`` environment variable,
+else the first backend of the spec that can run the problem. A requested backend that cannot
+run the problem raises :class:`~jagflash.core.capability.UnsupportedProblem` with its reasons;
+it never falls back. When the automatic choice lands on ``reference`` although the variant has
+kernel backends, a :class:`FallbackWarning` names why each faster one could not run.
+:func:`last_choice` tells which backend ran last for a variant, and why the others did not.
+
+Nothing here queries a GPU at import time.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from jagflash.core.capability import Problem, UnsupportedProblem, VariantSpec
+
+__all__ = [
+    "BACKENDS",
+    "BackendChoice",
+    "FallbackWarning",
+    "interpreter_reasons",
+    "last_choice",
+    "portable_reasons",
+    "select",
+]
+
+BACKENDS = ("tlx-sm90", "portable", "interpreter", "reference")
+ENV_VAR = "JAGFLASH_BACKEND"
+
+
+class FallbackWarning(UserWarning):
+    """The automatic choice fell back to the slow PyTorch reference."""
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend that runs a call, and for every other backend the reasons it did not."""
+
+    variant: str
+    name: str
+    why: str
+    reasons: dict[str, list[str]] = field(default_factory=dict)
+
+    def explain(self) -> str:
+        lines = [f"{self.variant}: ran {self.name} ({self.why})"]
+        for other, rs in self.reasons.items():
+            lines.append(f"  {other}: " + ("; ".join(rs) if rs else "not tried"))
+        return "\n".join(lines)
+
+
+_last: dict[str, BackendChoice] = {}
+
+
+def last_choice(variant: str) -> BackendChoice | None:
+    """The choice made by the latest call of ``variant`` in this process (``None`` before one)."""
+    return _last.get(variant)
+
+
+def _triton_reasons() -> list[str]:
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:  # pragma: no cover - triton is a dependency
+        return [f"triton is not importable ({e})"]
+    return []
+
+
+def _kernels_interpreted() -> bool:
+    """Whether jagflash's Triton functions were built for the interpreter (fixed at import)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from jagflash.core import portable
+
+    return isinstance(portable.attn_fwd_tile, InterpretedFunction)
+
+
+def interpreter_reasons() -> list[str]:
+    """Reasons the Triton interpreter cannot run jagflash's kernels in this process."""
+    reasons = _triton_reasons()
+    if reasons:
+        return reasons
+    if not _kernels_interpreted():
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return [
+                "TRITON_INTERPRET=1 was set after jagflash's kernels were imported; "
+                "set it before importing jagflash"
+            ]
+        return ["Triton's interpreter is off (set TRITON_INTERPRET=1 before importing jagflash)"]
+    return []
+
+
+def portable_reasons() -> list[str]:
+    """Reasons stock Triton cannot compile jagflash's kernels for a GPU in this process."""
+    reasons = _triton_reasons()
+    if not reasons and _kernels_interpreted():
+        reasons.append("TRITON_INTERPRET=1 is set, so Triton only interprets on the CPU")
+    return reasons
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(index))  # type: ignore[return-value]
+
+
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """(major, minor) of a CUDA device, cached; ``None`` for other devices."""
+    if device.type != "cuda":
+        return None
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def select(
+    spec: VariantSpec,
+    problem: Problem,
+    device: torch.device,
+    requested: str | None = None,
+) -> BackendChoice:
+    """Pick the backend of ``spec`` that runs ``problem`` (see the module docstring)."""
+    problem = problem.with_capability(device_capability(device))
+    how = "backend= argument"
+    if requested is None and os.environ.get(ENV_VAR):
+        requested, how = os.environ[ENV_VAR], f"{ENV_VAR}={os.environ[ENV_VAR]}"
+    if requested is not None and requested != "auto":
+        if requested not in spec.backend_names():
+            raise UnsupportedProblem(
+                f"{spec.name} ({requested})",
+                [f"no backend {requested!r}; this variant has {spec.backend_names()}"],
+            )
+        reasons = spec.backend(requested).reasons(problem)
+        if reasons:
+            raise UnsupportedProblem(f"{spec.name} ({requested})", reasons)
+        others = {b.name: [f"not chosen: {how} asked for {requested}"] for b in spec.backends if b.name != requested}
+        choice = BackendChoice(spec.name, requested, f"requested by {how}", others)
+    else:
+        tried: dict[str, list[str]] = {}
+        choice = None
+        for b in spec.backends:
+            rs = b.reasons(problem)
+            if not rs:
+                rest = {o.name: ["not tried: a faster backend runs this"] for o in spec.backends if o.name not in tried and o.name != b.name}
+                choice = BackendChoice(spec.name, b.name, "fastest backend that runs this", {**tried, **rest})
+                break
+            tried[b.name] = rs
+        if choice is None:
+            raise UnsupportedProblem(
+                spec.name, [f"{name}: {r}" for name, rs in tried.items() for r in rs]
+            )
+        if choice.name == "reference" and tried:
+            warnings.warn(
+                f"{spec.name}: falling back to the slow PyTorch reference; "
+                + "; ".join(f"{n}: {', '.join(rs)}" for n, rs in tried.items()),
+                FallbackWarning,
+                stacklevel=3,
+            )
+    _last[spec.name] = choice
+    return choice

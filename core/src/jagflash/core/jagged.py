@@ -1,0 +1,223 @@
+"""Jagged tensors: offsets validation and every quantity the kernels derive from offsets.
+
+A jagged tensor is ``values [T, ...]`` plus ``offsets [B+1]`` (int32 or int64, non-decreasing,
+``offsets[0] == 0``, ``offsets[-1] == T``); sequence ``b`` is ``values[offsets[b]:offsets[b+1]]``.
+Zero-length sequences are legal.
+
+Tile ranges. A q-tile of ``block_m`` query rows starting at row ``m0`` of a sequence with ``lq``
+queries and ``lk`` keys visits the kv-tiles ``[lo, hi)`` (steps of ``block_n``). Of those,
+``[full_lo, full_hi)`` need no score mask: every (row, key) pair in them is visible and every key
+index is in range. The kernels run ``[lo, full_lo)`` and ``[full_hi, hi)`` in a masked,
+compile-time-specialised loop and ``[full_lo, full_hi)`` in an unmasked one. ``kv_tile_ranges``
+here is the vectorised twin of ``jagflash.core.math.kv_tile_range``; the two are checked against
+each other in the tests, and the schedules use this one for tile costs.
+
+Masks are written as a window ``(left, right)`` relative to the bottom-right diagonal: query ``i``
+sees key ``j`` iff ``i + d - left <= j <= i + d + right`` with ``d = lk - lq``; ``-1`` leaves a side
+unbounded. Causal is ``right = 0``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "check_offsets",
+    "dkdv_q_ranges",
+    "kv_tile_ranges",
+    "mask_bounds",
+    "max_seqlen",
+    "seq_lengths",
+    "tile_starts",
+    "to_jagged",
+    "to_padded",
+    "visible_pairs",
+]
+
+
+def mask_bounds(causal: bool, window: tuple[int, int] | None = None) -> tuple[int, int]:
+    """``(left, right)`` bounds of the visible band; -1 is unbounded. Causal clips right to 0."""
+    left, right = window if window is not None else (-1, -1)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return int(left), int(right)
+
+
+def check_offsets(
+    offsets: object,
+    total: int,
+    name: str,
+    device: torch.device,
+    *,
+    check_values: bool,
+) -> tuple[list[str], int | None]:
+    """Reasons ``offsets`` is not a valid offsets tensor for ``total`` rows, and its max length.
+
+    Structure (type, rank, dtype, device) is always checked. Values (start at 0, non-decreasing,
+    end at ``total``) are checked only with ``check_values``; on a GPU that costs one host
+    synchronisation, which also yields the max sequence length (returned, else ``None``).
+    """
+    if not isinstance(offsets, torch.Tensor):
+        return [f"{name} must be a torch.Tensor, got {type(offsets).__name__}"], None
+    reasons = []
+    if offsets.dim() != 1:
+        reasons.append(f"{name} must be 1-D, got shape {tuple(offsets.shape)}")
+    if offsets.dtype not in (torch.int32, torch.int64):
+        reasons.append(f"{name} must be int32 or int64, got {offsets.dtype}")
+    if offsets.device != device:
+        reasons.append(f"{name} is on {offsets.device} but q is on {device}")
+    if offsets.dim() == 1 and offsets.numel() < 1:
+        reasons.append(f"{name} must have at least one element (B+1 with B >= 0)")
+    if reasons or not check_values:
+        return reasons, None
+    o = offsets.to(torch.int64)
+    if o.numel() == 1:
+        first, last, min_step, max_step = int(o[0]), int(o[0]), 0, 0
+    else:
+        steps = o[1:] - o[:-1]
+        first, last, min_step, max_step = torch.stack(
+            [o[0], o[-1], steps.min(), steps.max()]
+        ).tolist()
+    if first != 0:
+        reasons.append(f"{name}[0] must be 0, got {first}")
+    if min_step < 0:
+        reasons.append(f"{name} must be non-decreasing (a sequence has length {min_step})")
+    if last != total:
+        reasons.append(f"{name}[-1] must equal the number of rows {total}, got {last}")
+    return reasons, (None if reasons else max(int(max_step), 0))
+
+
+def seq_lengths(offsets: torch.Tensor) -> torch.Tensor:
+    """Per-sequence lengths ``[B]`` as int64."""
+    o = offsets.to(torch.int64)
+    return o[1:] - o[:-1]
+
+
+def max_seqlen(offsets: torch.Tensor) -> int:
+    """Largest sequence length (a host synchronisation on a GPU)."""
+    if offsets.numel() <= 1:
+        return 0
+    return int(seq_lengths(offsets).max())
+
+
+def tile_starts(offsets: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Enumerate the tiles of ``block`` rows of every sequence, sequence-major.
+
+    Returns ``(seq, start)`` int64 tensors: tile ``t`` covers rows ``start[t] ..
+    start[t] + block - 1`` (clipped to the sequence) of sequence ``seq[t]``. Zero-length
+    sequences have no tiles.
+    """
+    lengths = seq_lengths(offsets)
+    counts = (lengths + block - 1) // block
+    seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), counts)
+    first = torch.cumsum(counts, 0) - counts
+    start = (torch.arange(seq.numel(), device=offsets.device) - first[seq]) * block
+    return seq, start
+
+
+def _floor_to(x: torch.Tensor, block: int) -> torch.Tensor:
+    return torch.div(x, block, rounding_mode="floor") * block
+
+
+def _ceil_to(x: torch.Tensor, block: int) -> torch.Tensor:
+    return -torch.div(-x, block, rounding_mode="floor") * block
+
+
+def kv_tile_ranges(
+    m0: torch.Tensor,
+    lq: torch.Tensor,
+    lk: torch.Tensor,
+    block_m: int,
+    block_n: int,
+    left: int,
+    right: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kv-tile bounds ``(lo, full_lo, full_hi, hi)`` for q-tiles starting at ``m0``.
+
+    Used by the forward and the dQ pass. ``hi`` is not tile-aligned (the last masked tile is
+    clipped to it); the others are multiples of ``block_n``.
+    """
+    m0, lq, lk = (torch.as_tensor(x, dtype=torch.int64) for x in (m0, lq, lk))
+    d = lk - lq
+    zero = torch.zeros_like(d)
+    hi_key = lk if right < 0 else torch.minimum(lk, m0 + block_m + d + right)
+    lo_key = zero if left < 0 else torch.clamp(m0 + d - left, min=0)
+    lo = _floor_to(lo_key, block_n)
+    hi = torch.where(hi_key > lo_key, hi_key, lo)
+    hi_full_key = lk if right < 0 else torch.clamp(torch.minimum(lk, m0 + d + right + 1), min=0)
+    lo_full_key = zero if left < 0 else torch.clamp(m0 + block_m - 1 + d - left, min=0)
+    full_lo = torch.minimum(torch.maximum(_ceil_to(lo_full_key, block_n), lo), hi)
+    full_hi = torch.maximum(torch.minimum(_floor_to(hi_full_key, block_n), hi), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+def dkdv_q_ranges(
+    n0: torch.Tensor,
+    lq: torch.Tensor,
+    lk: torch.Tensor,
+    block_m: int,
+    block_n: int,
+    left: int,
+    right: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q-tile bounds ``(lo, full_lo, full_hi, hi)`` for the kv-tiles starting at ``n0``.
+
+    Used by the dK/dV pass; all four are multiples of ``block_m``. Rows past ``lq`` inside the
+    last q-tile need no score mask there: the kernel loads their LSE as +inf, so they add zero.
+    """
+    n0, lq, lk = (torch.as_tensor(x, dtype=torch.int64) for x in (n0, lq, lk))
+    d = lk - lq
+    zero = torch.zeros_like(d)
+    lo_row = zero if right < 0 else torch.clamp(n0 - d - right, min=0)
+    hi_row = lq if left < 0 else torch.clamp(torch.minimum(lq, n0 + block_n - d + left), min=0)
+    lo = _floor_to(lo_row, block_m)
+    hi = torch.where(hi_row > lo_row, _ceil_to(hi_row, block_m), lo)
+    lo_full_row = zero if right < 0 else torch.clamp(n0 + block_n - 1 - d - right, min=0)
+    full_lo = torch.minimum(torch.maximum(_ceil_to(lo_full_row, block_m), lo), hi)
+    if left < 0:
+        full_hi = torch.maximum(hi, full_lo)
+    else:
+        hi_full_row = torch.clamp(n0 - d + left + 1, min=0)
+        full_hi = torch.maximum(torch.minimum(_floor_to(hi_full_row, block_m), hi), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+def visible_pairs(lq: torch.Tensor, lk: torch.Tensor, left: int, right: int) -> torch.Tensor:
+    """Number of visible (query, key) pairs per sequence, exactly (int64, no materialised mask).
+
+    Row ``i`` sees keys ``[max(0, i+d-left), min(lk-1, i+d+right)]``; summed in closed form per
+    sequence would need case analysis, so this sums over rows, vectorised over the batch.
+    """
+    lq = torch.as_tensor(lq, dtype=torch.int64)
+    lk = torch.as_tensor(lk, dtype=torch.int64)
+    if lq.numel() == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    rows = torch.arange(int(lq.max()) if lq.numel() else 0, device=lq.device)
+    i = rows[None, :]
+    d = (lk - lq)[:, None]
+    lo = torch.zeros_like(i + d) if left < 0 else torch.clamp(i + d - left, min=0)
+    hi = (lk[:, None] - 1).expand_as(lo) if right < 0 else torch.minimum(lk[:, None] - 1, i + d + right)
+    count = torch.clamp(hi - lo + 1, min=0) * (i < lq[:, None])
+    return count.sum(1)
+
+
+def to_padded(
+    values: torch.Tensor, offsets: torch.Tensor, max_len: int, pad: float = 0.0
+) -> torch.Tensor:
+    """``values [T, ...]`` -> ``[B, max_len, ...]``, rows past each length filled with ``pad``."""
+    lengths = seq_lengths(offsets)
+    b = lengths.numel()
+    out = values.new_full((b, max_len, *values.shape[1:]), pad)
+    pos = torch.arange(max_len, device=values.device)
+    valid = pos[None, :] < lengths[:, None]
+    src = offsets[:-1].to(torch.int64)[:, None] + pos[None, :]
+    out[valid] = values[src[valid]]
+    return out
+
+
+def to_jagged(padded: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``[B, N, ...]`` -> ``values [T, ...]`` keeping the first ``length_b`` rows of each batch."""
+    lengths = seq_lengths(offsets)
+    pos = torch.arange(padded.shape[1], device=padded.device)
+    valid = pos[None, :] < lengths[:, None]
+    return padded[valid]

@@ -1,0 +1,140 @@
+"""What every variant's ``torch.library`` op shares: input checks, the problem it poses, the
+autograd wiring, and the dtype rule of the interpreter.
+
+A variant defines two custom ops with the same trailing arguments ("extras": offsets, lengths,
+flags, scale, backend name)::
+
+    fwd(q, k, v, *extras) -> (out, lse)
+    bwd(dout, q, k, v, out, lse, *extras) -> (dq, dk, dv)
+
+and calls :func:`register_autograd` once; the forward then saves what the backward needs and the
+backward never recomputes anything the forward knew.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from jagflash.core.capability import InvalidInput, Problem
+
+__all__ = [
+    "check_qkv",
+    "default_scale",
+    "for_kernel",
+    "make_problem",
+    "raise_if",
+    "register_autograd",
+]
+
+
+def check_qkv(q: object, k: object, v: object, *, rank: int, layout_doc: str) -> list[str]:
+    """Every structural problem of q, k, v for a ``rank``-D layout ``layout_doc`` (e.g.
+    ``"[T, H, D]"``): types, ranks, dtypes, devices, head dims, head counts, matching k/v."""
+    reasons: list[str] = []
+    named = {"q": q, "k": k, "v": v}
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            reasons.append(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if reasons:
+        return reasons
+    for name, t in named.items():
+        if t.dim() != rank:
+            reasons.append(f"{name} must be {rank}-D {layout_doc}, got shape {tuple(t.shape)}")
+        if not t.dtype.is_floating_point:
+            reasons.append(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if reasons:
+        return reasons
+    if not (q.dtype == k.dtype == v.dtype):
+        reasons.append(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        reasons.append(f"q, k, v devices differ: {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        reasons.append(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        reasons.append(f"head dims differ: q has {q.shape[-1]}, k has {k.shape[-1]}")
+    hq, hkv = q.shape[-2], k.shape[-2]
+    if hkv == 0 or hq % hkv != 0:
+        reasons.append(f"Hq ({hq}) must be a multiple of Hkv ({hkv})")
+    return reasons
+
+
+def default_scale(scale: float | None, head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+def make_problem(
+    layout: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    causal: bool,
+    window: tuple[int, int] = (-1, -1),
+    return_lse: bool = False,
+    backward: bool = False,
+    deterministic: bool = False,
+) -> Problem:
+    """The :class:`Problem` a call poses, from shapes and flags only (no data is read)."""
+    feats = set()
+    if causal:
+        feats.add("causal")
+    if tuple(window) != (-1, -1):
+        feats.add("window")
+    if q.shape[-2] != k.shape[-2]:
+        feats.add("gqa")
+    if return_lse:
+        feats.add("lse")
+    if deterministic:
+        feats.add("deterministic")
+    return Problem(
+        layout=layout,
+        device_type=q.device.type,
+        dtype=q.dtype,
+        head_dim=int(q.shape[-1]),
+        hq=int(q.shape[-2]),
+        hkv=int(k.shape[-2]),
+        features=frozenset(feats),
+        backward=backward,
+    )
+
+
+def raise_if(who: str, reasons: list[str]) -> None:
+    if reasons:
+        raise InvalidInput(who, reasons)
+
+
+def for_kernel(t: torch.Tensor, backend: str) -> torch.Tensor:
+    """A tensor as the portable kernels take it: head dim contiguous, and under the interpreter
+    bf16 upcast to fp32, because the interpreter computes bf16 wrongly (its ``tl.dot`` reads
+    the raw bits). Results are cast back to the input dtype by the caller."""
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    if backend == "interpreter" and t.dtype == torch.bfloat16:
+        t = t.float()
+    return t
+
+
+def register_autograd(fwd_op, bwd_op) -> None:
+    """Wire ``bwd_op`` as the gradient of ``fwd_op`` (signatures in the module docstring).
+
+    Saves q, k, v, out, lse and the tensor extras; the LSE output carries no gradient.
+    """
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, *extras = inputs
+        out, lse = output
+        ctx.tensor_pos = [i for i, e in enumerate(extras) if isinstance(e, torch.Tensor)]
+        ctx.extras = [None if i in ctx.tensor_pos else e for i, e in enumerate(extras)]
+        ctx.save_for_backward(q, k, v, out, lse, *(extras[i] for i in ctx.tensor_pos))
+        ctx.mark_non_differentiable(lse)
+
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, *tensors = ctx.saved_tensors
+        extras = list(ctx.extras)
+        for i, t in zip(ctx.tensor_pos, tensors):
+            extras[i] = t
+        dq, dk, dv = bwd_op(dout.contiguous(), q, k, v, out, lse, *extras)
+        return (dq, dk, dv, *([None] * len(extras)))
+
+    fwd_op.register_autograd(backward, setup_context=setup_context)

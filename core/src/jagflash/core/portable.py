@@ -1,0 +1,215 @@
+"""The attention main loops in stock Triton, as ``@triton.jit`` tile programs.
+
+A variant's kernel only locates one tile (which sequence, which head, where its rows start) and
+hands base pointers to one of these:
+
+- :func:`attn_fwd_tile`: one q-tile of one head: O and LSE.
+- :func:`attn_bwd_dq_tile`: one q-tile of one head: dQ, and delta = rowsum(dO * O), which it
+  stores for the dK/dV pass (so no separate preprocess launch is needed; launch it first).
+- :func:`attn_bwd_dkdv_tile`: one kv-tile of one kv head: dK and dV, summed over the query
+  heads of its GQA group inside the program, so the result is deterministic.
+
+Each loops over its partner tiles in three ranges (see ``jagflash.core.jagged``): a masked
+range, an unmasked one (no score mask, no key bound checks), and a masked tail, each a
+compile-time specialisation of the same loop body.
+
+Pointers: ``*_base`` point at row 0 of the sequence for the tile's head; ``stride_*m`` is the
+stride between rows (tokens); the head dimension is contiguous. LSE and delta are fp32 with
+rows contiguous.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from jagflash.core.math import (
+    LOG2E,
+    band_mask,
+    dkdv_q_range,
+    finish_softmax,
+    kv_tile_range,
+    load_rows,
+    lse_to_log2,
+    online_softmax_step,
+    store_rows,
+)
+
+
+@triton.jit
+def _fwd_loop(
+    acc, m_i, l_i, q, offs_m, offs_d,
+    k_base, v_base, stride_km, stride_vm,
+    start, end, lq, lk, qk_scale2, left, right,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
+):
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k = load_rows(k_base + offs_n[:, None] * stride_km + offs_d[None, :], offs_n, lk, offs_d, HEAD_DIM, MASKED, EVEN_D)
+        s2 = tl.dot(q, tl.trans(k)) * qk_scale2
+        if MASKED:
+            mask = band_mask(offs_m[:, None], offs_n[None, :], lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
+            s2 = tl.where(mask, s2, float("-inf"))
+        p, alpha, m_i, l_i = online_softmax_step(s2, m_i, l_i)
+        v = load_rows(v_base + offs_n[:, None] * stride_vm + offs_d[None, :], offs_n, lk, offs_d, HEAD_DIM, MASKED, EVEN_D)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def attn_fwd_tile(
+    q_base, k_base, v_base, o_base, lse_base,
+    stride_qm, stride_km, stride_vm, stride_om,
+    m0, lq, lk, scale, left, right,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+):
+    """Forward for the q-tile at row ``m0``: writes O rows and their LSE (natural log)."""
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
+    qk_scale2 = scale * LOG2E
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+    acc, m_i, l_i = _fwd_loop(acc, m_i, l_i, q, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, lo, full_lo, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+    acc, m_i, l_i = _fwd_loop(acc, m_i, l_i, q, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_lo, full_hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, False)
+    acc, m_i, l_i = _fwd_loop(acc, m_i, l_i, q, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_hi, hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+    out, lse = finish_softmax(acc, m_i, l_i)
+    store_rows(o_base + offs_m[:, None] * stride_om + offs_d[None, :], out.to(o_base.dtype.element_ty), offs_m, lq, offs_d, HEAD_DIM, EVEN_D)
+    tl.store(lse_base + offs_m, lse, mask=offs_m < lq)
+
+
+@triton.jit
+def _dq_loop(
+    dq, q, do, lse2, delta, offs_m, offs_d,
+    k_base, v_base, stride_km, stride_vm,
+    start, end, lq, lk, qk_scale2, left, right,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
+):
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k = load_rows(k_base + offs_n[:, None] * stride_km + offs_d[None, :], offs_n, lk, offs_d, HEAD_DIM, MASKED, EVEN_D)
+        v = load_rows(v_base + offs_n[:, None] * stride_vm + offs_d[None, :], offs_n, lk, offs_d, HEAD_DIM, MASKED, EVEN_D)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale2 - lse2[:, None])
+        if MASKED:
+            mask = band_mask(offs_m[:, None], offs_n[None, :], lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
+            p = tl.where(mask, p, 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k)
+    return dq
+
+
+@triton.jit
+def attn_bwd_dq_tile(
+    q_base, k_base, v_base, o_base, do_base, dq_base, lse_base, delta_base,
+    stride_qm, stride_km, stride_vm, stride_om, stride_dom, stride_dqm,
+    m0, lq, lk, scale, left, right,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+):
+    """dQ for the q-tile at row ``m0``; also stores delta = rowsum(dO * O) for the dK/dV pass."""
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
+    do = load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
+    o = load_rows(o_base + offs_m[:, None] * stride_om + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(delta_base + offs_m, delta, mask=offs_m < lq)
+    lse2 = lse_to_log2(tl.load(lse_base + offs_m, mask=offs_m < lq, other=float("-inf")))
+    qk_scale2 = scale * LOG2E
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+    dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, lo, full_lo, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+    dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_lo, full_hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, False)
+    dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_hi, hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+    store_rows(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], (dq * scale).to(dq_base.dtype.element_ty), offs_m, lq, offs_d, HEAD_DIM, EVEN_D)
+
+
+@triton.jit
+def _dkdv_loop(
+    dk, dv, k, v, offs_n, offs_d,
+    q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+    start, end, lq, lk, qk_scale2, left, right,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
+):
+    for m0 in range(start, end, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        # Rows past lq load LSE -inf, which lse_to_log2 turns into +inf: they add exactly zero.
+        q = load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
+        do = load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
+        lse2 = lse_to_log2(tl.load(lse_base + offs_m, mask=offs_m < lq, other=float("-inf")))
+        delta = tl.load(delta_base + offs_m, mask=offs_m < lq, other=0.0)
+        pt = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale2 - lse2[None, :])
+        if MASKED:
+            mask = band_mask(offs_m[None, :], offs_n[:, None], lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
+            pt = tl.where(mask, pt, 0.0)
+        dv += tl.dot(pt.to(do.dtype), do)
+        dpt = tl.dot(v, tl.trans(do))
+        dst = pt * (dpt - delta[None, :])
+        dk += tl.dot(dst.to(q.dtype), q)
+    return dk, dv
+
+
+@triton.jit
+def attn_bwd_dkdv_tile(
+    q_base, k_base, v_base, do_base, dk_base, dv_base, lse_base, delta_base,
+    stride_qm, stride_qh, stride_km, stride_vm, stride_dom, stride_doh, stride_dkm, stride_dvm,
+    stride_lseh, n0, lq, lk, scale, left, right,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+):
+    """dK, dV for the kv-tile at row ``n0``, summed over the GROUP query heads that read it.
+
+    ``q_base``, ``do_base``, ``lse_base`` and ``delta_base`` point at the group's first query
+    head; ``stride_qh``, ``stride_doh`` and ``stride_lseh`` step to the next one.
+    """
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = load_rows(k_base + offs_n[:, None] * stride_km + offs_d[None, :], offs_n, lk, offs_d, HEAD_DIM, True, EVEN_D)
+    v = load_rows(v_base + offs_n[:, None] * stride_vm + offs_d[None, :], offs_n, lk, offs_d, HEAD_DIM, True, EVEN_D)
+    qk_scale2 = scale * LOG2E
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+    for g in range(GROUP):
+        qh = q_base + g * stride_qh
+        doh = do_base + g * stride_doh
+        lseh = lse_base + g * stride_lseh
+        deltah = delta_base + g * stride_lseh
+        dk, dv = _dkdv_loop(dk, dv, k, v, offs_n, offs_d, qh, doh, lseh, deltah, stride_qm, stride_dom, lo, full_lo, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_M, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+        dk, dv = _dkdv_loop(dk, dv, k, v, offs_n, offs_d, qh, doh, lseh, deltah, stride_qm, stride_dom, full_lo, full_hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_M, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, False)
+        dk, dv = _dkdv_loop(dk, dv, k, v, offs_n, offs_d, qh, doh, lseh, deltah, stride_qm, stride_dom, full_hi, hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_M, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+    store_rows(dk_base + offs_n[:, None] * stride_dkm + offs_d[None, :], (dk * scale).to(dk_base.dtype.element_ty), offs_n, lk, offs_d, HEAD_DIM, EVEN_D)
+    store_rows(dv_base + offs_n[:, None] * stride_dvm + offs_d[None, :], dv.to(dv_base.dtype.element_ty), offs_n, lk, offs_d, HEAD_DIM, EVEN_D)
+
+
+def block_config(backend: str, head_dim: int, pass_: str) -> dict[str, int]:
+    """Tile sizes and launch options for one pass (``fwd``, ``dq`` or ``dkdv``) of the portable
+    kernels. Under the interpreter every tile iteration costs about the same whatever its size,
+    so small tiles there buy nothing but they do exercise multi-tile paths on small tests."""
+    block_d = triton.next_power_of_2(head_dim)
+    if backend == "interpreter":
+        return {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_D": block_d, "num_warps": 4, "num_stages": 1}
+    wide = block_d > 64
+    if pass_ == "fwd":
+        return {
+            "BLOCK_M": 128 if block_d <= 128 else 64,
+            "BLOCK_N": 64 if block_d <= 128 else 32,
+            "BLOCK_D": block_d,
+            "num_warps": 8 if block_d <= 128 else 4,
+            "num_stages": 3 if block_d <= 128 else 2,
+        }
+    if pass_ == "dq":
+        return {"BLOCK_M": 128 if not wide else 64, "BLOCK_N": 32 if not wide else 64, "BLOCK_D": block_d, "num_warps": 4 if not wide else 8, "num_stages": 3 if not wide else 2}
+    if pass_ == "dkdv":
+        return {"BLOCK_M": 32, "BLOCK_N": 128 if not wide else 64, "BLOCK_D": block_d, "num_warps": 4 if not wide else 8, "num_stages": 3 if not wide else 2}
+    raise ValueError(f"unknown pass {pass_!r}")

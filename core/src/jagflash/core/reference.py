@@ -1,0 +1,125 @@
+"""The naive attention every kernel is checked against, and the ``reference`` backend.
+
+Plain PyTorch, one sequence at a time, a materialised mask: obviously right, slow. Autograd
+flows through it, so the same function gives reference gradients. ``jagflash.testing`` runs it
+in float64 as the oracle; the ``reference`` backend runs it in float32 and casts back.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from jagflash.core.jagged import mask_bounds
+
+__all__ = ["attention_reference", "reference_backward", "reference_forward", "visibility_mask"]
+
+
+def visibility_mask(
+    lq: int, lk: int, left: int, right: int, device: torch.device | None = None
+) -> torch.Tensor:
+    """``[lq, lk]`` bool: query ``i`` sees key ``j`` iff ``i+d-left <= j <= i+d+right``, d = lk-lq.
+
+    Bottom-right alignment: with ``right = 0`` (causal) the last query sees every key.
+    """
+    i = torch.arange(lq, device=device)[:, None]
+    j = torch.arange(lk, device=device)[None, :]
+    d = lk - lq
+    mask = torch.ones(lq, lk, dtype=torch.bool, device=device)
+    if right >= 0:
+        mask &= j <= i + d + right
+    if left >= 0:
+        mask &= j >= i + d - left
+    return mask
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    *,
+    causal: bool = False,
+    window: tuple[int, int] = (-1, -1),
+    scale: float | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Jagged attention, one sequence at a time.
+
+    q ``[Tq, Hq, D]``, k/v ``[Tk, Hkv, D]``, offsets ``[B+1]``. Returns ``out [Tq, Hq, D]`` and
+    ``lse [Hq, Tq]`` (natural log), both in ``compute_dtype``. A row that sees no key gets output 0
+    and LSE -inf, and contributes no gradient.
+    """
+    _, hq, dim = q.shape
+    hkv = k.shape[1]
+    group = hq // hkv
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    left, right = mask_bounds(causal, window)
+    qo = q_offsets.tolist()
+    ko = kv_offsets.tolist()
+    outs, lses = [], []
+    for b in range(len(qo) - 1):
+        qs = q[qo[b] : qo[b + 1]].to(compute_dtype).transpose(0, 1)  # [Hq, Lq, D]
+        ks = k[ko[b] : ko[b + 1]].to(compute_dtype).transpose(0, 1)  # [Hkv, Lk, D]
+        vs = v[ko[b] : ko[b + 1]].to(compute_dtype).transpose(0, 1)
+        ks = ks.repeat_interleave(group, dim=0)
+        vs = vs.repeat_interleave(group, dim=0)
+        lq, lk = qs.shape[1], ks.shape[1]
+        s = torch.matmul(qs, ks.transpose(1, 2)) * scale
+        mask = visibility_mask(lq, lk, left, right, q.device)
+        # A row that sees no key would give exp(-inf - -inf) = NaN, in the forward and in the
+        # gradient of logsumexp; compute it on zeros instead, then drop it.
+        seen = mask.any(-1)
+        s = torch.where(seen[:, None], s.masked_fill(~mask, float("-inf")), 0.0)
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - lse[..., None]).masked_fill(~mask, 0.0)
+        lse = lse.masked_fill(~seen, float("-inf"))
+        outs.append(torch.matmul(p, vs).transpose(0, 1))
+        lses.append(lse)
+    if not outs:
+        return q.new_zeros(q.shape, dtype=compute_dtype), q.new_zeros((hq, 0), dtype=compute_dtype)
+    return torch.cat(outs, 0), torch.cat(lses, 1)
+
+
+def reference_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    *,
+    causal: bool,
+    window: tuple[int, int],
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``reference`` backend's forward: fp32 math, output in q's dtype, LSE fp32."""
+    out, lse = attention_reference(
+        q, k, v, q_offsets, kv_offsets, causal=causal, window=window, scale=scale
+    )
+    return out.to(q.dtype), lse.float()
+
+
+def reference_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    *,
+    causal: bool,
+    window: tuple[int, int],
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``reference`` backend's backward: autograd through the fp32 reference."""
+    with torch.enable_grad():
+        qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+        out, _ = attention_reference(
+            qf, kf, vf, q_offsets, kv_offsets, causal=causal, window=window, scale=scale
+        )
+        grads = torch.autograd.grad(out, (qf, kf, vf), dout.float(), allow_unused=True)
+    return tuple(
+        (torch.zeros_like(t) if g is None else g.to(t.dtype)) for g, t in zip(grads, (q, k, v))
+    )  # type: ignore[return-value]

@@ -1,0 +1,111 @@
+"""Installed variants, and the front door that sends a problem to the best one.
+
+Each variant distribution declares an entry point in the group ``jagflash.variants`` naming its
+:class:`Variant` object (``jagged = "jagflash.variants.jagged:VARIANT"``). Source trees put on
+``PYTHONPATH`` without being installed have no entry points; their modules under the
+``jagflash.variants`` namespace are found as well.
+
+:func:`attention` is the front door: it works out the layout from the arguments, asks every
+installed variant for that layout whether it can run the problem, calls the first that can
+(highest ``priority`` first) and otherwise raises
+:class:`~jagflash.core.capability.UnsupportedProblem` listing each variant's reasons.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+import torch
+
+from jagflash.core.capability import (
+    InvalidInput,
+    Problem,
+    UnsupportedProblem,
+    VariantSpec,
+    not_supported_reasons,
+)
+
+__all__ = ["GROUP", "Variant", "attention", "variants"]
+
+GROUP = "jagflash.variants"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What a variant exports to the registry.
+
+    ``problem(**call)`` describes a front-door call in spec terms without touching data;
+    ``run(**call)`` performs it with the variant's public function.
+    """
+
+    spec: VariantSpec
+    problem: Callable[..., Problem]
+    run: Callable[..., Any]
+    priority: int = 0
+
+
+def variants() -> dict[str, Variant]:
+    """Every variant importable in this process, by name (entry points, then the namespace)."""
+    found: dict[str, Variant] = {}
+    for ep in entry_points(group=GROUP):
+        found[ep.name] = ep.load()
+    try:
+        ns = importlib.import_module("jagflash.variants")
+    except ImportError:
+        return found
+    for mod in pkgutil.iter_modules(ns.__path__):
+        if mod.name not in found:
+            obj = getattr(importlib.import_module(f"jagflash.variants.{mod.name}"), "VARIANT", None)
+            if isinstance(obj, Variant):
+                found[mod.name] = obj
+    return found
+
+
+def _layout(q: torch.Tensor, q_offsets: object, kv_offsets: object) -> str:
+    if q_offsets is not None and kv_offsets is not None:
+        return "jagged"
+    if kv_offsets is not None:
+        return "broadcast_q"
+    if q_offsets is not None:
+        raise InvalidInput("attention", ["q_offsets given without kv_offsets"])
+    if q.dim() == 4:
+        return "dense"
+    raise InvalidInput(
+        "attention",
+        [f"q of rank {q.dim()} with no offsets: pass [B, N, H, D] tensors, or offsets"],
+    )
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call: Any) -> Any:
+    """Attention through the best installed variant.
+
+    Layout from the arguments: ``q_offsets`` and ``kv_offsets`` -> jagged ``[T, H, D]``;
+    ``kv_offsets`` alone -> broadcast-Q (dense ``q [Lq, Hq, D]`` against every K/V sequence);
+    neither -> dense ``[B, N, H, D]``. Other keywords (``causal``, ``scale``, ``window``,
+    ``return_lse``, ``backend``, ...) go to the variant. ``variant="name"`` forces one.
+    """
+    layout = _layout(q, call.get("q_offsets"), call.get("kv_offsets"))
+    wanted = call.pop("variant", None)
+    reasons: list[str] = []
+    candidates = sorted(variants().items(), key=lambda kv: -kv[1].priority)
+    for name, var in candidates:
+        if wanted is not None and name != wanted:
+            continue
+        if layout not in var.spec.layouts:
+            continue
+        rs = not_supported_reasons(var.spec, var.problem(q, k, v, **call), call.get("backend"))
+        if not rs:
+            return var.run(q, k, v, **call)
+        reasons.extend(f"{name}: {r}" for r in rs)
+    if not reasons:
+        reasons.append(
+            f"no installed variant takes the {layout} layout"
+            + (f" under the name {wanted!r}" if wanted else "")
+            + f" (installed: {sorted(n for n, _ in candidates) or 'none'})"
+        )
+    raise UnsupportedProblem("jagflash.attention", reasons)

@@ -1,0 +1,125 @@
+"""Flash attention over jagged batches: ``jagged_attention``.
+
+>>> from jagflash.variants.jagged import jagged_attention
+>>> out = jagged_attention(q, k, v, q_offsets, kv_offsets, causal=True)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from jagflash.core.capability import Problem
+from jagflash.core.jagged import check_offsets
+from jagflash.core.ops import check_qkv, default_scale, make_problem, raise_if
+from jagflash.core.registry import Variant
+from jagflash.variants.jagged import op
+from jagflash.variants.jagged.spec import SPEC
+
+__all__ = ["SPEC", "VARIANT", "jagged_attention"]
+
+
+def _unnest(name: str, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if t.layout != torch.jagged:
+        raise_if("jagged_attention", [f"{name} is a nested tensor of layout {t.layout}; use layout=torch.jagged"])
+    if t.dim() != 4 or t._ragged_idx != 1:  # type: ignore[attr-defined]
+        raise_if(
+            "jagged_attention",
+            [f"{name} must be a nested tensor [B, j, H, D] ragged in dim 1, got {t.dim()}-D ragged in dim {t._ragged_idx}"],  # type: ignore[attr-defined]
+        )
+    return t.values(), t.offsets()
+
+
+def jagged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor | None = None,
+    kv_offsets: torch.Tensor | None = None,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_kv: int | None = None,
+    return_lse: bool = False,
+    backend: str | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of every query sequence over its own key/value sequence.
+
+    Args:
+        q: ``[Tq, Hq, D]`` queries of all sequences back to back, or a nested tensor
+            ``[B, j, Hq, D]`` with ``layout=torch.jagged`` (then the offsets come from it and
+            must not be passed; the output is a nested tensor too).
+        k, v: ``[Tk, Hkv, D]``, ``Hq % Hkv == 0`` (GQA/MQA: query head ``h`` reads kv head
+            ``h // (Hq // Hkv)``); or nested tensors like q.
+        q_offsets, kv_offsets: ``[B+1]`` int32/int64 on q's device, non-decreasing, starting at
+            0 and ending at Tq / Tk. Sequence ``b`` is rows ``offsets[b]:offsets[b+1]``;
+            zero-length sequences are legal and produce no rows. Lq != Lk is legal.
+        causal: bottom-right aligned: query ``i`` of a sequence with Lq queries and Lk keys sees
+            keys ``j <= i + Lk - Lq``::
+
+                Lq=3, Lk=5          Lq=5, Lk=3
+                q0  x x x . .       q0  . . .    <- sees no key: output 0, LSE -inf
+                q1  x x x x .       q1  . . .
+                q2  x x x x x       q2  x . .
+                                    q3  x x .
+                                    q4  x x x
+
+        scale: softmax scale, default ``1/sqrt(D)``.
+        max_seqlen_q, max_seqlen_kv: upper bounds of the lengths. Given both, no call on a GPU
+            synchronises with the host (the offsets are then checked on the device); without
+            them one synchronisation reads them and validates the offsets.
+        return_lse: also return LSE ``[Hq, Tq]`` fp32, natural log, for merging partial
+            attentions. It carries no gradient.
+        backend: ``"portable"``, ``"interpreter"``, ``"reference"``, or ``None`` for the fastest
+            that runs the problem (``JAGFLASH_BACKEND`` overrides ``None``).
+            ``jagflash.core.backend.last_choice("jagged")`` tells which ran and why.
+
+    Returns:
+        ``out [Tq, Hq, D]`` in q's dtype (a nested tensor if q was one), and LSE if asked.
+
+    Inputs whose last dimension is not contiguous are copied; all other strides are taken as
+    they are. Invalid inputs raise :class:`~jagflash.core.capability.InvalidInput` and problems
+    no backend implements raise :class:`~jagflash.core.capability.UnsupportedProblem`, each
+    listing every reason, before any kernel runs.
+    """
+    nested = isinstance(q, torch.Tensor) and q.is_nested
+    if nested:
+        if q_offsets is not None or kv_offsets is not None:
+            raise_if("jagged_attention", ["pass offsets only with plain tensors, not nested ones"])
+        nested_offsets = None
+        parts = []
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not (isinstance(t, torch.Tensor) and t.is_nested):
+                raise_if("jagged_attention", [f"q is nested but {name} is not"])
+            parts.append(_unnest(name, t))
+        (q, q_offsets), (k, kv_offsets), (v, v_offsets) = parts
+        nested_offsets = q_offsets
+        if v_offsets is not kv_offsets and not torch.equal(v_offsets, kv_offsets):
+            raise_if("jagged_attention", ["k and v are nested with different offsets"])
+    reasons = check_qkv(q, k, v, rank=3, layout_doc="[T, H, D]")
+    raise_if("jagged_attention", reasons)
+    for name, offs, total in (("q_offsets", q_offsets, q.shape[0]), ("kv_offsets", kv_offsets, k.shape[0])):
+        reasons += check_offsets(offs, total, name, q.device, check_values=False)[0]
+    raise_if("jagged_attention", reasons)
+    out, lse = op.jagged_fwd(
+        q, k, v, q_offsets, kv_offsets,
+        -1 if max_seqlen_q is None else int(max_seqlen_q),
+        -1 if max_seqlen_kv is None else int(max_seqlen_kv),
+        bool(causal), default_scale(scale, q.shape[-1]), bool(return_lse), backend or "",
+    )
+    if nested:
+        out = torch.nested.nested_tensor_from_jagged(out, offsets=nested_offsets)
+    return (out, lse) if return_lse else out
+
+
+def _problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call: Any) -> Problem:
+    grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+    return make_problem(
+        "jagged", q, k, causal=call.get("causal", False), window=call.get("window", (-1, -1)),
+        return_lse=call.get("return_lse", False), backward=grad,
+    )
+
+
+VARIANT = Variant(spec=SPEC, problem=_problem, run=jagged_attention, priority=0)

@@ -1,0 +1,143 @@
+"""The jagged attention ``torch.library`` ops: ``jagflash::jagged_fwd`` / ``jagged_bwd``.
+
+The ops are opaque to ``torch.compile``: backend selection and the checks that read offsets'
+values happen inside them, at run time, so a compiled graph has no break and no host sync of
+its own. ``max_seqlen_* = -1`` means "not given": the op reads it from the offsets (one host
+synchronisation on a GPU, which also validates the offsets' values).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from jagflash.core.backend import select
+from jagflash.core.capability import InvalidInput
+from jagflash.core.jagged import check_offsets, mask_bounds
+from jagflash.core.ops import make_problem, register_autograd
+from jagflash.core.reference import reference_backward, reference_forward
+from jagflash.variants.jagged.spec import SPEC
+
+
+def _lengths(
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    tq: int,
+    tk: int,
+    max_seqlen_q: int,
+    max_seqlen_kv: int,
+) -> tuple[int, int]:
+    """Validate the offsets' values where that costs no extra sync, and fill in unknown maxima."""
+    device = q_offsets.device
+    sync_free = device.type != "cpu" and max_seqlen_q >= 0 and max_seqlen_kv >= 0
+    reasons: list[str] = []
+    if q_offsets.shape != kv_offsets.shape:
+        reasons.append(
+            f"q_offsets and kv_offsets must both have B+1 entries, got {q_offsets.numel()} and "
+            f"{kv_offsets.numel()}"
+        )
+    if sync_free:
+        if reasons:
+            raise InvalidInput("jagged_attention", reasons)
+        _assert_async(q_offsets, tq, max_seqlen_q)
+        _assert_async(kv_offsets, tk, max_seqlen_kv)
+        return max_seqlen_q, max_seqlen_kv
+    maxima = []
+    for name, offs, total, given in (
+        ("q_offsets", q_offsets, tq, max_seqlen_q),
+        ("kv_offsets", kv_offsets, tk, max_seqlen_kv),
+    ):
+        rs, longest = check_offsets(offs, total, name, device, check_values=True)
+        reasons += rs
+        if longest is not None and 0 <= given < longest:
+            kind = "q" if name == "q_offsets" else "kv"
+            reasons.append(f"max_seqlen_{kind}={given} is below the longest sequence ({longest})")
+        maxima.append(given if given >= 0 else (longest or 0))
+    if reasons:
+        raise InvalidInput("jagged_attention", reasons)
+    return maxima[0], maxima[1]
+
+
+def _assert_async(offsets: torch.Tensor, total: int, max_seqlen: int) -> None:
+    """Device-side check of the offsets' values: no host sync, fails the stream if broken."""
+    o = offsets.to(torch.int64)
+    steps = o[1:] - o[:-1]
+    ok = (o[0] == 0) & (o[-1] == total)
+    if steps.numel():
+        ok = ok & (steps.min() >= 0) & (steps.max() <= max_seqlen)
+    torch._assert_async(ok, "jagged_attention: invalid offsets or max_seqlen below a length")
+
+
+@torch.library.custom_op("jagflash::jagged_fwd", mutates_args=())
+def jagged_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_kv: int,
+    causal: bool,
+    scale: float,
+    return_lse: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    problem = make_problem("jagged", q, k, causal=causal, return_lse=return_lse)
+    choice = select(SPEC, problem, q.device, backend or None)
+    max_q, _ = _lengths(q_offsets, kv_offsets, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_kv)
+    left, right = mask_bounds(causal)
+    if choice.name == "reference":
+        return reference_forward(
+            q, k, v, q_offsets, kv_offsets, causal=causal, window=(left, right), scale=scale
+        )
+    from jagflash.variants.jagged import kernels_portable
+
+    return kernels_portable.forward(
+        q, k, v, q_offsets, kv_offsets, max_q, left=left, right=right, scale=scale,
+        backend=choice.name,
+    )
+
+
+@jagged_fwd.register_fake
+def _(q, k, v, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, causal, scale, return_lse, backend):
+    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("jagflash::jagged_bwd", mutates_args=())
+def jagged_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_kv: int,
+    causal: bool,
+    scale: float,
+    return_lse: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    problem = make_problem("jagged", q, k, causal=causal, backward=True)
+    choice = select(SPEC, problem, q.device, backend or None)
+    max_q, max_k = _lengths(q_offsets, kv_offsets, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_kv)
+    left, right = mask_bounds(causal)
+    if choice.name == "reference":
+        return reference_backward(
+            dout, q, k, v, q_offsets, kv_offsets, causal=causal, window=(left, right), scale=scale
+        )
+    from jagflash.variants.jagged import kernels_portable
+
+    return kernels_portable.backward(
+        dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q, max_k,
+        left=left, right=right, scale=scale, backend=choice.name,
+    )
+
+
+@jagged_bwd.register_fake
+def _(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, causal, scale, return_lse, backend):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+register_autograd(jagged_fwd, jagged_bwd)
