@@ -29,14 +29,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from jagflash.core.capability import Problem, UnsupportedProblem, VariantSpec
+from jagflash.core.capability import BackendSpec, Problem, UnsupportedProblem, VariantSpec
 
 __all__ = [
     "BACKENDS",
+    "PORTABLE_HEAD_DIMS",
     "BackendChoice",
     "FallbackWarning",
+    "device_capability",
     "interpreter_reasons",
     "last_choice",
+    "portable_family",
     "portable_reasons",
     "select",
 ]
@@ -110,6 +113,8 @@ def portable_reasons() -> list[str]:
     reasons = _triton_reasons()
     if not reasons and _kernels_interpreted():
         reasons.append("TRITON_INTERPRET=1 is set, so Triton only interprets on the CPU")
+    if not torch.cuda.is_available():
+        reasons.append("no CUDA device")
     return reasons
 
 
@@ -170,3 +175,54 @@ def select(
             )
     _last[spec.name] = choice
     return choice
+
+
+#: Head dims the portable kernels take (a non-power of two is padded to the next one and masked).
+PORTABLE_HEAD_DIMS = frozenset({16, 32, 64, 96, 128, 256})
+
+
+def portable_family(features: frozenset[str]) -> tuple[BackendSpec, ...]:
+    """The backends of a variant built on ``jagflash.core.portable``: stock Triton on CUDA, the
+    same kernels interpreted on the CPU, and the PyTorch reference, in that order.
+
+    ``features`` are the problem features the variant implements forward; the backward adds
+    ``deterministic`` (the portable backward uses no atomics).
+    """
+    bwd = features | {"deterministic"}
+    return (
+        BackendSpec(
+            name="portable",
+            devices=frozenset({"cuda"}),
+            min_capability=(8, 0),
+            dtypes=frozenset({torch.float16, torch.bfloat16}),
+            head_dims_fwd=PORTABLE_HEAD_DIMS,
+            # dK and dV of a 256-wide head do not fit in registers beside K and V.
+            head_dims_bwd=PORTABLE_HEAD_DIMS - {256},
+            features_fwd=features,
+            features_bwd=bwd,
+            available=portable_reasons,
+            notes="stock Triton; deterministic backward",
+        ),
+        BackendSpec(
+            name="interpreter",
+            devices=frozenset({"cpu"}),
+            # bf16 is upcast to fp32 before the kernel: the interpreter computes bf16 wrongly.
+            dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}),
+            head_dims_fwd=PORTABLE_HEAD_DIMS,
+            head_dims_bwd=PORTABLE_HEAD_DIMS,
+            features_fwd=features,
+            features_bwd=bwd,
+            available=interpreter_reasons,
+            notes="the portable kernels under TRITON_INTERPRET=1; bf16 runs as fp32",
+        ),
+        BackendSpec(
+            name="reference",
+            devices=frozenset({"cpu", "cuda"}),
+            dtypes=frozenset({torch.float64, torch.float32, torch.float16, torch.bfloat16}),
+            head_dims_fwd=range(1, 513),
+            head_dims_bwd=range(1, 513),
+            features_fwd=features,
+            features_bwd=bwd,
+            notes="plain PyTorch, one sequence at a time, fp32 math",
+        ),
+    )

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 __all__ = [
+    "DEFAULT_ATOL",
     "FEATURES",
     "BackendSpec",
     "InvalidInput",
@@ -35,6 +36,15 @@ FEATURES = frozenset(
         "deterministic",  # bitwise repeatable backward
     }
 )
+
+
+#: Absolute slack of the tolerance rule per dtype, for specs that have no reason to differ.
+DEFAULT_ATOL = {
+    torch.float64: 1e-10,
+    torch.float32: 2e-5,
+    torch.float16: 2e-3,
+    torch.bfloat16: 1e-2,
+}
 
 
 class UnsupportedProblem(NotImplementedError):
@@ -84,10 +94,10 @@ class Problem:
 
 
 def _names(items: Iterable[object]) -> str:
-    def name(x: object) -> str:
-        return str(x).removeprefix("torch.")
+    def key(x: object) -> tuple[int, str]:
+        return (x, "") if isinstance(x, int) else (0, str(x).removeprefix("torch."))  # type: ignore[return-value]
 
-    return "{" + ", ".join(sorted(name(x) for x in items)) + "}"
+    return "{" + ", ".join(key(x)[1] or str(x) for x in sorted(items, key=key)) + "}"
 
 
 @dataclass(frozen=True)
@@ -101,8 +111,8 @@ class BackendSpec:
     name: str
     devices: frozenset[str]
     dtypes: frozenset[torch.dtype]
-    head_dims_fwd: frozenset[int]
-    head_dims_bwd: frozenset[int]
+    head_dims_fwd: frozenset[int] | range
+    head_dims_bwd: frozenset[int] | range
     features_fwd: frozenset[str]
     features_bwd: frozenset[str]
     min_capability: tuple[int, int] | None = None
@@ -131,7 +141,8 @@ class BackendSpec:
         dims = self.head_dims_bwd if problem.backward else self.head_dims_fwd
         if problem.head_dim not in dims:
             what = "backward with head_dim" if problem.backward else "head_dim"
-            out.append(f"{what} {problem.head_dim} not in {_names(dims)}")
+            shown = f"{dims.start}..{dims.stop - 1}" if isinstance(dims, range) else _names(dims)
+            out.append(f"{what} {problem.head_dim} not in {shown}")
         feats = self.features_bwd if problem.backward else self.features_fwd
         for feat in sorted(problem.features - feats):
             out.append(f"{'backward' if problem.backward else 'forward'} with {feat} not supported")

@@ -20,13 +20,38 @@ import torch
 from jagflash.core.capability import InvalidInput, Problem
 
 __all__ = [
+    "alloc",
+    "alloc_like",
     "check_qkv",
     "default_scale",
     "for_kernel",
     "make_problem",
+    "poison_outputs",
     "raise_if",
     "register_autograd",
 ]
+
+
+_poison = False
+
+
+def poison_outputs(enabled: bool) -> bool:
+    """Fill every buffer the kernels allocate with NaN (tests: an unwritten element then fails
+    the comparison instead of passing on leftover memory). Returns the previous setting."""
+    global _poison
+    previous, _poison = _poison, bool(enabled)
+    return previous
+
+
+def alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An output buffer for a kernel to fill (NaN-filled while :func:`poison_outputs` is on)."""
+    if _poison:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def alloc_like(t: torch.Tensor) -> torch.Tensor:
+    return alloc(tuple(t.shape), t.dtype, t.device)
 
 
 def check_qkv(q: object, k: object, v: object, *, rank: int, layout_doc: str) -> list[str]:

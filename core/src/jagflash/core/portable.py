@@ -213,3 +213,8 @@ def block_config(backend: str, head_dim: int, pass_: str) -> dict[str, int]:
     if pass_ == "dkdv":
         return {"BLOCK_M": 32, "BLOCK_N": 128 if not wide else 64, "BLOCK_D": block_d, "num_warps": 4 if not wide else 8, "num_stages": 3 if not wide else 2}
     raise ValueError(f"unknown pass {pass_!r}")
+
+
+def launch_options(cfg: dict[str, int]) -> dict[str, int]:
+    """The keyword arguments of a kernel launch from a :func:`block_config`."""
+    return {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "num_warps", "num_stages")}

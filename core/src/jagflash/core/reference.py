@@ -113,13 +113,32 @@ def reference_backward(
     window: tuple[int, int],
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The ``reference`` backend's backward: autograd through the fp32 reference."""
-    with torch.enable_grad():
-        qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
-        out, _ = attention_reference(
-            qf, kf, vf, q_offsets, kv_offsets, causal=causal, window=window, scale=scale
-        )
-        grads = torch.autograd.grad(out, (qf, kf, vf), dout.float(), allow_unused=True)
-    return tuple(
-        (torch.zeros_like(t) if g is None else g.to(t.dtype)) for g, t in zip(grads, (q, k, v))
-    )  # type: ignore[return-value]
+    """The ``reference`` backend's backward, written out (autograd does not run inside a custom
+    op's implementation): per sequence, in fp32,
+    ``dV = P^T dO``, ``dS = P * (dO V^T - rowsum(dO * O))``, ``dQ = dS K s``, ``dK = dS^T Q s``,
+    with dK and dV summed over each GQA group."""
+    hq, hkv = q.shape[1], k.shape[1]
+    group = hq // hkv
+    left, right = mask_bounds(causal, window)
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+    dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    qo, ko = q_offsets.tolist(), kv_offsets.tolist()
+    for b in range(len(qo) - 1):
+        rq, rk = slice(qo[b], qo[b + 1]), slice(ko[b], ko[b + 1])
+        qs = q[rq].float().transpose(0, 1)  # [Hq, Lq, D]
+        ks = k[rk].float().transpose(0, 1).repeat_interleave(group, dim=0)
+        vs = v[rk].float().transpose(0, 1).repeat_interleave(group, dim=0)
+        dos = dout[rq].float().transpose(0, 1)
+        mask = visibility_mask(qs.shape[1], ks.shape[1], left, right, q.device)
+        s = (qs @ ks.transpose(1, 2) * scale).masked_fill(~mask, float("-inf"))
+        seen = mask.any(-1)
+        p = torch.softmax(torch.where(seen[:, None], s, 0.0), dim=-1).masked_fill(~mask, 0.0)
+        o = p @ vs
+        ds = p * (dos @ vs.transpose(1, 2) - (dos * o).sum(-1, keepdim=True))
+        dq[rq] = (ds @ ks * scale).transpose(0, 1)
+        dks = (ds.transpose(1, 2) @ qs * scale).unflatten(0, (hkv, group)).sum(1)
+        dvs = (p.transpose(1, 2) @ dos).unflatten(0, (hkv, group)).sum(1)
+        dk[rk] = dks.transpose(0, 1)
+        dv[rk] = dvs.transpose(0, 1)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

@@ -12,12 +12,13 @@ import torch
 import triton
 import triton.language as tl
 
-from jagflash.core.ops import for_kernel
+from jagflash.core.ops import alloc, alloc_like, for_kernel
 from jagflash.core.portable import (
     attn_bwd_dkdv_tile,
     attn_bwd_dq_tile,
     attn_fwd_tile,
     block_config,
+    launch_options,
 )
 
 
@@ -123,10 +124,6 @@ def _dkdv_kernel(
     )
 
 
-def _launch_opts(cfg: dict[str, int]) -> dict[str, int]:
-    return {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "num_warps", "num_stages")}
-
-
 def forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -145,8 +142,8 @@ def forward(
     q, k, v = (for_kernel(t, backend) for t in (q, k, v))
     tq, hq, dim = q.shape
     hkv = k.shape[1]
-    out = torch.empty_like(q)
-    lse = torch.empty((hq, tq), dtype=torch.float32, device=q.device)
+    out = alloc_like(q)
+    lse = alloc((hq, tq), torch.float32, q.device)
     cfg = block_config(backend, dim, "fwd")
     batch = q_offsets.numel() - 1
     grid = (batch * hq, triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]))
@@ -157,7 +154,7 @@ def forward(
             out.stride(0), out.stride(1),
             tq, hq, scale, left, right,
             GROUP=hq // hkv, HEAD_DIM=dim, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
-            **_launch_opts(cfg),
+            **launch_options(cfg),
         )
     return out.to(dtype), lse
 
@@ -185,10 +182,7 @@ def backward(
     tq, hq, dim = q.shape
     hkv = k.shape[1]
     group = hq // hkv
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    delta = torch.empty_like(lse)
+    dq, dk, dv, delta = (alloc_like(t) for t in (q, k, v, lse))
     batch = q_offsets.numel() - 1
     flags = {"GROUP": group, "HEAD_DIM": dim, "BOUNDED_LEFT": left >= 0, "BOUNDED_RIGHT": right >= 0}
     cfg = block_config(backend, dim, "dq")
@@ -198,7 +192,7 @@ def backward(
             q, k, v, out, dout, dq, lse, delta, q_offsets, kv_offsets,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
-            tq, hq, scale, left, right, **flags, **_launch_opts(cfg),
+            tq, hq, scale, left, right, **flags, **launch_options(cfg),
         )
     cfg = block_config(backend, dim, "dkdv")
     grid = (batch * hkv, triton.cdiv(max_seqlen_kv, cfg["BLOCK_N"]))
@@ -207,6 +201,6 @@ def backward(
             q, k, v, dout, dk, dv, lse, delta, q_offsets, kv_offsets,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-            tq, hkv, scale, left, right, **flags, **_launch_opts(cfg),
+            tq, hkv, scale, left, right, **flags, **launch_options(cfg),
         )
     return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])

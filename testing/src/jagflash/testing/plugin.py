@@ -1,0 +1,96 @@
+"""pytest plugin of jagflash (registered through the ``pytest11`` entry point).
+
+- Markers ``gpu`` (needs a CUDA device), ``sm90`` (needs compute capability 9.0) and
+  ``interpret`` (needs Triton's interpreter on), resolved at collection, never at import.
+- Hypothesis profiles ``ci`` (few examples, derandomised, no deadline) and ``nightly`` (many);
+  ``HYPOTHESIS_PROFILE`` picks one, ``ci`` by default.
+- Every kernel output buffer is NaN-poisoned during tests (``jagflash.core.ops.poison_outputs``),
+  so an element a kernel forgets to write fails the comparison.
+- :func:`require` skips a test with a spec's own reasons when a backend cannot run a problem.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from jagflash.core.capability import Problem, VariantSpec, not_supported_reasons
+
+settings.register_profile(
+    "ci",
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "nightly",
+    max_examples=300,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA device")
+    config.addinivalue_line("markers", "sm90: needs an sm_90 (Hopper) GPU")
+    config.addinivalue_line("markers", "interpret: runs Triton kernels under TRITON_INTERPRET=1")
+
+
+def _skip_reason(keywords) -> str | None:
+    import torch
+
+    if ("gpu" in keywords or "sm90" in keywords) and not torch.cuda.is_available():
+        return "no CUDA device"
+    if "sm90" in keywords and torch.cuda.get_device_capability() != (9, 0):
+        major, minor = torch.cuda.get_device_capability()
+        return f"needs sm_90, this GPU is sm_{major}{minor}"
+    if "interpret" in keywords:
+        from jagflash.core.backend import interpreter_reasons
+
+        reasons = interpreter_reasons()
+        if reasons:
+            return "; ".join(reasons)
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        reason = _skip_reason(item.keywords)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def _poison_kernel_outputs():
+    from jagflash.core.ops import poison_outputs
+
+    previous = poison_outputs(True)
+    yield
+    poison_outputs(previous)
+
+
+@pytest.fixture
+def device() -> str:
+    """The device the kernels under test run on: CUDA when present, else the CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def require(spec: VariantSpec, problem: Problem, backend: str | None = None) -> None:
+    """Skip with ``spec``'s own reasons when it cannot run ``problem`` (on ``backend``)."""
+    import torch
+
+    from jagflash.core.backend import device_capability
+
+    if problem.device_type == "cuda" and torch.cuda.is_available():
+        problem = problem.with_capability(device_capability(torch.device("cuda")))
+    reasons = not_supported_reasons(spec, problem, backend)
+    if reasons:
+        pytest.skip(f"{spec.name} cannot run this here: " + "; ".join(reasons))

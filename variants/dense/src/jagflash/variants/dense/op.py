@@ -1,0 +1,90 @@
+"""The dense attention ``torch.library`` ops: ``jagflash::dense_fwd`` / ``dense_bwd``."""
+
+from __future__ import annotations
+
+import torch
+
+from jagflash.core.backend import select
+from jagflash.core.jagged import mask_bounds
+from jagflash.core.ops import make_problem, register_autograd
+from jagflash.core.reference import reference_backward, reference_forward
+from jagflash.variants.dense.spec import SPEC
+
+
+def _as_jagged(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Offsets that view ``[B, N, H, D]`` as jagged ``[B*N, H, D]`` (for the reference)."""
+    b, nq, nk = q.shape[0], q.shape[1], k.shape[1]
+    arange = torch.arange(b + 1, device=q.device)
+    return arange * nq, arange * nk
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
+
+
+@torch.library.custom_op("jagflash::dense_fwd", mutates_args=())
+def dense_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    return_lse: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    problem = make_problem("dense", q, k, causal=causal, return_lse=return_lse)
+    choice = select(SPEC, problem, q.device, backend or None)
+    left, right = mask_bounds(causal)
+    if choice.name == "reference":
+        b, nq, hq, _ = q.shape
+        out, lse = reference_forward(
+            _flat(q), _flat(k), _flat(v), *_as_jagged(q, k), causal=causal,
+            window=(left, right), scale=scale,
+        )
+        return out.view(q.shape), lse.view(hq, b, nq).transpose(0, 1).contiguous()
+    from jagflash.variants.dense import kernels_portable
+
+    return kernels_portable.forward(q, k, v, left=left, right=right, scale=scale, backend=choice.name)
+
+
+@dense_fwd.register_fake
+def _(q, k, v, causal, scale, return_lse, backend):
+    b, nq, hq, _ = q.shape
+    return torch.empty_like(q), q.new_empty((b, hq, nq), dtype=torch.float32)
+
+
+@torch.library.custom_op("jagflash::dense_bwd", mutates_args=())
+def dense_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    scale: float,
+    return_lse: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    problem = make_problem("dense", q, k, causal=causal, backward=True)
+    choice = select(SPEC, problem, q.device, backend or None)
+    left, right = mask_bounds(causal)
+    if choice.name == "reference":
+        dq, dk, dv = reference_backward(
+            _flat(dout), _flat(q), _flat(k), _flat(v), *_as_jagged(q, k), causal=causal,
+            window=(left, right), scale=scale,
+        )
+        return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+    from jagflash.variants.dense import kernels_portable
+
+    return kernels_portable.backward(
+        dout, q, k, v, out, lse, left=left, right=right, scale=scale, backend=choice.name
+    )
+
+
+@dense_bwd.register_fake
+def _(dout, q, k, v, out, lse, causal, scale, return_lse, backend):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+register_autograd(dense_fwd, dense_bwd)

@@ -1,0 +1,13 @@
+"""What the dense variant runs, per backend (see ``jagflash.core.capability``)."""
+
+from __future__ import annotations
+
+from jagflash.core.backend import portable_family
+from jagflash.core.capability import DEFAULT_ATOL, VariantSpec
+
+SPEC = VariantSpec(
+    name="dense",
+    layouts=frozenset({"dense"}),
+    backends=portable_family(frozenset({"causal", "gqa", "lse"})),
+    atol=DEFAULT_ATOL,
+)

@@ -1,0 +1,299 @@
+"""jagged_attention against the fp64 reference, forward and backward; refusals; torch
+integration (custom op checks, torch.compile, nested tensors); backend choice.
+
+On a CPU these run the portable kernels under Triton's interpreter (nox sets
+TRITON_INTERPRET=1); on a GPU the same tests run the stock-Triton kernels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+
+from jagflash.core.backend import FallbackWarning, last_choice
+from jagflash.core.capability import InvalidInput, UnsupportedProblem
+from jagflash.testing import JaggedCase, check_against_reference, jagged_reference, make_jagged
+from jagflash.testing.strategies import jagged_cases
+from jagflash.variants.jagged import SPEC, jagged_attention
+from jagflash.variants.jagged import op as jop
+
+pytestmark = pytest.mark.interpret if not torch.cuda.is_available() else pytest.mark.gpu
+
+
+def _kernel(causal: bool, **kw):
+    def run(q, k, v, q_offsets, kv_offsets):
+        return jagged_attention(q, k, v, q_offsets, kv_offsets, causal=causal, return_lse=True, **kw)
+
+    return run
+
+
+def _reference(causal: bool):
+    def run(q, k, v, q_offsets, kv_offsets, dtype):
+        return jagged_reference(q, k, v, q_offsets, kv_offsets, causal=causal, dtype=dtype)
+
+    return run
+
+
+def _check(case: JaggedCase, device: str, **kw) -> None:
+    t = case.build(device)
+    dout = t.pop("dout")
+    check_against_reference(
+        _kernel(case.causal, **kw), _reference(case.causal), t, atol=SPEC.atol[case.dtype], dout=dout
+    )
+    assert last_choice("jagged").name != "reference"
+
+
+CASES = {
+    "zero_and_one_token": JaggedCase((0, 1, 37, 0, 1), (0, 1, 37, 0, 1), causal=True),
+    "zero_length_q_with_keys": JaggedCase((0, 20), (13, 20), causal=False),
+    "cross_lq_lt_lk_causal": JaggedCase((5, 40), (40, 70), causal=True),
+    "cross_lq_gt_lk_causal": JaggedCase((70, 33), (40, 9), causal=True),  # rows that see no key
+    "cross_noncausal": JaggedCase((7, 66), (65, 3)),
+    "gqa_4to1_causal": JaggedCase((33, 64), (47, 64), hq=8, hkv=2, causal=True),
+    "mqa": JaggedCase((17, 40), (17, 40), hq=4, hkv=1, causal=True),
+    "head_dim_96": JaggedCase((40,), (50,), head_dim=96, causal=True),
+    "head_dim_16": JaggedCase((31, 33), (31, 33), head_dim=16),
+    "head_dim_128": JaggedCase((65,), (65,), hq=1, hkv=1, head_dim=128, causal=True),
+    "fp16": JaggedCase((45, 3), (45, 60), dtype=torch.float16, causal=True),
+    "bf16": JaggedCase((45, 3), (45, 60), dtype=torch.bfloat16, causal=True),
+    "int64_offsets": JaggedCase((10, 50), (10, 50), offsets_dtype=torch.int64, causal=True),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_matches_reference(name: str, device: str) -> None:
+    _check(CASES[name], device)
+
+
+@given(case=jagged_cases(max_batch=3, max_len=70))
+def test_matches_reference_property(case: JaggedCase) -> None:
+    _check(case, "cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_head_dim_256_forward(device: str) -> None:
+    t = make_jagged((20, 40), (30, 40), 2, 1, 256, torch.float32, device, requires_grad=False)
+    t.pop("dout")
+    check_against_reference(_kernel(True), _reference(True), t, atol=SPEC.atol[torch.float32])
+
+
+def test_empty_batch(device: str) -> None:
+    t = make_jagged((), (), 2, 2, 32, torch.float32, device)
+    out, lse = jagged_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], return_lse=True)
+    assert out.shape == (0, 2, 32) and lse.shape == (2, 0)
+    out.sum().backward()
+    assert t["k"].grad.shape == (0, 2, 32)
+
+
+def test_given_max_seqlen_matches(device: str) -> None:
+    t = make_jagged((3, 30), (30, 3), 2, 2, 32, torch.float32, device)
+    a = jagged_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], causal=True)
+    b = jagged_attention(
+        t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], causal=True,
+        max_seqlen_q=30, max_seqlen_kv=30,
+    )
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_strided_inputs(device: str) -> None:
+    """Token- and head-strided views are read in place; a non-contiguous head dim is copied."""
+    t = make_jagged((20, 9), (20, 9), 2, 2, 32, torch.float32, device, requires_grad=False)
+    big = torch.randn(29, 3, 64, device=device)
+    q = big[:, 1:3, :32]  # strides (192, 64, 1): not contiguous
+    kt = t["k"].transpose(1, 2).contiguous().transpose(1, 2)  # head dim stride 2
+    out = jagged_attention(q, kt, t["v"], t["q_offsets"], t["kv_offsets"])
+    ref, _ = jagged_reference(q, kt, t["v"], t["q_offsets"], t["kv_offsets"])
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_deterministic_backward(device: str) -> None:
+    t = make_jagged((40, 7), (33, 50), 4, 2, 32, torch.float32, device)
+    grads = []
+    for _ in range(2):
+        out = jagged_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], causal=True)
+        grads.append(torch.autograd.grad(out, (t["q"], t["k"], t["v"]), t["dout"]))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+# --- torch integration --------------------------------------------------------------------
+
+
+def _op_args(device: str):
+    t = make_jagged((9, 0, 20), (12, 5, 20), 4, 2, 16, torch.float32, device)
+    return t, (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], 20, 20, True, 0.25, False, "")
+
+
+def test_opcheck_forward(device: str) -> None:
+    _, args = _op_args(device)
+    torch.library.opcheck(jop.jagged_fwd, args)
+
+
+def test_opcheck_backward(device: str) -> None:
+    t, args = _op_args(device)
+    out, lse = jop.jagged_fwd(*args)
+    bwd_args = (t["dout"], *args[:3], out.detach(), lse, *args[3:])
+    torch.library.opcheck(jop.jagged_bwd, tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in bwd_args))
+
+
+def test_torch_compile_fullgraph(device: str) -> None:
+    t = make_jagged((9, 30), (12, 30), 4, 2, 32, torch.float32, device)
+
+    def step(q, k, v, qo, ko):
+        out = jagged_attention(q, k, v, qo, ko, causal=True, max_seqlen_q=30, max_seqlen_kv=30)
+        return (out * out).sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    loss = compiled(*args)
+    grads = torch.autograd.grad(loss, args[:3])
+    loss_e = step(*args)
+    grads_e = torch.autograd.grad(loss_e, args[:3])
+    torch.testing.assert_close(loss, loss_e)
+    for a, b in zip(grads, grads_e):
+        torch.testing.assert_close(a, b)
+
+
+def test_nested_tensors(device: str) -> None:
+    t = make_jagged((5, 17, 1), (5, 17, 1), 2, 2, 32, torch.float32, device, requires_grad=False)
+    offs = t["q_offsets"].to(torch.int64)
+    leaves = [t[n].detach().clone().requires_grad_() for n in ("q", "k", "v")]
+    nq, nk, nv = (torch.nested.nested_tensor_from_jagged(x, offsets=offs) for x in leaves)
+    out = jagged_attention(nq, nk, nv, causal=True)
+    assert out.is_nested and out.layout == torch.jagged
+    ref, _ = jagged_reference(t["q"], t["k"], t["v"], offs, offs, causal=True)
+    torch.testing.assert_close(out.values().double(), ref, rtol=1e-4, atol=1e-5)
+    out.values().backward(t["dout"])
+    expected = torch.autograd.grad(
+        jagged_attention(*leaves, offs, offs, causal=True), leaves, t["dout"]
+    )
+    for leaf, g in zip(leaves, expected):
+        torch.testing.assert_close(leaf.grad, g)
+
+
+# --- refusals -----------------------------------------------------------------------------
+
+
+def _valid(device: str = "cpu"):
+    t = make_jagged((3, 4), (3, 4), 2, 1, 32, torch.float32, device, requires_grad=False)
+    return [t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"]]
+
+
+def _refused(args, exc=InvalidInput, **kw) -> str:
+    with pytest.raises(exc) as info:
+        jagged_attention(*args, **kw)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda a: a.__setitem__(3, a[3].view(1, -1)), "q_offsets must be 1-D"),
+        (lambda a: a.__setitem__(3, a[3].float()), "q_offsets must be int32 or int64"),
+        (lambda a: a.__setitem__(4, a[4].to("meta")), "kv_offsets is on meta but q is on cpu"),
+        (lambda a: a.__setitem__(3, torch.tensor([0, 5, 3, 7], dtype=torch.int32)), "non-decreasing"),
+        (lambda a: a.__setitem__(3, torch.tensor([1, 3, 7], dtype=torch.int32)), "q_offsets[0] must be 0"),
+        (lambda a: a.__setitem__(4, torch.tensor([0, 3, 6], dtype=torch.int32)), "kv_offsets[-1] must equal the number of rows 7"),
+        (lambda a: a.__setitem__(4, torch.tensor([0, 7], dtype=torch.int32)), "B+1 entries"),
+        (lambda a: a.__setitem__(1, a[1].half()), "dtypes differ"),
+        (lambda a: a.__setitem__(2, a[2].to("meta")), "devices differ"),
+        (lambda a: a.__setitem__(0, a[0][:, :, None]), "q must be 3-D [T, H, D]"),
+        (lambda a: [a.__setitem__(i, a[i].repeat(1, 2, 1)) for i in (1, 2, 0, 0)], "Hq (8) must be a multiple of Hkv (2)"),
+        (lambda a: [a.__setitem__(i, a[i].repeat(1, 3, 1)) for i in (1, 2)], "Hq (2) must be a multiple of Hkv (3)"),
+        (lambda a: a.__setitem__(2, a[2][:, :, :16]), "k and v shapes differ"),
+        (lambda a: a.__setitem__(0, a[0].int()), "q must be a floating-point tensor"),
+        (lambda a: a.__setitem__(3, [0, 3, 7]), "q_offsets must be a torch.Tensor"),
+    ],
+)
+def test_refuses_invalid_input(mutate, expected: str) -> None:
+    args = _valid()
+    mutate(args)
+    assert expected in _refused(args)
+
+
+def test_refusal_lists_every_reason() -> None:
+    args = _valid()
+    args[3] = args[3].float()
+    args[4] = args[4].view(1, -1)
+    msg = _refused(args)
+    assert "q_offsets must be int32 or int64" in msg and "kv_offsets must be 1-D" in msg
+
+
+def test_refuses_max_seqlen_below_longest() -> None:
+    assert "max_seqlen_q=2 is below the longest sequence (4)" in _refused(_valid(), max_seqlen_q=2)
+
+
+def test_refuses_unsupported_head_dim() -> None:
+    t = make_jagged((3,), (3,), 2, 2, 40, torch.float32, "cpu", requires_grad=False)
+    msg = _refused([t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"]], UnsupportedProblem, backend="interpreter")
+    assert "head_dim 40 not in {16, 32, 64, 96, 128, 256}" in msg
+
+
+def test_refuses_gpu_backend_on_cpu() -> None:
+    msg = _refused(_valid(), UnsupportedProblem, backend="portable")
+    assert "device cpu not in {cuda}" in msg and "dtype float32 not in {bfloat16, float16}" in msg
+
+
+def test_refuses_unknown_backend() -> None:
+    assert "no backend 'tlx'" in _refused(_valid(), UnsupportedProblem, backend="tlx")
+
+
+def test_refuses_mixed_nested_and_plain() -> None:
+    args = _valid()
+    offs = args[3].to(torch.int64)
+    nq = torch.nested.nested_tensor_from_jagged(args[0], offsets=offs)
+    assert "q is nested but k is not" in _refused([nq, args[1], args[2]])
+
+
+# --- backend choice -----------------------------------------------------------------------
+
+
+def test_explicit_reference_backend_and_explain() -> None:
+    args = _valid()
+    jagged_attention(*args, backend="reference")
+    choice = last_choice("jagged")
+    assert choice.name == "reference" and "requested" in choice.why
+    assert "reference" in choice.explain()
+
+
+def test_env_override(monkeypatch) -> None:
+    monkeypatch.setenv("JAGFLASH_BACKEND", "reference")
+    jagged_attention(*_valid())
+    assert last_choice("jagged").name == "reference"
+    assert "JAGFLASH_BACKEND=reference" in last_choice("jagged").why
+
+
+def test_fallback_to_reference_warns() -> None:
+    args = [a.double() if a.is_floating_point() else a for a in _valid()]
+    with pytest.warns(FallbackWarning, match="dtype float64 not in"):
+        jagged_attention(*args)
+    assert last_choice("jagged").name == "reference"
+
+
+# --- GPU only -----------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_no_host_sync_with_max_seqlen() -> None:
+    t = make_jagged((100, 300, 7), (250, 300, 1), 4, 2, 64, torch.bfloat16, "cuda")
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    jagged_attention(*args, causal=True, max_seqlen_q=300, max_seqlen_kv=300).sum().backward()  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = jagged_attention(*args, causal=True, max_seqlen_q=300, max_seqlen_kv=300)
+        out.backward(t["dout"])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_lognormal_batch(dtype, causal, head_dim) -> None:
+    gen = torch.Generator().manual_seed(head_dim + causal)
+    lens = torch.clamp(torch.exp(torch.randn(24, generator=gen) + 5.0), 1, 1500).long().tolist()
+    lens[3] = 0
+    case = JaggedCase(tuple(lens), tuple(lens), hq=8, hkv=2, head_dim=head_dim, dtype=dtype, causal=causal)
+    _check(case, "cuda")
