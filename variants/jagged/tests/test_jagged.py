@@ -198,7 +198,6 @@ def _refused(args, exc=InvalidInput, **kw) -> str:
         (lambda a: a.__setitem__(1, a[1].half()), "dtypes differ"),
         (lambda a: a.__setitem__(2, a[2].to("meta")), "devices differ"),
         (lambda a: a.__setitem__(0, a[0][:, :, None]), "q must be 3-D [T, H, D]"),
-        (lambda a: [a.__setitem__(i, a[i].repeat(1, 2, 1)) for i in (1, 2, 0, 0)], "Hq (8) must be a multiple of Hkv (2)"),
         (lambda a: [a.__setitem__(i, a[i].repeat(1, 3, 1)) for i in (1, 2)], "Hq (2) must be a multiple of Hkv (3)"),
         (lambda a: a.__setitem__(2, a[2][:, :, :16]), "k and v shapes differ"),
         (lambda a: a.__setitem__(0, a[0].int()), "q must be a floating-point tensor"),
