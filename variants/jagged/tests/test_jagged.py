@@ -80,7 +80,8 @@ def test_head_dim_256_forward(device: str) -> None:
 def test_empty_batch(device: str) -> None:
     t = make_jagged((), (), 2, 2, 32, torch.float32, device)
     out, lse = jagged_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], return_lse=True)
-    assert out.shape == (0, 2, 32) and lse.shape == (2, 0)
+    assert out.shape == (0, 2, 32)
+    assert lse.shape == (2, 0)
     out.sum().backward()
     assert t["k"].grad.shape == (0, 2, 32)
 
@@ -160,7 +161,8 @@ def test_nested_tensors(device: str) -> None:
     leaves = [t[n].detach().clone().requires_grad_() for n in ("q", "k", "v")]
     nq, nk, nv = (torch.nested.nested_tensor_from_jagged(x, offsets=offs) for x in leaves)
     out = jagged_attention(nq, nk, nv, causal=True)
-    assert out.is_nested and out.layout == torch.jagged
+    assert out.is_nested
+    assert out.layout == torch.jagged
     ref, _ = jagged_reference(t["q"], t["k"], t["v"], offs, offs, causal=True)
     torch.testing.assert_close(out.values().double(), ref, rtol=1e-4, atol=1e-5)
     out.values().backward(t["dout"])
@@ -215,7 +217,8 @@ def test_refusal_lists_every_reason() -> None:
     args[3] = args[3].float()
     args[4] = args[4].view(1, -1)
     msg = _refused(args)
-    assert "q_offsets must be int32 or int64" in msg and "kv_offsets must be 1-D" in msg
+    assert "q_offsets must be int32 or int64" in msg
+    assert "kv_offsets must be 1-D" in msg
 
 
 def test_refuses_max_seqlen_below_longest() -> None:
@@ -230,7 +233,8 @@ def test_refuses_unsupported_head_dim() -> None:
 
 def test_refuses_gpu_backend_on_cpu() -> None:
     msg = _refused(_valid(), UnsupportedProblem, backend="portable")
-    assert "device cpu not in {cuda}" in msg and "dtype float32 not in {bfloat16, float16}" in msg
+    assert "device cpu not in {cuda}" in msg
+    assert "dtype float32 not in {bfloat16, float16}" in msg
 
 
 def test_refuses_unknown_backend() -> None:
@@ -251,7 +255,8 @@ def test_explicit_reference_backend_and_explain() -> None:
     args = _valid()
     jagged_attention(*args, backend="reference")
     choice = last_choice("jagged")
-    assert choice.name == "reference" and "requested" in choice.why
+    assert choice.name == "reference"
+    assert "requested" in choice.why
     assert "reference" in choice.explain()
 
 

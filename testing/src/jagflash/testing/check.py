@@ -48,5 +48,5 @@ def check_against_reference(
     dtype = next(t.dtype for t in tensors.values() if t.is_floating_point())
     ref = _run_reference(reference, tensors, grad_names, dout, torch.float64)
     low = _run_reference(reference, tensors, grad_names, dout, dtype)
-    names = ["out", "lse"] + [f"d{n}" for n in grad_names][: len(got) - 2]
+    names = ["out", "lse", *[f"d{n}" for n in grad_names][:len(got) - 2]]
     assert_close_all(names, got, ref, low, atol)

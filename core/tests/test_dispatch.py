@@ -1,0 +1,86 @@
+"""Capabilities, backend choice and the front door."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import jagflash.core as jc
+from jagflash.core.backend import last_choice, portable_family, select
+from jagflash.core.capability import (
+    InvalidInput,
+    Problem,
+    UnsupportedProblem,
+    VariantSpec,
+    not_supported_reasons,
+)
+from jagflash.testing import make_dense, make_jagged
+
+SPEC = VariantSpec("toy", frozenset({"jagged"}), portable_family(frozenset({"causal"})))
+
+
+def _problem(**kw) -> Problem:
+    base = dict(layout="jagged", device_type="cuda", dtype=torch.float16, head_dim=64, hq=4, hkv=4)
+    base.update(kw)
+    return Problem(**base)
+
+
+def test_reasons_list_everything() -> None:
+    p = _problem(dtype=torch.float64, head_dim=40, features=frozenset({"window", "gqa"}), capability=(7, 5))
+    reasons = SPEC.backend("portable").reasons(p)
+    text = "; ".join(reasons)
+    for want in (
+        "compute capability 7.5 below 8.0",
+        "dtype float64 not in {bfloat16, float16}",
+        "head_dim 40 not in {16, 32, 64, 96, 128, 256}",
+        "forward with gqa not supported",
+        "forward with window not supported",
+    ):
+        assert want in text
+
+
+def test_backward_head_dims_and_layout() -> None:
+    p = _problem(head_dim=256, backward=True, capability=(9, 0))
+    assert "backward with head_dim 256 not in {16, 32, 64, 96, 128}" in SPEC.backend("portable").reasons(p)
+    assert not_supported_reasons(SPEC, _problem(layout="dense")) == ["layout dense not in {jagged}"]
+    ref = not_supported_reasons(SPEC, _problem(head_dim=600, device_type="cpu"), "reference")
+    assert ref == ["reference: head_dim 600 not in 1..512"]
+
+
+def test_unsupported_problem_message() -> None:
+    e = UnsupportedProblem("toy (portable)", ["a", "b"])
+    assert str(e) == "toy (portable) cannot run this: a; b"
+    assert isinstance(e, NotImplementedError)
+    assert isinstance(InvalidInput("f", ["x"]), ValueError)
+
+
+def test_select_records_choice_and_reasons() -> None:
+    p = _problem(device_type="cpu", dtype=torch.float32)
+    choice = select(SPEC, p, torch.device("cpu"), "reference")
+    assert choice.name == "reference"
+    assert last_choice("toy") is choice
+    assert set(choice.reasons) == {"portable", "interpreter"}
+    with pytest.raises(UnsupportedProblem, match="device cpu not in"):
+        select(SPEC, p, torch.device("cpu"), "portable")
+
+
+def test_front_door_dispatches_by_layout() -> None:
+    names = set(jc.variants())
+    assert {"dense", "jagged"} <= names
+    t = make_jagged((3, 5), (4, 5), 2, 2, 32, torch.float32, "cpu", requires_grad=False)
+    out = jc.attention(t["q"], t["k"], t["v"], q_offsets=t["q_offsets"], kv_offsets=t["kv_offsets"], backend="reference")
+    assert out.shape == t["q"].shape
+    assert last_choice("jagged").name == "reference"
+    d = make_dense(1, 4, 4, 2, 2, 32, torch.float32, "cpu", requires_grad=False)
+    assert jc.attention(d["q"], d["k"], d["v"], causal=True, backend="reference").shape == d["q"].shape
+
+
+def test_front_door_refuses_with_each_variants_reasons() -> None:
+    t = make_jagged((3,), (3,), 2, 2, 32, torch.float32, "cpu", requires_grad=False)
+    with pytest.raises(UnsupportedProblem) as info:
+        jc.attention(t["q"], t["k"], t["v"], q_offsets=t["q_offsets"], kv_offsets=t["kv_offsets"], window=(4, 0))
+    assert "jagged: portable: forward with window not supported" in str(info.value)
+    with pytest.raises(UnsupportedProblem, match="no installed variant takes the broadcast_q layout"):
+        jc.attention(t["q"], t["k"], t["v"], kv_offsets=t["kv_offsets"])
+    with pytest.raises(InvalidInput, match="q of rank 3 with no offsets"):
+        jc.attention(t["q"], t["k"], t["v"])
