@@ -27,6 +27,7 @@ __all__ = [
     "kv_tile_ranges",
     "mask_bounds",
     "max_seqlen",
+    "offsets_from_lengths",
     "seq_lengths",
     "tile_starts",
     "to_jagged",
@@ -85,6 +86,18 @@ def check_offsets(
     if last != total:
         reasons.append(f"{name}[-1] must equal the number of rows {total}, got {last}")
     return reasons, (None if reasons else max(int(max_step), 0))
+
+
+def offsets_from_lengths(
+    lengths: list[int] | tuple[int, ...],
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.int32,
+) -> torch.Tensor:
+    """``[0, l0, l0+l1, ...]`` on ``device``."""
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    if len(lengths):
+        out[1:] = torch.cumsum(torch.tensor(list(lengths), dtype=torch.int64), 0)
+    return out.to(device=device, dtype=dtype)
 
 
 def seq_lengths(offsets: torch.Tensor) -> torch.Tensor:

@@ -7,13 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
+from jagflash.core.jagged import offsets_from_lengths
 
-def offsets_of(lengths: Sequence[int], device: torch.device | str, dtype: torch.dtype = torch.int32) -> torch.Tensor:
-    """``[0, l0, l0+l1, ...]`` as a tensor on ``device``."""
-    out = torch.zeros(len(lengths) + 1, dtype=torch.int64)
-    if lengths:
-        out[1:] = torch.cumsum(torch.tensor(list(lengths), dtype=torch.int64), 0)
-    return out.to(device=device, dtype=dtype)
+offsets_of = offsets_from_lengths
 
 
 def _randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str, gen: torch.Generator) -> torch.Tensor:
