@@ -22,6 +22,7 @@ from jagflash.core.capability import InvalidInput, Problem
 __all__ = [
     "alloc",
     "alloc_like",
+    "call_problem",
     "check_qkv",
     "default_scale",
     "for_kernel",
@@ -122,6 +123,21 @@ def make_problem(
         features=frozenset(feats),
         backward=backward,
     )
+
+
+def call_problem(layout: str):
+    """``Variant.problem`` for a variant whose public function takes ``(q, k, v, **flags)``:
+    describes a front-door call from its tensors and flags without reading data."""
+
+    def problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call: object) -> Problem:
+        grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+        return make_problem(
+            layout, q, k, causal=bool(call.get("causal", False)),
+            window=call.get("window", (-1, -1)),  # type: ignore[arg-type]
+            return_lse=bool(call.get("return_lse", False)), backward=grad,
+        )
+
+    return problem
 
 
 def raise_if(who: str, reasons: list[str]) -> None:

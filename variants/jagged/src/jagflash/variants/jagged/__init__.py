@@ -6,13 +6,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from jagflash.core.capability import Problem
 from jagflash.core.jagged import check_offsets
-from jagflash.core.ops import check_qkv, default_scale, make_problem, raise_if
+from jagflash.core.ops import call_problem, check_qkv, default_scale, raise_if
 from jagflash.core.registry import Variant
 from jagflash.variants.jagged import op
 from jagflash.variants.jagged.spec import SPEC
@@ -114,12 +111,4 @@ def jagged_attention(
     return (out, lse) if return_lse else out
 
 
-def _problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call: Any) -> Problem:
-    grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
-    return make_problem(
-        "jagged", q, k, causal=call.get("causal", False), window=call.get("window", (-1, -1)),
-        return_lse=call.get("return_lse", False), backward=grad,
-    )
-
-
-VARIANT = Variant(spec=SPEC, problem=_problem, run=jagged_attention, priority=0)
+VARIANT = Variant(spec=SPEC, problem=call_problem("jagged"), run=jagged_attention, priority=0)
