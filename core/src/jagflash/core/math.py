@@ -15,8 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -115,10 +115,12 @@ def band_mask(
     """Visibility of keys ``kj`` to queries ``qi`` (broadcastable index tensors), keys past ``lk``
     hidden. Pass ``offs_m[:, None], offs_n[None, :]`` for an ``[M, N]`` mask and
     ``offs_m[None, :], offs_n[:, None]`` for its transpose."""
+    # Bounds are formed per query (cheap: one value per row) and compared once per element.
     d = lk - lq
-    mask = (kj < lk) & (qi >= 0)
     if BOUNDED_RIGHT:
-        mask = mask & (kj <= qi + d + right)
+        mask = kj < tl.minimum(qi + d + right + 1, lk)
+    else:
+        mask = (kj < lk) & (qi >= 0)
     if BOUNDED_LEFT:
         mask = mask & (kj >= qi + d - left)
     return mask

@@ -1,0 +1,147 @@
+"""Compile every TLX kernel configuration for sm_90a on a machine without a GPU, and report.
+
+    python -m jagflash.core.compile_check            # all installed variants
+    python -m jagflash.core.compile_check --allow-spills
+
+Each variant with a ``kernels_tlx_sm90`` module lists its launch configurations in
+``compile_configs()`` as ``(name, kernel, signature, constexprs, options)``. Each is compiled
+with ``triton.compile`` for ``GPUTarget("cuda", 90, 32)``; the PTX is assembled again with the
+wheel's ``ptxas -arch=sm_90a -v`` for registers and spills. The table shows registers, spilled
+bytes, shared memory, and whether wgmma, setmaxnreg and TMA (cp.async.bulk.tensor) made it into
+the PTX. Exit status 1 when a configuration fails to compile, spills (unless allowed), or needs
+more shared memory than an sm_90 block can have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+#: Largest shared memory one block can take on sm_90 (227 KiB).
+SM90_MAX_SHARED = 232448
+
+
+@dataclass
+class Report:
+    name: str
+    registers: int = -1
+    spill_bytes: int = -1
+    shared: int = -1
+    wgmma: bool = False
+    setmaxnreg: bool = False
+    tma: bool = False
+    error: str = ""
+
+    def problems(self, allow_spills: bool) -> list[str]:
+        if self.error:
+            return [f"{self.name}: {self.error}"]
+        out = []
+        if self.spill_bytes > 0 and not allow_spills:
+            out.append(f"{self.name}: {self.spill_bytes} bytes spilled")
+        if self.shared > SM90_MAX_SHARED:
+            out.append(f"{self.name}: {self.shared} bytes of shared memory > {SM90_MAX_SHARED}")
+        for feat in ("wgmma", "setmaxnreg", "tma"):
+            if not getattr(self, feat):
+                out.append(f"{self.name}: no {feat} in the PTX")
+        return out
+
+
+def _ptxas() -> str:
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def compile_one(name, kernel, signature, constexprs, options) -> Report:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    rep = Report(name)
+    try:
+        fn = getattr(kernel, "fn", kernel)
+        jit = kernel if hasattr(kernel, "fn") else None
+        src = ASTSource(jit or fn, signature, constexprs)
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    except Exception as e:  # a compile error is the report, not a crash of the whole table
+        chain = [e]
+        while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+            chain.append(chain[-1].__cause__ or chain[-1].__context__)
+        where = [str(x).strip() for x in chain if str(x).strip()]
+        rep.error = "compile failed:\n" + "\n---\n".join(where[-2:])
+        return rep
+    ptx = compiled.asm["ptx"]
+    rep.shared = int(compiled.metadata.shared)
+    rep.wgmma = "wgmma.mma_async" in ptx
+    rep.setmaxnreg = "setmaxnreg" in ptx
+    rep.tma = "cp.async.bulk.tensor" in ptx
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        res = subprocess.run(
+            [_ptxas(), "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
+            capture_output=True, text=True, check=False,
+        )
+    log = res.stdout + res.stderr
+    if res.returncode != 0:
+        rep.error = "ptxas failed: " + log.strip().splitlines()[-1]
+        return rep
+    regs = re.findall(r"Used (\d+) registers", log)
+    spills = re.findall(r"(\d+) bytes spill stores", log)
+    rep.registers = max(map(int, regs)) if regs else -1
+    rep.spill_bytes = sum(map(int, spills)) if spills else 0
+    return rep
+
+
+def variant_configs() -> list[tuple]:
+    """Every TLX configuration of every installed variant."""
+    from jagflash.core.registry import variants
+
+    out = []
+    for name in sorted(variants()):
+        try:
+            mod = importlib.import_module(f"jagflash.variants.{name}.kernels_tlx_sm90")
+        except ModuleNotFoundError as e:
+            if e.name == f"jagflash.variants.{name}.kernels_tlx_sm90":
+                continue
+            raise
+        out.extend(mod.compile_configs())
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--allow-spills", action="store_true")
+    parser.add_argument("-k", default="", help="only configurations whose name contains this")
+    args = parser.parse_args(argv)
+    configs = [c for c in variant_configs() if args.k in c[0]]
+    if not configs:
+        print("compile_check: no TLX kernel configurations found", file=sys.stderr)
+        return 1
+    reports = []
+    print(f"{'configuration':40s} {'regs':>5s} {'spill B':>8s} {'shared B':>9s}  wgmma setmaxnreg tma")
+    for cfg in configs:
+        r = compile_one(*cfg)
+        reports.append(r)
+        if r.error:
+            print(f"{r.name:40s} {r.error}")
+        else:
+            print(f"{r.name:40s} {r.registers:5d} {r.spill_bytes:8d} {r.shared:9d}  "
+                  f"{'yes' if r.wgmma else 'NO':5s} {'yes' if r.setmaxnreg else 'NO':10s} {'yes' if r.tma else 'NO'}")
+        sys.stdout.flush()
+    problems = [p for r in reports for p in r.problems(args.allow_spills)]
+    for p in problems:
+        print("FAIL", p)
+    print(f"{len(reports)} configurations, {len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

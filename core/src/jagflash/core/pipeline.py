@@ -1,0 +1,90 @@
+"""TLX building blocks for the Hopper (sm_90a) kernels: buffer rings, TMA loads into a ring,
+and the host-side pieces (TMA descriptors over jagged tensors, the worker count).
+
+Rings. A ring of ``NUM`` shared-memory buffers is driven by a running counter that producer and
+consumer each advance once per buffer they pass: the slot is ``counter % NUM`` and the mbarrier
+phase ``(counter // NUM) & 1``. A producer waits on the slot's *empty* barrier with the phase
+flipped (the first pass through the ring must not block), the consumer on its *full* barrier
+with the phase as is.
+
+Jagged tensors and TMA. A descriptor covers the whole ``[T, H * D]`` tensor, so a tile that
+runs past its sequence reads the next sequence's rows (or zeros past ``T``). The kernels make
+that harmless instead of building a descriptor per sequence: scores of keys past the sequence
+are masked to -inf (their probabilities are exactly 0), query rows past it are computed and
+dropped, and every store into a jagged output is a masked store that never crosses the
+sequence boundary. Per-sequence device descriptors would cost a descriptor write and a fence
+per tile; the masked epilogue costs a predicated store, once per tile.
+
+Importing this module needs the TLX plugin (``triton-utlx``); nothing imports it unless the TLX
+backend is selected.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+
+@triton.jit
+def ring_slot(counter, NUM: tl.constexpr):
+    """``(slot, phase)`` of the ``counter``-th pass through a ring of NUM buffers."""
+    return counter % NUM, (counter // NUM) & 1
+
+
+@triton.jit
+def tma_load(desc, buffer, full, empty, phase, row, col, NBYTES: tl.constexpr):
+    """Producer side: wait until ``buffer`` is free (its ``empty`` barrier passed ``phase``), then
+    start a TMA load of the tile at ``(row, col)``; ``full`` completes when the bytes land."""
+    tlx.barrier_wait(empty, phase ^ 1)
+    tlx.barrier_expect_bytes(full, NBYTES)
+    tlx.async_descriptor_load(desc, buffer, [row, col], full)
+
+
+@triton.jit
+def ring_load(desc, buffers, fulls, empties, counter, row, col, NUM: tl.constexpr, NBYTES: tl.constexpr):
+    """:func:`tma_load` into slot ``counter`` of a ring."""
+    slot, phase = ring_slot(counter, NUM)
+    tma_load(desc, buffers[slot], fulls[slot], empties[slot], phase, row, col, NBYTES)
+
+
+@triton.jit
+def ring_acquire(buffers, fulls, counter, NUM: tl.constexpr):
+    """Consumer side: wait for slot ``counter`` to be full; returns ``(buffer, slot)``."""
+    slot, phase = ring_slot(counter, NUM)
+    tlx.barrier_wait(fulls[slot], phase)
+    return buffers[slot], slot
+
+
+@triton.jit
+def ring_release(empties, slot):
+    """Consumer side: hand slot ``slot`` back to the producer."""
+    tlx.barrier_arrive(empties[slot], 1)
+
+
+# --- host side --------------------------------------------------------------------------------
+
+
+def rows_descriptor(t: torch.Tensor, block_rows: int, head_dim: int):
+    """A TMA descriptor over ``t [T, H, D]`` (contiguous) seen as ``[T, H * D]``, with blocks of
+    ``block_rows`` rows of one head: the tile of head ``h`` at row ``r`` is at ``[r, h * D]``."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    rows = t.shape[0]
+    width = t.shape[1] * t.shape[2]
+    return TensorDescriptor(t, shape=[rows, width], strides=[width, 1], block_shape=[block_rows, head_dim])
+
+
+def set_tma_allocator() -> None:
+    """Triton needs a scratch allocator for kernels that build descriptors on the device."""
+
+    def alloc(size: int, align: int, stream):
+        return torch.empty(size, dtype=torch.int8, device="cuda")
+
+    triton.set_allocator(alloc)
+
+
+def num_workers(device: torch.device) -> int:
+    """Persistent grid size: one program per streaming multiprocessor."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
