@@ -8,6 +8,7 @@ distribution's pyproject.toml and the install command) changes; ``rm -rf .nox/ja
 a fresh one.
 
     nox                          lint, core, tests-<every variant>, bench-smoke
+    nox -s format                ruff format --check (not in the default run yet)
     nox -s tests-jagged -- -k causal -x
     nox -s demo -- --help
     nox -s bench -- --help
@@ -183,11 +184,19 @@ def _pytest(session: nox.Session, *paths: str) -> None:
 
 @nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
-    """ruff check, ruff format --check and the layout check (tools/check_layout.py)."""
+    """The layout check (tools/check_layout.py) and ruff check."""
     _ensure_venv(session)
     _py(session, "tools/check_layout.py")
-    _py(session, "-m", "ruff", "check", ".")
-    _py(session, "-m", "ruff", "format", "--check", ".")
+    _py(session, "-m", "ruff", "check", ".", *session.posargs)
+
+
+# Not in the default run yet: kernels lay their arguments out by hand, which the formatter would
+# undo; once they carry `# fmt: off/on` (or the team settles on the formatter), make it default.
+@nox.session(name="format", venv_backend="none", default=False)
+def format_check(session: nox.Session) -> None:
+    """ruff format --check (`nox -s format -- --diff` shows the changes)."""
+    _ensure_venv(session)
+    _py(session, "-m", "ruff", "format", "--check", ".", *session.posargs)
 
 
 @nox.session(venv_backend="none")

@@ -46,33 +46,38 @@ Semantics shared by every variant (offsets, causal alignment, LSE, scale) are in
 docs/semantics.md; say here only what this variant adds or refuses.
 
 ```python
-from jagflash.variants.{name} import {name}_attention
+from jagflash.variants.{name} import (
+    {name}_attention,
+)
 ```
 
 ## Capabilities
 
 Keep this table equal to `SPEC` in `spec.py`: the spec is what dispatch reads, this is what
-people read.
+people read. One row per backend, fastest first.
 
-| | portable (Triton, interpreter) | tlx-sm90 |
-|---|---|---|
-| devices | TODO | TODO |
-| dtypes | TODO | TODO |
-| head dims | TODO | TODO |
-| causal | TODO | TODO |
-| sliding window | TODO | TODO |
-| GQA / MQA | TODO | TODO |
-| backward | TODO | TODO |
-| LSE output | TODO | TODO |
+| backend | devices | dtypes | head dims fwd | head dims bwd | features | notes |
+|---|---|---|---|---|---|---|
+| `portable` | TODO | TODO | TODO | TODO | TODO | TODO |
+| `interpreter` | TODO | TODO | TODO | TODO | TODO | TODO |
+| `reference` | TODO | TODO | TODO | TODO | TODO | TODO |
 """
 
 INIT = '''\
 """jagflash {name} variant. TODO: one line on what it computes.
 
-Scaffolded by tools/new_variant.py; the steps are in {guide}.
+Scaffolded by tools/new_variant.py; the steps are in {guide}. Written, this module exports the
+public function, SPEC and VARIANT, as variants/jagged does::
+
+    from jagflash.core.registry import Variant
+    from jagflash.variants.{name}.spec import SPEC
+
+    VARIANT = Variant(spec=SPEC, problem=_problem, run={name}_attention)
 """
 
-from jagflash.variants.{name}.op import {name}_attention
+from jagflash.variants.{name}.op import (
+    {name}_attention,
+)
 
 __all__ = ["{name}_attention"]
 
@@ -80,17 +85,28 @@ __all__ = ["{name}_attention"]
 def __getattr__(attr: str):
     if attr in ("SPEC", "VARIANT"):
         raise NotImplementedError(
-            "jagflash-{name} is a scaffold: define SPEC in spec.py (a VariantSpec from "
-            "jagflash.core.capability) and VARIANT here (the object the `jagflash.variants` entry "
-            "point names, which the core registry loads); see {guide}"
+            "jagflash-{name} is a scaffold: define SPEC in spec.py and VARIANT here (a "
+            "jagflash.core.registry.Variant, the object the `jagflash.variants` entry point "
+            "names); see {guide}"
         )
     raise AttributeError(f"module {{__name__!r}} has no attribute {{attr!r}}")
 '''
 
 SPEC = '''\
-"""Capabilities of the {name} variant: devices, archs, dtypes, head dims, forward and backward
-features, and the per-dtype tolerances its tests use. Dispatch reads SPEC to pick or refuse
-this variant, so every refusal explains itself (STYLE.md 1).
+"""What the {name} variant runs, per backend: devices, dtypes, head dims, features forward and
+backward, and the absolute tolerance per dtype its tests use. Dispatch reads SPEC to choose or
+refuse this variant, so every refusal explains itself. A variant on the shared portable kernels
+reads like variants/jagged/spec.py::
+
+    from jagflash.core.backend import portable_family
+    from jagflash.core.capability import DEFAULT_ATOL, VariantSpec
+
+    SPEC = VariantSpec(
+        name="{name}",
+        layouts=frozenset({{"jagged"}}),
+        backends=portable_family(frozenset({{"causal", "gqa", "lse"}})),
+        atol=DEFAULT_ATOL,
+    )
 """
 
 
@@ -98,13 +114,13 @@ def __getattr__(attr: str):
     if attr == "SPEC":
         raise NotImplementedError(
             "jagflash-{name}: write spec.py: SPEC = VariantSpec(...) from "
-            "jagflash.core.capability, one per backend if they differ; see {guide}"
+            "jagflash.core.capability, listing what each backend takes; see {guide}"
         )
     raise AttributeError(f"module {{__name__!r}} has no attribute {{attr!r}}")
 '''
 
 OP = '''\
-"""The public function and its torch.library custom op for the {name} variant."""
+"""The public function and the torch.library custom ops of the {name} variant."""
 
 
 def {name}_attention(*args, **kwargs):
@@ -112,23 +128,25 @@ def {name}_attention(*args, **kwargs):
     mask alignment with an ASCII picture where it differs from docs/semantics.md, and what
     happens at zero length."""
     raise NotImplementedError(
-        "jagflash-{name}: write op.py: the public function, a torch.library custom op with a fake "
-        "(meta) implementation and autograd, checking the problem against SPEC and raising "
-        "UnsupportedProblem with its reasons; see {guide}"
+        "jagflash-{name}: write op.py: the public function checking its inputs "
+        "(jagflash.core.ops.check_qkv, jagflash.core.jagged.check_offsets) and calling "
+        "torch.library custom ops fwd/bwd with fake implementations, wired by "
+        "jagflash.core.ops.register_autograd, the backend chosen by jagflash.core.backend.select; "
+        "see {guide}"
     )
 '''
 
 KERNELS = '''\
 """Stock-Triton kernels of the {name} variant: they run on any CUDA GPU and, with
-TRITON_INTERPRET=1, on the CPU. Softmax, masks and scaling come from jagflash.core.math and the
-tile order from the jagflash.core.schedule Plan; this module only moves data.
+TRITON_INTERPRET=1, on the CPU. The softmax, masks and main loops come from jagflash.core
+(math, portable); this module only adds what is particular to {name}.
 """
 
 
 def {name}_forward(*args, **kwargs):
     raise NotImplementedError(
-        "jagflash-{name}: write kernels_portable.py: @triton.jit forward (and backward) kernels "
-        "built from jagflash.core.math and driven by a jagflash.core.schedule Plan; see {guide}"
+        "jagflash-{name}: write kernels_portable.py: the @triton.jit forward and backward "
+        "kernels, built from jagflash.core.math and jagflash.core.portable; see {guide}"
     )
 '''
 

@@ -135,6 +135,15 @@ def test_layout_check_keeps_core_inward(root: Path, source: str, module: str):
     assert f"core/src/jagflash/core/registry.py: imports {module} (core must not" in _problems(root)
 
 
+def test_layout_check_lets_core_tests_use_the_test_infrastructure(root: Path):
+    path = root / "core/tests/test_offsets.py"
+    path.parent.mkdir(parents=True)
+    path.write_text("from jagflash.testing import strategies\n")
+    assert check_layout.check(root) == []
+    path.write_text("from jagflash.variants.jagged import jagged_attention\n")
+    assert "core/tests/test_offsets.py: imports jagflash.variants.jagged" in _problems(root)
+
+
 def test_layout_check_allows_core_to_import_itself(root: Path):
     path = root / "core/src/jagflash/core/registry.py"
     path.parent.mkdir(parents=True)
@@ -204,6 +213,9 @@ def test_scaffold_raises_until_written(root: Path):
 
 
 def test_scaffold_is_lint_clean(root: Path):
+    """`nox -s lint` runs over the whole tree, scaffolds included; a long name must not push
+    the generated imports past the line length."""
+    assert new_variant.main(["a_rather_long_variant_name_to_test_lines", "--root", str(root)]) == 0
     shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
     for args in (["check"], ["format", "--check"]):
         done = subprocess.run(

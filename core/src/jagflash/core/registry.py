@@ -30,7 +30,7 @@ from jagflash.core.capability import (
     not_supported_reasons,
 )
 
-__all__ = ["GROUP", "Variant", "attention", "variants"]
+__all__ = ["GROUP", "Variant", "attention", "broken_variants", "variants"]
 
 GROUP = "jagflash.variants"
 
@@ -49,21 +49,44 @@ class Variant:
     priority: int = 0
 
 
+_broken: dict[str, str] = {}
+
+
 def variants() -> dict[str, Variant]:
-    """Every variant importable in this process, by name (entry points, then the namespace)."""
+    """Every variant importable in this process, by name (entry points, then the namespace).
+
+    A variant that fails to load (a half-written scaffold, a missing dependency) is left out and
+    its error kept in :func:`broken_variants`, so one broken package does not take the front
+    door down for the others."""
     found: dict[str, Variant] = {}
+    _broken.clear()
+
+    def load(name: str, get: Callable[[], object]) -> None:
+        try:
+            obj = get()
+        except Exception as e:  # any import-time failure of a third-party package
+            _broken[name] = f"{type(e).__name__}: {e}"
+            return
+        if isinstance(obj, Variant):
+            found[name] = obj
+        else:
+            _broken[name] = f"exports {type(obj).__name__}, not a Variant"
+
     for ep in entry_points(group=GROUP):
-        found[ep.name] = ep.load()
+        load(ep.name, ep.load)
     try:
         ns = importlib.import_module("jagflash.variants")
     except ImportError:
         return found
     for mod in pkgutil.iter_modules(ns.__path__):
-        if mod.name not in found:
-            obj = getattr(importlib.import_module(f"jagflash.variants.{mod.name}"), "VARIANT", None)
-            if isinstance(obj, Variant):
-                found[mod.name] = obj
+        if mod.name not in found and mod.name not in _broken:
+            load(mod.name, lambda m=mod.name: importlib.import_module(f"jagflash.variants.{m}").VARIANT)
     return found
+
+
+def broken_variants() -> dict[str, str]:
+    """Variants the last :func:`variants` call could not load, with the error of each."""
+    return dict(_broken)
 
 
 def _layout(q: torch.Tensor, q_offsets: object, kv_offsets: object) -> str:
@@ -102,6 +125,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call: Any) ->
         if not rs:
             return var.run(q, k, v, **call)
         reasons.extend(f"{name}: {r}" for r in rs)
+    reasons.extend(f"{name}: failed to load ({err})" for name, err in broken_variants().items())
     if not reasons:
         reasons.append(
             f"no installed variant takes the {layout} layout"
