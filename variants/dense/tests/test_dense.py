@@ -14,10 +14,14 @@ from jagflash.testing import check_against_reference, dense_reference, make_dens
 from jagflash.variants.dense import SPEC, dense_attention
 from jagflash.variants.dense import op as dop
 
-pytestmark = pytest.mark.interpret if not torch.cuda.is_available() else pytest.mark.gpu
+ON_GPU = torch.cuda.is_available()
+pytestmark = pytest.mark.gpu if ON_GPU else pytest.mark.interpret
+#: The interpreter runs fp32; the GPU kernels take fp16/bf16 only, so there fp32 cases run in bf16.
+FLOAT = torch.bfloat16 if ON_GPU else torch.float32
 
 
 def _check(batch, nq, nk, hq, hkv, dim, dtype, causal, device, seed=0) -> None:
+    dtype = FLOAT if dtype == torch.float32 else dtype
     t = make_dense(batch, nq, nk, hq, hkv, dim, dtype, device, seed=seed)
     dout = t.pop("dout")
 
@@ -60,7 +64,7 @@ def test_matches_reference_property(batch, nq, nk, group, dim, causal, seed) -> 
 
 
 def test_opcheck(device: str) -> None:
-    t = make_dense(2, 20, 33, 4, 2, 16, torch.float32, device)
+    t = make_dense(2, 20, 33, 4, 2, 16, FLOAT, device)
     args = (t["q"], t["k"], t["v"], True, 0.25, False, "")
     torch.library.opcheck(dop.dense_fwd, args)
     out, lse = dop.dense_fwd(*args)
@@ -69,7 +73,7 @@ def test_opcheck(device: str) -> None:
 
 
 def test_torch_compile_fullgraph(device: str) -> None:
-    t = make_dense(1, 30, 30, 2, 2, 32, torch.float32, device)
+    t = make_dense(1, 30, 30, 2, 2, 32, FLOAT, device)
 
     def step(q, k, v):
         return dense_attention(q, k, v, causal=True).square().sum()
