@@ -1,4 +1,5 @@
-"""The TLX (Hopper) forward kernel against the fp64 reference. Needs an sm_90 GPU and TLX."""
+"""The TLX (Hopper) forward kernel against the fp64 reference, both consumer versions.
+Needs an sm_90 GPU and TLX."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ from jagflash.variants.jagged import SPEC
 pytestmark = pytest.mark.sm90
 
 
-def _forward(causal: bool):
-    from jagflash.variants.jagged import kernels_tlx_sm90
+def _forward(causal: bool, pipeline: bool):
+    from jagflash.core import tlx_attention
 
     left, right = mask_bounds(causal)
 
     def run(q, k, v, q_offsets, kv_offsets):
         max_q = int((q_offsets[1:] - q_offsets[:-1]).max()) if q_offsets.numel() > 1 else 0
-        return kernels_tlx_sm90.forward(
+        return tlx_attention.forward(
             q, k, v, q_offsets, kv_offsets, max_q, left=left, right=right,
-            scale=q.shape[-1] ** -0.5,
+            scale=q.shape[-1] ** -0.5, pipeline=pipeline,
         )
 
     return run
@@ -47,13 +48,14 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("pipeline", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", CASES)
-def test_tlx_forward_matches_reference(name, causal, head_dim, dtype) -> None:
+def test_tlx_forward_matches_reference(name, causal, head_dim, dtype, pipeline) -> None:
     q_lens, k_lens, hq, hkv = CASES[name]
     case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=head_dim, dtype=dtype, causal=causal)
     t = case.build("cuda", requires_grad=False)
     t.pop("dout")
-    check_against_reference(_forward(causal), _reference(causal), t, atol=SPEC.atol[dtype])
+    check_against_reference(_forward(causal, pipeline), _reference(causal), t, atol=SPEC.atol[dtype])

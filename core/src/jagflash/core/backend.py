@@ -42,6 +42,8 @@ __all__ = [
     "portable_family",
     "portable_reasons",
     "select",
+    "tlx_reasons",
+    "tlx_sm90_backend",
 ]
 
 BACKENDS = ("tlx-sm90", "portable", "interpreter", "reference")
@@ -118,6 +120,16 @@ def portable_reasons() -> list[str]:
     return reasons
 
 
+def tlx_reasons() -> list[str]:
+    """Reasons the TLX (Hopper) kernels cannot run in this process."""
+    reasons = portable_reasons()
+    try:
+        import triton.language.extra.tlx  # noqa: F401
+    except ImportError as e:
+        reasons.append(f"TLX is not importable ({e}); install triton-utlx (the `tlx` extra)")
+    return reasons
+
+
 @functools.cache
 def _capability(index: int) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(index))  # type: ignore[return-value]
@@ -179,6 +191,24 @@ def select(
 
 #: Head dims the portable kernels take (a non-power of two is padded to the next one and masked).
 PORTABLE_HEAD_DIMS = frozenset({16, 32, 64, 96, 128, 256})
+
+
+def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
+    """The TLX warp-specialised forward of ``jagflash.core.tlx_attention`` (Hopper only); the
+    backward of a call it serves runs on the next backend (it has none of its own yet)."""
+    return BackendSpec(
+        name="tlx-sm90",
+        devices=frozenset({"cuda"}),
+        min_capability=(9, 0),
+        max_capability=(9, 0),
+        dtypes=frozenset({torch.float16, torch.bfloat16}),
+        head_dims_fwd=frozenset({64, 128}),
+        head_dims_bwd=frozenset(),
+        features_fwd=features,
+        features_bwd=frozenset(),
+        available=tlx_reasons,
+        notes="TMA producer + two ping-pong wgmma consumer warpgroups; forward only",
+    )
 
 
 def portable_family(features: frozenset[str]) -> tuple[BackendSpec, ...]:

@@ -139,11 +139,15 @@ class BackendSpec:
         if problem.dtype not in self.dtypes:
             out.append(f"dtype {_names([problem.dtype])[1:-1]} not in {_names(self.dtypes)}")
         dims = self.head_dims_bwd if problem.backward else self.head_dims_fwd
-        if problem.head_dim not in dims:
+        if problem.backward and not dims:
+            out.append("backward not implemented (forward only)")
+        elif problem.head_dim not in dims:
             what = "backward with head_dim" if problem.backward else "head_dim"
             shown = f"{dims.start}..{dims.stop - 1}" if isinstance(dims, range) else _names(dims)
             out.append(f"{what} {problem.head_dim} not in {shown}")
         feats = self.features_bwd if problem.backward else self.features_fwd
+        if problem.backward and not dims:
+            return out
         for feat in sorted(problem.features - feats):
             out.append(f"{'backward' if problem.backward else 'forward'} with {feat} not supported")
         return out

@@ -113,7 +113,14 @@ def variant_configs() -> list[tuple]:
                 continue
             raise
         out.extend(mod.compile_configs())
-    return out
+    # Variants that launch the same core kernel list the same configurations: compile each once.
+    seen, unique = set(), []
+    for cfg in out:
+        key = (id(cfg[1]), tuple(sorted(cfg[2].items())), tuple(sorted(cfg[3].items())))
+        if key not in seen:
+            seen.add(key)
+            unique.append(cfg)
+    return unique
 
 
 def main(argv: list[str] | None = None) -> int:

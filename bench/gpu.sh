@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# The one script run on the H200, from the repository root, in a single device call:
+#
+#   bash bench/gpu.sh                          # ceilings, tests, demo, bench
+#   bash bench/gpu.sh bench -- --workloads 'jagged-*' --providers 'jagflash-*,varlen-fa2'
+#   bash bench/gpu.sh tests demo               # no bench
+#
+# Steps (default: all, in this order): ceilings (versions + bf16 matmul and copy ceilings),
+# tests (pytest -m "gpu or sm90" on core and variants), demo (jagflash.variants.jagged.demo),
+# bench (python -m jagflash.bench; arguments after `--` are passed to it). A failing step does not
+# stop the next. Everything a step prints is tee'd to $OUT/<step>.log; the bench writes
+# $OUT/bench/{results.csv,results.md,tflops_*.png,meta.json,rows.jsonl}. The short bench table is
+# printed last.
+#
+# Time: the whole script ends within GPU_SH_LIMIT_S seconds (default 560, for a 600 s call). Each
+# step has a timeout; the bench gets what is left (minus a margin) as --budget-s and trims its
+# repetitions and items to fit.
+#
+# Toolchain, offline: .gpu/triton38-utlx.tar.xz (Triton 3.8 + uTLX) is unpacked to /tmp/tlx and put
+# first on PYTHONPATH (its sitecustomize registers uTLX); /tmp/stage/fa4.part00 + .gpu/fa4.part01
+# (FlashAttention-4) are joined and unpacked to /tmp/fa4. The repo's packages are not installed
+# (no hatchling offline): their src dirs go on PYTHONPATH (jagflash is a PEP 420 namespace), so
+# entry points do not exist and pytest gets `-p jagflash.testing.plugin`. FlexAttention and FA4
+# run in a bench worker whose PYTHONPATH drops /tmp/tlx (the host's Triton 3.6 for torch.compile).
+#
+# Environment knobs: OUT (default /tmp/gpu-out), PYTHON (python3), GPU_SH_LIMIT_S (560),
+# TESTS_TIMEOUT_S (170), DEMO_TIMEOUT_S (60), JAGFLASH_GIT_COMMIT (the commit to record).
+
+set -u
+START=$(date +%s)
+LIMIT=${GPU_SH_LIMIT_S:-560}
+PY=${PYTHON:-python3}
+OUT=${OUT:-/tmp/gpu-out}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+mkdir -p "$OUT"
+
+steps=()
+bench_args=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --) shift; bench_args=("$@"); break ;;
+        ceilings|tests|demo|bench) steps+=("$1"); shift ;;
+        *) echo "gpu.sh: unknown step '$1' (steps: ceilings tests demo bench; bench args after --)" >&2; exit 2 ;;
+    esac
+done
+[ ${#steps[@]} -eq 0 ] && steps=(ceilings tests demo bench)
+
+elapsed() { echo $(( $(date +%s) - START )); }
+left() { echo $(( LIMIT - $(date +%s) + START )); }
+log() { echo "[gpu.sh $(elapsed)s] $*"; }
+
+# ------------------------------------------------------------------------- toolchain
+TLX_DIR=""
+if [ -f .gpu/triton38-utlx.tar.xz ]; then
+    mkdir -p /tmp/tlx
+    log "unpacking .gpu/triton38-utlx.tar.xz -> /tmp/tlx"
+    tar -xf .gpu/triton38-utlx.tar.xz -C /tmp/tlx || log "WARNING: unpacking the TLX bundle failed"
+    # The bundle's root is the directory that holds triton/ (the tarball may nest it).
+    found=$(find /tmp/tlx -maxdepth 4 -path '*/triton/__init__.py' -print -quit 2>/dev/null)
+    [ -n "$found" ] && TLX_DIR=$(dirname "$(dirname "$found")")
+    log "TLX bundle root: ${TLX_DIR:-not found}"
+elif [ -f /tmp/tlx/triton/__init__.py ]; then
+    TLX_DIR=/tmp/tlx  # unpacked by an earlier call on this (still warm) machine
+    log "TLX bundle already unpacked at /tmp/tlx"
+else
+    log "no .gpu/triton38-utlx.tar.xz: the host's Triton only (no TLX providers)"
+fi
+
+FA4_DIR=""
+if [ -f /tmp/stage/fa4.part00 ] && [ -f .gpu/fa4.part01 ]; then
+    mkdir -p /tmp/fa4
+    log "joining /tmp/stage/fa4.part00 + .gpu/fa4.part01 -> /tmp/fa4"
+    cat /tmp/stage/fa4.part00 .gpu/fa4.part01 > /tmp/fa4.archive
+    "$PY" - <<'EOF' || log "WARNING: unpacking FA4 failed"
+import tarfile, zipfile
+path = "/tmp/fa4.archive"
+if tarfile.is_tarfile(path):
+    with tarfile.open(path, "r:*") as t:
+        t.extractall("/tmp/fa4")
+elif zipfile.is_zipfile(path):
+    with zipfile.ZipFile(path) as z:
+        z.extractall("/tmp/fa4")
+else:
+    raise SystemExit("fa4 archive is neither tar nor zip")
+EOF
+    rm -f /tmp/fa4.archive
+    found=$(find /tmp/fa4 -maxdepth 5 -path '*/flash_attn/cute/interface.py' -print -quit 2>/dev/null)
+    [ -n "$found" ] && FA4_DIR=$(dirname "$(dirname "$(dirname "$found")")")
+    log "FA4 root: ${FA4_DIR:-not found}"
+fi
+
+SRC="$ROOT/core/src:$ROOT/testing/src"
+for d in "$ROOT"/variants/*/src; do [ -d "$d" ] && SRC="$SRC:$d"; done
+SRC="$SRC:$ROOT/bench/src"
+PP="$SRC"
+[ -n "$FA4_DIR" ] && PP="$FA4_DIR:$PP"
+[ -n "$TLX_DIR" ] && PP="$TLX_DIR:$PP"
+export PYTHONPATH="$PP${PYTHONPATH:+:$PYTHONPATH}"
+export JAGFLASH_TLX_PATHS=/tmp/tlx
+export PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+if [ -z "${JAGFLASH_GIT_COMMIT:-}" ]; then
+    JAGFLASH_GIT_COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+fi
+export JAGFLASH_GIT_COMMIT
+log "PYTHONPATH=$PYTHONPATH"
+log "commit $JAGFLASH_GIT_COMMIT"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
+    --format=csv 2>&1 | tee "$OUT/nvidia-smi.log"
+
+# ----------------------------------------------------------------------------- steps
+declare -A RC
+declare -A SECS
+
+run_step() {  # name timeout_s command...
+    local name=$1 t=$2; shift 2
+    local t0; t0=$(date +%s)
+    log "== $name (timeout ${t}s): $*"
+    timeout -k 10 "$t" "$@" 2>&1 | tee "$OUT/$name.log"
+    RC[$name]=${PIPESTATUS[0]}
+    SECS[$name]=$(( $(date +%s) - t0 ))
+    log "== $name: exit ${RC[$name]} after ${SECS[$name]}s"
+}
+
+has_step() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+
+cap() {  # min(wanted, time left - reserve), at least 10
+    local want=$1 reserve=$2 l; l=$(left)
+    local t=$(( l - reserve ))
+    [ "$t" -gt "$want" ] && t=$want
+    [ "$t" -lt 10 ] && t=10
+    echo "$t"
+}
+
+bench_reserve=0
+has_step bench && bench_reserve=150   # what the later steps leave the bench at least
+
+if has_step ceilings; then
+    run_step ceilings "$(cap 60 "$bench_reserve")" "$PY" -m jagflash.bench --ceilings
+fi
+if has_step tests; then
+    # Without installed distributions there is no pytest11 entry point: load the plugin by name
+    # (but not twice where the testing distribution is installed, pytest refuses that).
+    plugin=(-p jagflash.testing.plugin)
+    if "$PY" -c "import importlib.metadata as m, sys; sys.exit(not any(e.value.startswith('jagflash.testing') for e in m.entry_points(group='pytest11')))" 2>/dev/null; then
+        plugin=()
+    fi
+    run_step tests "$(cap "${TESTS_TIMEOUT_S:-170}" "$bench_reserve")" \
+        "$PY" -m pytest ${plugin[@]+"${plugin[@]}"} -m "gpu or sm90" --maxfail=20 -q -p no:cacheprovider core variants
+fi
+if has_step demo; then
+    run_step demo "$(cap "${DEMO_TIMEOUT_S:-60}" "$bench_reserve")" "$PY" -m jagflash.variants.jagged.demo
+fi
+if has_step bench; then
+    budget=$(( $(left) - 45 ))
+    [ "$budget" -lt 60 ] && budget=60
+    run_step bench $(( budget + 30 )) "$PY" -m jagflash.bench --out "$OUT/bench" --budget-s "$budget" \
+        ${bench_args[@]+"${bench_args[@]}"}
+    if [ ! -s "$OUT/bench/summary.txt" ] || [ "$OUT/bench/summary.txt" -ot "$OUT/bench/rows.jsonl" ]; then
+        log "bench ended before its report: rebuilding it from rows.jsonl"
+        timeout 60 "$PY" -m jagflash.bench --report-only "$OUT/bench" > "$OUT/bench-report.log" 2>&1
+    fi
+fi
+
+# --------------------------------------------------------------------------- summary
+echo
+echo "================================ gpu.sh summary ($(elapsed)s) ================================"
+for s in "${steps[@]}"; do
+    echo "  $s: exit ${RC[$s]:-?} in ${SECS[$s]:-?}s  (log: $OUT/$s.log)"
+done
+if has_step ceilings; then
+    grep -h "ceilings:" "$OUT/ceilings.log" 2>/dev/null | tail -1
+fi
+if has_step tests; then
+    echo "-- tests (tail):"
+    grep -E "^(FAILED|ERROR)" "$OUT/tests.log" 2>/dev/null | tail -10
+    tail -n 1 "$OUT/tests.log" 2>/dev/null
+fi
+if has_step demo; then
+    echo "-- demo (tail):"
+    tail -n 8 "$OUT/demo.log" 2>/dev/null
+fi
+if has_step bench; then
+    echo "-- bench: $OUT/bench/results.md, results.csv, tflops_*.png"
+    cat "$OUT/bench/summary.txt" 2>/dev/null || echo "(no bench summary)"
+fi

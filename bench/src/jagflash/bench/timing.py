@@ -1,0 +1,148 @@
+"""Timing: ``triton.testing.do_bench`` on a GPU, a wall clock on the CPU.
+
+On a GPU each measurement is do_bench's p20/p50/p80 over CUDA-event timings, with the L2 cache
+flushed before every run (do_bench does that) *and* the inputs rotated over several sets when one
+set is small enough that L2 could hold it. ``rep_ms`` is do_bench's repetition time; at least
+``min_reps`` timed runs are asked for by lengthening it from a one-shot estimate. With
+``cuda_graph`` a problem whose single run is under ``graph_below_ms`` is timed by replaying a CUDA
+graph (``do_bench_cudagraph``: no launch gaps, no L2 flush, so rotation matters there); a capture
+that fails falls back to do_bench and the row says so.
+
+On the CPU (smoke runs) fn is synchronous: ``min_reps`` calls after one warm-up, percentiles of
+their wall-clock times.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["Rotator", "Timing", "estimate_ms", "measure", "rotation_sets"]
+
+QUANTILES = (0.2, 0.5, 0.8)
+
+
+@dataclass(frozen=True)
+class Timing:
+    p20: float
+    p50: float
+    p80: float
+    runs: int
+    timer: str
+
+
+class Rotator:
+    """Calls ``fns`` in turn: each call of the benchmark loop reads the next input set."""
+
+    def __init__(self, fns: Sequence[Callable[[], object]]):
+        if not fns:
+            raise ValueError("Rotator needs at least one function")
+        self.fns = list(fns)
+        self.i = 0
+
+    def __call__(self) -> None:
+        fn = self.fns[self.i]
+        self.i = (self.i + 1) % len(self.fns)
+        fn()
+
+
+def rotation_sets(set_bytes: int, device: torch.device, max_sets: int = 4) -> int:
+    """How many input sets to rotate so that together they are at least 3x the L2 cache."""
+    if device.type != "cuda" or set_bytes <= 0:
+        return 1
+    props = torch.cuda.get_device_properties(device)
+    l2 = int(getattr(props, "L2_cache_size", 0) or 64 << 20)
+    return int(max(1, min(max_sets, -(-3 * l2 // set_bytes))))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def estimate_ms(fn: Callable[[], object], device: torch.device) -> float:
+    """One run of ``fn`` (already warm), in ms."""
+    _sync(device)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end))
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _wallclock(fn: Callable[[], object], reps: int) -> Timing:
+    times = []
+    for _ in range(max(1, reps)):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    p20, p50, p80 = np.percentile(np.asarray(times), [20, 50, 80]).tolist()
+    return Timing(p20, p50, p80, len(times), "wall clock")
+
+
+def _event_bench(
+    fn: Callable[[], object], warmup_ms: float, rep_ms: float, est: float, grad_to_none
+) -> Timing:
+    """Fallback when triton.testing is unusable: CUDA events around each run, no L2 flush."""
+    n_warm = max(1, int(warmup_ms / max(est, 1e-3)))
+    n_rep = max(5, int(rep_ms / max(est, 1e-3)))
+    for _ in range(n_warm):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+    for s, e in zip(starts, ends):
+        for x in grad_to_none or ():
+            x.grad = None
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    times = np.asarray([s.elapsed_time(e) for s, e in zip(starts, ends)])
+    p20, p50, p80 = np.percentile(times, [20, 50, 80]).tolist()
+    return Timing(p20, p50, p80, n_rep, "cuda events")
+
+
+def measure(
+    fn: Callable[[], object],
+    device: torch.device,
+    *,
+    warmup_ms: float = 25.0,
+    rep_ms: float = 100.0,
+    min_reps: int = 20,
+    max_rep_ms: float = 2000.0,
+    grad_to_none: Sequence[torch.Tensor] | None = None,
+    cuda_graph: bool = False,
+    graph_below_ms: float = 0.1,
+) -> Timing:
+    """p20/p50/p80 of ``fn`` in ms (see the module docstring)."""
+    if device.type != "cuda":
+        return _wallclock(fn, min_reps)
+    est = estimate_ms(fn, device)
+    rep = min(max(rep_ms, min_reps * est), max(max_rep_ms, rep_ms))
+    grads = list(grad_to_none) if grad_to_none else None
+    try:
+        import triton.testing as tt
+    except Exception:  # time without triton rather than not at all
+        return _event_bench(fn, warmup_ms, rep, est, grads)
+    if cuda_graph and est < graph_below_ms:
+        try:
+            qs = tt.do_bench_cudagraph(fn, rep=rep, grad_to_none=grads, quantiles=list(QUANTILES))
+            return Timing(*map(float, qs), max(1, int(rep / max(est, 1e-3))), "do_bench_cudagraph")
+        except Exception as e:
+            _sync(device)
+            fallback = f"do_bench (graph capture failed: {type(e).__name__})"
+        else:  # pragma: no cover - returned above
+            fallback = "do_bench"
+    else:
+        fallback = "do_bench"
+    qs = tt.do_bench(fn, warmup=warmup_ms, rep=rep, grad_to_none=grads, quantiles=list(QUANTILES))
+    return Timing(*map(float, qs), max(1, int(rep / max(est, 1e-3))), fallback)

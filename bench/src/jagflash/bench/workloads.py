@@ -1,0 +1,333 @@
+"""Every benchmark workload, in one place.
+
+A workload is a name, a kind (``dense``, ``jagged`` or ``broadcast_q``), a seeded generator of
+sequence lengths and the attention problem's shape (heads, KV heads, head dim, dtype, causal,
+window). Its FLOPs come from the lengths it actually draws (:mod:`jagflash.bench.flops`), never
+from ``B x max_len**2``. Adding one is a line in :data:`WORKLOADS`::
+
+    Workload("jagged-uniform-d128", "jagged", Uniform(256, 64, 2048), heads=16, head_dim=128),
+
+Lengths are drawn with ``numpy.random.default_rng(seed)``, so a workload is the same batch on
+every machine and in every process (the benchmark's worker processes regenerate it from the
+seed). ``--smoke`` runs :meth:`Workload.smoke`: the same kind and features (causal, GQA ratio,
+length distribution family) shrunk to a few sequences of at most 40 tokens, 2 heads of dim 32,
+float32 (the Triton interpreter gets bfloat16 wrong, see TOOLCHAIN.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+__all__ = [
+    "KINDS",
+    "SMOKE_DEFAULT",
+    "WORKLOADS",
+    "Bimodal",
+    "Fixed",
+    "LengthSpec",
+    "Lognormal",
+    "Mix",
+    "Uniform",
+    "Workload",
+    "get",
+    "run_order",
+    "select",
+]
+
+KINDS = ("dense", "jagged", "broadcast_q")
+DTYPES = ("bfloat16", "float16", "float32")
+SMOKE_MAX_LEN = 40
+
+
+class LengthSpec(Protocol):
+    """A seeded distribution of per-sequence lengths."""
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        """int64 lengths, one per sequence, in batch order."""
+        ...
+
+    def smoke(self) -> LengthSpec:
+        """The same family shrunk to a few sequences of at most ``SMOKE_MAX_LEN`` tokens."""
+        ...
+
+    def describe(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """``count`` sequences of exactly ``length`` tokens (a dense batch)."""
+
+    count: int
+    length: int
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        return np.full(self.count, self.length, dtype=np.int64)
+
+    def smoke(self) -> Fixed:
+        return Fixed(min(self.count, 2), min(self.length, SMOKE_MAX_LEN))
+
+    def describe(self) -> str:
+        return f"{self.count} x {self.length}"
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """``count`` lengths drawn uniformly from the integers of ``[lo, hi)``."""
+
+    count: int
+    lo: int
+    hi: int
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        return rng.integers(self.lo, self.hi, size=self.count, dtype=np.int64)
+
+    def smoke(self) -> Uniform:
+        hi = min(self.hi, SMOKE_MAX_LEN + 1)
+        lo = min(self.lo, max(hi - 8, 0))
+        return Uniform(min(self.count, 3), lo, hi)
+
+    def describe(self) -> str:
+        return f"{self.count} x U[{self.lo}, {self.hi})"
+
+
+@dataclass(frozen=True)
+class Lognormal:
+    """``count`` lengths ``round(median * exp(sigma * z))``, z ~ N(0, 1), clipped to
+    ``[floor, cap]``; the median of the unclipped draw is ``median``."""
+
+    count: int
+    median: float
+    sigma: float
+    cap: int
+    floor: int = 1
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        z = rng.standard_normal(self.count)
+        lengths = np.rint(self.median * np.exp(self.sigma * z))
+        return np.clip(lengths, self.floor, self.cap).astype(np.int64)
+
+    def smoke(self) -> Lognormal:
+        return Lognormal(min(self.count, 3), 16, self.sigma, SMOKE_MAX_LEN, min(self.floor, 1))
+
+    def describe(self) -> str:
+        return (
+            f"{self.count} x lognormal(median {self.median:g}, sigma {self.sigma:g}) "
+            f"in [{self.floor}, {self.cap}]"
+        )
+
+
+@dataclass(frozen=True)
+class Mix:
+    """The sequences of every part, shuffled together (so long ones are not all first)."""
+
+    parts: tuple[LengthSpec, ...]
+    shuffle: bool = True
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        lengths = np.concatenate([p.sample(rng) for p in self.parts]).astype(np.int64)
+        return rng.permutation(lengths) if self.shuffle else lengths
+
+    def smoke(self) -> Mix:
+        return Mix(tuple(_smoke_part(p) for p in self.parts), self.shuffle)
+
+    def describe(self) -> str:
+        return " + ".join(p.describe() for p in self.parts)
+
+
+def _smoke_part(p: LengthSpec) -> LengthSpec:
+    # One sequence per part keeps a mixed smoke batch at a handful of sequences.
+    s = p.smoke()
+    return dataclasses.replace(s, count=min(s.count, 2)) if hasattr(s, "count") else s
+
+
+def Bimodal(short: int, long: int) -> Mix:  # reads as a distribution name
+    """``short`` sequences of U[64, 256) and ``long`` sequences of U[2048, 4097), shuffled."""
+    return Mix((Uniform(short, 64, 256), Uniform(long, 2048, 4097)))
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmark problem.
+
+    ``lengths`` draws the K/V length of every sequence; for ``jagged`` and ``dense`` the queries
+    have the same lengths (self-attention), for ``broadcast_q`` one shared query block of
+    ``q_len`` rows attends to every K/V sequence. ``kv_heads`` defaults to ``heads`` (GQA when
+    smaller). ``window`` is ``(left, right)`` with -1 unbounded, aligned bottom-right like
+    ``causal``.
+    """
+
+    name: str
+    kind: str
+    lengths: LengthSpec
+    heads: int = 16
+    kv_heads: int | None = None
+    head_dim: int = 128
+    dtype: str = "bfloat16"
+    causal: bool = False
+    window: tuple[int, int] = (-1, -1)
+    q_len: int | None = None
+    seed: int = 0
+    smoke_lengths: LengthSpec | None = None
+    smoke_q_len: int = 8
+    is_smoke: bool = False
+    # Run order (lower first) when a time budget may cut the run short; tables keep WORKLOADS order.
+    priority: int = 5
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.kind not in KINDS:
+            problems.append(f"kind {self.kind!r} not in {KINDS}")
+        if self.dtype not in DTYPES:
+            problems.append(f"dtype {self.dtype!r} not in {DTYPES}")
+        if self.heads % self.hkv:
+            problems.append(f"heads {self.heads} not a multiple of kv_heads {self.hkv}")
+        if (self.kind == "broadcast_q") != (self.q_len is not None):
+            problems.append("q_len is set exactly for broadcast_q workloads")
+        if problems:
+            raise ValueError(f"workload {self.name}: " + "; ".join(problems))
+
+    @property
+    def hkv(self) -> int:
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.hkv
+
+    @property
+    def gqa(self) -> bool:
+        return self.hkv != self.heads
+
+    @property
+    def has_window(self) -> bool:
+        return tuple(self.window) != (-1, -1)
+
+    def sample_lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(q_lens, kv_lens)``: int64 per sequence, deterministic in ``seed``."""
+        kv = np.asarray(self.lengths.sample(np.random.default_rng(self.seed)), dtype=np.int64)
+        if self.kind == "broadcast_q":
+            return np.full(kv.shape, self.q_len, dtype=np.int64), kv
+        return kv.copy(), kv
+
+    def smoke(self, dtype: str = "float32") -> Workload:
+        """The tiny version ``--smoke`` runs: same kind, features and GQA ratio; float32 for the
+        CPU's interpreter, a 16-bit ``dtype`` for a smoke run on a GPU."""
+        if self.is_smoke:
+            return self if self.dtype == dtype else dataclasses.replace(self, dtype=dtype)
+        hkv = 1 if self.gqa else 2
+        return dataclasses.replace(
+            self,
+            lengths=self.smoke_lengths or self.lengths.smoke(),
+            smoke_lengths=None,
+            heads=hkv * min(self.group, 4),
+            kv_heads=hkv,
+            head_dim=32,
+            dtype=dtype,
+            q_len=None if self.q_len is None else min(self.q_len, self.smoke_q_len),
+            is_smoke=True,
+        )
+
+    def describe(self) -> str:
+        bits = [self.kind]
+        if self.kind == "broadcast_q":
+            bits.append(f"Lq {self.q_len} vs")
+        bits.append(self.lengths.describe())
+        bits.append(f"H{self.heads}" + (f"/{self.hkv}" if self.gqa else "") + f" D{self.head_dim}")
+        bits.append(self.dtype)
+        if self.causal:
+            bits.append("causal")
+        if self.has_window:
+            bits.append(f"window {tuple(self.window)}")
+        return ", ".join(bits)
+
+
+_LOGNORMAL = Lognormal(128, 512, 1.0, 4096)
+_HEAVY_TAIL = Mix((Fixed(2, 4096), Uniform(120, 32, 768)))
+_HEAVY_TAIL_SMOKE = Mix((Fixed(1, SMOKE_MAX_LEN), Uniform(3, 2, 12)))
+_TINY = Uniform(2048, 1, 64)
+_BIMODAL = Bimodal(112, 16)
+
+
+def _bq(q_len: int, count: int, priority: int = 5) -> Workload:
+    return Workload(
+        f"bq-lq{q_len}-b{count}",
+        "broadcast_q",
+        Lognormal(count, 512, 1.0, 4096),
+        q_len=q_len,
+        smoke_q_len=8 if q_len <= 256 else 24,
+        priority=priority,
+    )
+
+
+#: Every workload, in the order tables list them (and in which a budget-cut run reaches them).
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        # dense: what every attention kernel is measured on
+        Workload("dense-b4h16n4096d128", "dense", Fixed(4, 4096), priority=1),
+        Workload("dense-b4h16n4096d128-causal", "dense", Fixed(4, 4096), causal=True, priority=2),
+        Workload("dense-b4h32n8192d128", "dense", Fixed(4, 8192), heads=32),
+        # jagged: 128 lognormal sequences (median 512, sigma 1, <= 4096) and friends
+        Workload("jagged-lognormal-d128", "jagged", _LOGNORMAL, priority=0),
+        Workload("jagged-lognormal-causal-d128", "jagged", _LOGNORMAL, causal=True, priority=1),
+        Workload("jagged-heavytail-d128", "jagged", _HEAVY_TAIL, smoke_lengths=_HEAVY_TAIL_SMOKE),
+        Workload("jagged-tiny-d128", "jagged", _TINY, smoke_lengths=Uniform(6, 1, 9)),
+        Workload("jagged-bimodal-d128", "jagged", _BIMODAL),
+        Workload("jagged-lognormal-d64", "jagged", _LOGNORMAL, head_dim=64),
+        Workload("jagged-lognormal-causal-d64", "jagged", _LOGNORMAL, head_dim=64, causal=True),
+        Workload("jagged-lognormal-gqa4-d128", "jagged", _LOGNORMAL, kv_heads=4),
+        Workload(
+            "jagged-lognormal-causal-gqa4-d128", "jagged", _LOGNORMAL, kv_heads=4, causal=True
+        ),
+        # broadcast-Q: one query block against many lognormal K/V sequences
+        _bq(64, 1024),
+        _bq(256, 256),
+        _bq(256, 64, priority=2),
+        _bq(1024, 64),
+    )
+}
+
+#: What ``--smoke`` runs unless ``--workloads`` says otherwise: one of each kind and feature.
+SMOKE_DEFAULT = (
+    "dense-b4h16n4096d128-causal",
+    "jagged-lognormal-d128",
+    "jagged-heavytail-d128",
+    "jagged-lognormal-causal-gqa4-d128",
+    "bq-lq256-b64",
+)
+
+
+def run_order(workloads: list[Workload]) -> list[Workload]:
+    """The order a run visits ``workloads``: by priority, then as listed."""
+    return sorted(workloads, key=lambda w: w.priority)  # sorted() is stable
+
+
+def get(name: str, *, smoke: bool = False, smoke_dtype: str = "float32") -> Workload:
+    w = WORKLOADS[name]
+    return w.smoke(smoke_dtype) if smoke else w
+
+
+def select(
+    patterns: str | None, *, smoke: bool = False, smoke_dtype: str = "float32"
+) -> list[Workload]:
+    """Workloads whose names match any comma-separated glob, in :data:`WORKLOADS` order.
+
+    ``None`` means every workload (``SMOKE_DEFAULT`` with ``smoke``). A pattern that matches
+    nothing is an error, so a typo does not silently benchmark nothing.
+    """
+    if patterns is None:
+        names = list(SMOKE_DEFAULT) if smoke else list(WORKLOADS)
+    else:
+        pats = [p.strip() for p in patterns.split(",") if p.strip()]
+        missing = [p for p in pats if not fnmatch.filter(WORKLOADS, p)]
+        if missing:
+            raise ValueError(
+                f"no workload matches {', '.join(missing)}; known: {', '.join(WORKLOADS)}"
+            )
+        names = [n for n in WORKLOADS if any(fnmatch.fnmatchcase(n, p) for p in pats)]
+    return [get(n, smoke=smoke, smoke_dtype=smoke_dtype) for n in names]

@@ -1,0 +1,306 @@
+"""Attention forward for Hopper (sm_90a), warp-specialised with TLX, over jagged batches.
+
+The dense and jagged variants both launch it (dense is jagged with equal lengths); their
+``kernels_tlx_sm90`` modules are thin wrappers. One persistent program per SM. Each program walks its q-tiles (128 query rows of one head of
+one sequence) and splits the work over three warp roles:
+
+- the producer (the default warpgroup) streams Q once per tile and K/V through a ring of
+  ``NUM_KV`` shared-memory slots with TMA, each slot guarded by a full/empty mbarrier pair;
+- two consumer warpgroups (``replicate=2``, 232 registers each) take 64 rows each and run
+  wgmma + the shared online-softmax step of ``jagflash.core.math``; they issue their QK^T
+  wgmmas in turn (named barriers 9 and 10), so one's softmax overlaps the other's matmul
+  ("ping-pong");
+- the epilogue (in the consumers) normalises, and writes O and the LSE with masked stores that
+  never cross the sequence boundary.
+
+Every q-tile visits the kv-tiles ``[lo, hi)`` of ``jagflash.core.math.kv_tile_range``; the
+consumers run ``[lo, full_lo)`` and ``[full_hi, hi)`` in the masked specialisation of their
+loop and ``[full_lo, full_hi)`` in the unmasked one (for causal attention that peels the
+diagonal tiles off the main loop). TMA reads past a sequence's end are harmless: see
+``jagflash.core.pipeline``.
+
+Tiles are taken in a static order (worker ``w`` takes tiles ``w, w + W, ...``), each (sequence,
+head)'s q-tiles heaviest first. Cost-sorted schedules from ``jagflash.core.schedule`` replace
+this order once they exist.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from jagflash.core.math import LOG2E, band_mask, finish_softmax, kv_tile_range, online_softmax_step
+from jagflash.core.ops import alloc, alloc_like
+from jagflash.core.pipeline import (
+    num_workers,
+    ring_acquire,
+    ring_load,
+    ring_release,
+    rows_descriptor,
+    tma_load,
+)
+
+BLOCK_M = 128  # rows of a q-tile; each of the two consumer warpgroups takes half
+BLOCK_N = 128
+NUM_KV = 2  # K/V ring depth
+HEAD_DIMS = (64, 128)
+
+
+@triton.jit
+def _tile(t, q_offsets, kv_offsets, n_heads_q, n_qtiles, BLOCK_M: tl.constexpr):
+    """Tile ``t`` -> (head, first row, q start, lq, kv start, lk); heaviest q-tile first.
+    Starts are int32: TMA coordinates are 32-bit (a tensor of 2**31 rows is out of reach)."""
+    bh = t // n_qtiles
+    m0 = (n_qtiles - 1 - t % n_qtiles) * BLOCK_M
+    b = bh // n_heads_q
+    h = bh % n_heads_q
+    q_start = tl.load(q_offsets + b).to(tl.int32)
+    lq = tl.load(q_offsets + b + 1).to(tl.int32) - q_start
+    k_start = tl.load(kv_offsets + b).to(tl.int32)
+    lk = tl.load(kv_offsets + b + 1).to(tl.int32) - k_start
+    return h, m0, q_start, lq, k_start, lk
+
+
+@triton.jit
+def _issue_qk(q_buf, k_buf, CID: tl.constexpr):
+    """Start S = Q K^T on the tensor cores. The two consumer warpgroups issue in turn (named
+    barriers 9 and 10), so one's softmax overlaps the other's matmul ("ping-pong")."""
+    if CID == 0:
+        tlx.named_barrier_wait(9, 256)
+    else:
+        tlx.named_barrier_wait(10, 256)
+    qk = tlx.async_dot(q_buf, tlx.local_trans(k_buf))
+    if CID == 0:
+        tlx.named_barrier_arrive(10, 256)
+    else:
+        tlx.named_barrier_arrive(9, 256)
+    return qk
+
+
+@triton.jit
+def _scores(qk, qk_scale2, rows, n0, lq, lk, left, right, BLOCK_N: tl.constexpr,
+            BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr):
+    """log2-domain scores of the kv-tile at ``n0``, masked in the masked specialisation."""
+    s2 = qk * qk_scale2
+    if MASKED:
+        cols = n0 + tl.arange(0, BLOCK_N)
+        s2 = tl.where(band_mask(rows[:, None], cols[None, :], lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT), s2, float("-inf"))
+    return s2
+
+
+@triton.jit
+def _consume_pipelined(
+    acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
+    rows, start, end, lq, lk, qk_scale2, left, right,
+    CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
+):
+    """Like :func:`_consume`, software-pipelined: the QK^T of tile j is in flight while P V of
+    tile j-1 is issued, so a warpgroup's own matmuls overlap its softmax. ``p`` (in DTYPE) holds
+    the probabilities of the previous tile, not yet multiplied into ``acc``; ``acc`` is already
+    scaled to the current running max."""
+    for n0 in range(start, end, BLOCK_N):
+        k_buf, k_slot = ring_acquire(k_tiles, k_fulls, kv_cnt, NUM_KV)
+        qk = _issue_qk(q_buf, k_buf, CID)
+        v_buf, v_slot = ring_acquire(v_tiles, v_fulls, kv_cnt - 1, NUM_KV)
+        acc = tlx.async_dot(p, v_buf, acc)
+        qk = tlx.async_dot_wait(1, qk)
+        ring_release(k_empties, k_slot)
+        s2 = _scores(qk, qk_scale2, rows, n0, lq, lk, left, right, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, MASKED)
+        p_new, alpha, m_i, l_i = online_softmax_step(s2, m_i, l_i)
+        acc = tlx.async_dot_wait(0, acc)
+        ring_release(v_empties, v_slot)
+        acc = acc * alpha[:, None]
+        p = p_new.to(DTYPE)
+        kv_cnt += 1
+    return acc, m_i, l_i, p, kv_cnt
+
+
+@triton.jit
+def _consume(
+    acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
+    rows, start, end, lq, lk, qk_scale2, left, right,
+    CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
+):
+    """One consumer warpgroup over the kv-tiles ``[start, end)`` (masked or not)."""
+    for n0 in range(start, end, BLOCK_N):
+        k_buf, k_slot = ring_acquire(k_tiles, k_fulls, kv_cnt, NUM_KV)
+        qk = _issue_qk(q_buf, k_buf, CID)
+        qk = tlx.async_dot_wait(0, qk)
+        ring_release(k_empties, k_slot)
+        s2 = _scores(qk, qk_scale2, rows, n0, lq, lk, left, right, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, MASKED)
+        p, alpha, m_i, l_i = online_softmax_step(s2, m_i, l_i)
+        acc = acc * alpha[:, None]
+        v_buf, v_slot = ring_acquire(v_tiles, v_fulls, kv_cnt, NUM_KV)
+        acc = tlx.async_dot(p.to(DTYPE), v_buf, acc)
+        acc = tlx.async_dot_wait(0, acc)
+        ring_release(v_empties, v_slot)
+        kv_cnt += 1
+    return acc, m_i, l_i, kv_cnt
+
+
+@triton.jit
+def _fwd_kernel(
+    desc_q, desc_k, desc_v, O, LSE, q_offsets, kv_offsets,
+    stride_ot, stride_oh, total_q, n_heads_q, n_qtiles, n_tiles, scale, left, right,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_KV: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+    PIPELINE: tl.constexpr,
+):
+    HALF: tl.constexpr = BLOCK_M // 2
+    dtype: tl.constexpr = tlx.dtype_of(desc_q)
+    ELEM: tl.constexpr = tlx.size_of(dtype)
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+
+    q_tiles = tlx.local_alloc((HALF, HEAD_DIM), dtype, 2)
+    k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_KV)
+    v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_KV)
+    q_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    q_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    k_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
+    k_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
+    v_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
+    v_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default", registers=24):  # producer: TMA loads
+            kv_cnt = 0
+            tile_cnt = 0
+            for t in range(pid, n_tiles, nprog):
+                h, m0, q_start, lq, k_start, lk = _tile(t, q_offsets, kv_offsets, n_heads_q, n_qtiles, BLOCK_M)
+                if m0 < lq:
+                    lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                    for c in tl.static_range(2):
+                        tma_load(desc_q, q_tiles[c], q_fulls[c], q_empties[c], tile_cnt & 1, q_start + m0 + c * HALF, h * HEAD_DIM, ELEM * HALF * HEAD_DIM)
+                    col = (h // GROUP) * HEAD_DIM
+                    for n0 in range(lo, hi, BLOCK_N):
+                        ring_load(desc_k, k_tiles, k_fulls, k_empties, kv_cnt, k_start + n0, col, NUM_KV, ELEM * BLOCK_N * HEAD_DIM)
+                        ring_load(desc_v, v_tiles, v_fulls, v_empties, kv_cnt, k_start + n0, col, NUM_KV, ELEM * BLOCK_N * HEAD_DIM)
+                        kv_cnt += 1
+                    tile_cnt += 1
+
+        with tlx.async_task(num_warps=4, registers=240, replicate=2):  # consumers
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            if cid == 1:
+                tlx.named_barrier_arrive(9, 256)  # let warpgroup 0 issue first
+            qk_scale2 = scale * LOG2E
+            kv_cnt = 0
+            tile_cnt = 0
+            for t in range(pid, n_tiles, nprog):
+                h, m0, q_start, lq, k_start, lk = _tile(t, q_offsets, kv_offsets, n_heads_q, n_qtiles, BLOCK_M)
+                if m0 < lq:
+                    lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                    rows = m0 + cid * HALF + tl.arange(0, HALF)
+                    tlx.barrier_wait(q_fulls[cid], tile_cnt & 1)
+                    q_buf = q_tiles[cid]
+                    m_i = tl.full([HALF], float("-inf"), tl.float32)
+                    l_i = tl.zeros([HALF], tl.float32)
+                    acc = tl.zeros([HALF, HEAD_DIM], tl.float32)
+                    if PIPELINE:
+                        if hi > lo:
+                            # Prologue: the first tile alone (its mask decided once, at run time).
+                            k_buf, k_slot = ring_acquire(k_tiles, k_fulls, kv_cnt, NUM_KV)
+                            qk = _issue_qk(q_buf, k_buf, cid)
+                            qk = tlx.async_dot_wait(0, qk)
+                            ring_release(k_empties, k_slot)
+                            if (lo < full_lo) | (lo >= full_hi):
+                                s2 = _scores(qk, qk_scale2, rows, lo, lq, lk, left, right, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+                            else:
+                                s2 = qk * qk_scale2
+                            p, _, m_i, l_i = online_softmax_step(s2, m_i, l_i)  # acc is 0: no rescale
+                            p = p.to(dtype)
+                            kv_cnt += 1
+                            second = lo + BLOCK_N
+                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, second, tl.maximum(full_lo, second), lq, lk, qk_scale2, left, right, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, tl.maximum(full_lo, second), tl.maximum(full_hi, second), lq, lk, qk_scale2, left, right, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False)
+                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, tl.maximum(full_hi, second), hi, lq, lk, qk_scale2, left, right, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+                            # Epilogue: P V of the last tile.
+                            v_buf, v_slot = ring_acquire(v_tiles, v_fulls, kv_cnt - 1, NUM_KV)
+                            acc = tlx.async_dot(p, v_buf, acc)
+                            acc = tlx.async_dot_wait(0, acc)
+                            ring_release(v_empties, v_slot)
+                    else:
+                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, lo, full_lo, lq, lk, qk_scale2, left, right, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, full_lo, full_hi, lq, lk, qk_scale2, left, right, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False)
+                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, full_hi, hi, lq, lk, qk_scale2, left, right, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+                    tlx.barrier_arrive(q_empties[cid], 1)
+                    out, lse = finish_softmax(acc, m_i, l_i)
+                    valid = rows < lq
+                    offs_d = tl.arange(0, HEAD_DIM)
+                    o_rows = (q_start + rows).to(tl.int64)
+                    o_ptrs = O + o_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
+                    tl.store(o_ptrs, out.to(dtype), mask=valid[:, None])
+                    tl.store(LSE + h.to(tl.int64) * total_q + o_rows, lse, mask=valid)
+                    tile_cnt += 1
+
+
+def forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_seqlen_q: int,
+    *,
+    left: int,
+    right: int,
+    scale: float,
+    pipeline: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` fp32 (inputs are made contiguous: TMA needs it).
+    ``pipeline=False`` runs the consumers without the QK/PV overlap (version 1, for A/B)."""
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    tq, hq, dim = q.shape
+    hkv = k.shape[1]
+    out = alloc_like(q)
+    lse = alloc((hq, tq), torch.float32, q.device)
+    batch = q_offsets.numel() - 1
+    n_qtiles = triton.cdiv(max_seqlen_q, BLOCK_M)
+    n_tiles = batch * hq * n_qtiles
+    if tq == 0 or n_tiles == 0:
+        return out, lse
+    if k.shape[0] == 0:  # no keys anywhere: every row sees nothing (no descriptor over 0 rows)
+        return out.zero_(), lse.fill_(float("-inf"))
+    _fwd_kernel[(min(num_workers(q.device), n_tiles),)](
+        rows_descriptor(q, BLOCK_M // 2, dim), rows_descriptor(k, BLOCK_N, dim),
+        rows_descriptor(v, BLOCK_N, dim), out, lse, q_offsets, kv_offsets,
+        out.stride(0), out.stride(1), tq, hq, n_qtiles, n_tiles, scale, left, right,
+        GROUP=hq // hkv, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NUM_KV=NUM_KV,
+        BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0, PIPELINE=pipeline, num_warps=4,
+        num_stages=1,
+    )
+    return out, lse
+
+
+def compile_configs():
+    """Every configuration :func:`forward` launches, for the sm_90a compile check on the CPU:
+    ``(name, kernel, signature, constexprs, options)``."""
+    configs = []
+    for dtype in ("fp16", "bf16"):
+        for dim in HEAD_DIMS:
+            for causal, pipeline in ((False, True), (True, True), (False, False), (True, False)):
+                signature = {
+                    "desc_q": f"tensordesc<{dtype}[{BLOCK_M // 2},{dim}]>",
+                    "desc_k": f"tensordesc<{dtype}[{BLOCK_N},{dim}]>",
+                    "desc_v": f"tensordesc<{dtype}[{BLOCK_N},{dim}]>",
+                    "O": f"*{dtype}", "LSE": "*fp32", "q_offsets": "*i32", "kv_offsets": "*i32",
+                    "stride_ot": "i32", "stride_oh": "i32", "total_q": "i32", "n_heads_q": "i32",
+                    "n_qtiles": "i32", "n_tiles": "i32", "scale": "fp32", "left": "i32", "right": "i32",
+                }
+                constexprs = {
+                    "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
+                    "NUM_KV": NUM_KV, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal,
+                    "PIPELINE": pipeline,
+                }
+                for name in constexprs:
+                    signature[name] = "constexpr"
+                configs.append((
+                    f"tlx_fwd{'' if pipeline else '_v1'} {dtype} d{dim}{' causal' if causal else ''}",
+                    _fwd_kernel,
+                    signature, constexprs, {"num_warps": 4, "num_stages": 1},
+                ))
+    return configs
