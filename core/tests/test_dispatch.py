@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import jagflash.core as jc
-from jagflash.core.backend import last_choice, portable_family, select
+from jagflash.core.backend import last_choice, portable_family, select, tlx_sm90_backend
 from jagflash.core.capability import (
     InvalidInput,
     Problem,
@@ -80,7 +80,20 @@ def test_front_door_refuses_with_each_variants_reasons() -> None:
     with pytest.raises(UnsupportedProblem) as info:
         jc.attention(t["q"], t["k"], t["v"], q_offsets=t["q_offsets"], kv_offsets=t["kv_offsets"], window=(4, 0))
     assert "jagged: portable: forward with window not supported" in str(info.value)
-    with pytest.raises(UnsupportedProblem, match="no installed variant takes the broadcast_q layout"):
-        jc.attention(t["q"], t["k"], t["v"], kv_offsets=t["kv_offsets"])
+    with pytest.raises(UnsupportedProblem, match="broadcast_q: reference: forward with causal not supported"):
+        jc.attention(t["q"], t["k"], t["v"], kv_offsets=t["kv_offsets"], causal=True)
     with pytest.raises(InvalidInput, match="q of rank 3 with no offsets"):
         jc.attention(t["q"], t["k"], t["v"])
+
+
+def test_forward_only_backend_hands_its_backward_on() -> None:
+    spec = VariantSpec("toy2", frozenset({"jagged"}), (*SPEC.backends, tlx_sm90_backend(frozenset({"causal"}))))
+    fwd = _problem(device_type="cpu", dtype=torch.float32)
+    with pytest.raises(UnsupportedProblem) as info:
+        select(spec, fwd, torch.device("cpu"), "tlx-sm90")
+    assert "device cpu not in {cuda}" in str(info.value)
+    bwd = _problem(device_type="cpu", dtype=torch.float32, backward=True)
+    assert "backward not implemented (forward only)" in spec.backend("tlx-sm90").reasons(bwd)
+    choice = select(spec, bwd, torch.device("cpu"), "tlx-sm90")
+    assert choice.name != "tlx-sm90"
+    assert "tlx-sm90 has no backward" in choice.why

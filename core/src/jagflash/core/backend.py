@@ -153,6 +153,16 @@ def select(
     how = "backend= argument"
     if requested is None and os.environ.get(ENV_VAR):
         requested, how = os.environ[ENV_VAR], f"{ENV_VAR}={os.environ[ENV_VAR]}"
+    if (
+        requested is not None
+        and problem.backward
+        and requested in spec.backend_names()
+        and not spec.backend(requested).head_dims_bwd
+    ):
+        # A forward-only backend was asked for: the backward of its calls runs on the fastest
+        # backend that has one (the two share the LSE convention, so they compose).
+        forward_only, requested = requested, None
+        how = f"{forward_only} has no backward"
     if requested is not None and requested != "auto":
         if requested not in spec.backend_names():
             raise UnsupportedProblem(
@@ -171,7 +181,10 @@ def select(
             rs = b.reasons(problem)
             if not rs:
                 rest = {o.name: ["not tried: a faster backend runs this"] for o in spec.backends if o.name not in tried and o.name != b.name}
-                choice = BackendChoice(spec.name, b.name, "fastest backend that runs this", {**tried, **rest})
+                why = "fastest backend that runs this"
+                if how != "backend= argument":
+                    why += f" ({how})"
+                choice = BackendChoice(spec.name, b.name, why, {**tried, **rest})
                 break
             tried[b.name] = rs
         if choice is None:

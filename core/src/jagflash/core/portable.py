@@ -8,6 +8,13 @@ hands base pointers to one of these:
   stores for the dK/dV pass (so no separate preprocess launch is needed; launch it first).
 - :func:`attn_bwd_dkdv_tile`: one kv-tile of one kv head: dK and dV, summed over the query
   heads of its GQA group inside the program, so the result is deterministic.
+- :func:`attn_bwd_dq_acc`: the dQ of one q-tile against one K/V sequence, returned in registers
+  instead of stored, for layouts whose dQ sums over several K/V sequences (broadcast-Q); with
+  :func:`atomic_add_rows` for a reduction across programs, or summed in order in one program.
+- :func:`locate_sequence`: start row and length of one sequence of a jagged tensor.
+- :func:`sched_first`, :func:`sched_next`, :func:`plan_tile`: how a persistent kernel walks a
+  Plan's tile table (``jagflash.core.schedule``); :func:`plan_blocks`: the tile sizes a Plan
+  for these kernels holds.
 
 Each loops over its partner tiles in three ranges (see ``jagflash.core.jagged``): a masked
 range, an unmasked one (no score mask, no key bound checks), and a masked tail, each a
@@ -133,6 +140,58 @@ def attn_bwd_dq_tile(
 
 
 @triton.jit
+def attn_bwd_dq_acc(
+    q_base, k_base, v_base, o_base, do_base, lse_base, delta_base,
+    stride_qm, stride_km, stride_vm, stride_om, stride_dom,
+    m0, lq, lk, scale, left, right,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+):
+    """dQ of the q-tile at row ``m0`` against one K/V sequence, returned as an fp32
+    ``[BLOCK_M, BLOCK_D]`` tile *not yet multiplied by* ``scale`` (a caller summing over several
+    sequences multiplies once); stores delta = rowsum(dO * O) like :func:`attn_bwd_dq_tile`.
+
+    The same math as :func:`attn_bwd_dq_tile`, for callers that reduce dQ across K/V sequences
+    themselves: in registers, in order (deterministic), or with :func:`atomic_add_rows`.
+    """
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
+    do = load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
+    o = load_rows(o_base + offs_m[:, None] * stride_om + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(delta_base + offs_m, delta, mask=offs_m < lq)
+    lse2 = lse_to_log2(tl.load(lse_base + offs_m, mask=offs_m < lq, other=float("-inf")))
+    qk_scale2 = scale * LOG2E
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+    dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, lo, full_lo, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+    dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_lo, full_hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, False)
+    dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_hi, hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+    return dq
+
+
+@triton.jit
+def atomic_add_rows(ptrs, x, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr):
+    """Atomically add a ``[rows, BLOCK_D]`` tile, skipping rows past ``n_rows`` and columns past
+    HEAD_DIM: :func:`~jagflash.core.math.store_rows` for a sum that several programs write
+    (fp32 buffers; the interpreter has no bf16 atomics). Relaxed: the kernel's end orders it."""
+    if EVEN_D:
+        tl.atomic_add(ptrs, x, mask=rows[:, None] < n_rows, sem="relaxed")
+    else:
+        tl.atomic_add(ptrs, x, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
+
+
+@triton.jit
+def locate_sequence(offsets, b):
+    """Start row (int64) and length (int32) of sequence ``b`` of a jagged tensor."""
+    start = tl.load(offsets + b).to(tl.int64)
+    length = (tl.load(offsets + b + 1) - start).to(tl.int32)
+    return start, length
+
+
+@triton.jit
 def _dkdv_loop(
     dk, dv, k, v, offs_n, offs_d,
     q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
@@ -192,6 +251,61 @@ def attn_bwd_dkdv_tile(
     store_rows(dv_base + offs_n[:, None] * stride_dvm + offs_d[None, :], dv.to(dv_base.dtype.element_ty), offs_n, lk, offs_d, HEAD_DIM, EVEN_D)
 
 
+# --- persistent schedules (``jagflash.core.schedule``) -----------------------------------
+#
+# A persistent kernel walks a Plan's tile table; every variant's kernel reads it the same way,
+# fetching the next tile's row (and whatever it derives from it, such as the sequence's offsets)
+# before it runs the current one, so that those loads' latency hides behind the tile's work:
+#
+#     count = tl.load(COUNT).to(tl.int32)
+#     i, r = sched_first(pid, COUNTER, DYNAMIC)
+#     seq, head, start = plan_tile(TILES, i, count)
+#     while i < count:
+#         i_next, r = sched_next(i, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
+#         seq_next, head_next, start_next = plan_tile(TILES, i_next, count)
+#         ...one tile program on (seq, head, start)...
+#         i, seq, head, start = i_next, seq_next, head_next, start_next
+#
+# Static: worker ``pid`` takes slot ``pid`` of every round of ``n_workers`` slots (mirrored on
+# odd rounds when ZIGZAG); once its slot of a round is past the count, every later one is too.
+# Dynamic: each worker takes the next slot from the int32 counter COUNTER (zeroed per launch)
+# when it starts a tile, i.e. one tile ahead (``jagflash.core.schedule.simulate`` models that).
+# ``schedule="none"`` launches one program per table row: n_workers = rows, one round.
+
+
+@triton.jit
+def sched_first(pid, COUNTER, DYNAMIC: tl.constexpr):
+    """The first table slot of worker ``pid``, and the round counter."""
+    if DYNAMIC:
+        i = tl.atomic_add(COUNTER, 1)
+    else:
+        i = pid
+    return i, pid * 0
+
+
+@triton.jit
+def sched_next(i, r, pid, n_workers, COUNTER, DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr):
+    """The next table slot of worker ``pid`` after slot ``i`` of round ``r``, and its round."""
+    r = r + 1
+    if DYNAMIC:
+        i = tl.atomic_add(COUNTER, 1)
+    else:
+        w = pid
+        if ZIGZAG:
+            w = tl.where(r % 2 == 1, n_workers - 1 - pid, pid)
+        i = r * n_workers + w
+    return i, r
+
+
+@triton.jit
+def plan_tile(TILES, i, count):
+    """Row ``i`` of a Plan's tile table: ``(sequence, head, first row)``; zeros past ``count``
+    (a harmless tile to prefetch for: the loop ends before running it)."""
+    ok = i < count
+    row = TILES + tl.where(ok, i, 0).to(tl.int64) * 3
+    return tl.load(row, mask=ok, other=0), tl.load(row + 1, mask=ok, other=0), tl.load(row + 2, mask=ok, other=0)
+
+
 def block_config(backend: str, head_dim: int, pass_: str) -> dict[str, int]:
     """Tile sizes and launch options for one pass (``fwd``, ``dq`` or ``dkdv``) of the portable
     kernels. Under the interpreter every tile iteration costs about the same whatever its size,
@@ -218,3 +332,12 @@ def block_config(backend: str, head_dim: int, pass_: str) -> dict[str, int]:
 def launch_options(cfg: dict[str, int]) -> dict[str, int]:
     """The keyword arguments of a kernel launch from a :func:`block_config`."""
     return {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "num_warps", "num_stages")}
+
+
+def plan_blocks(backend: str, head_dim: int) -> dict[str, tuple[int, int]]:
+    """``(block_m, block_n)`` of every pass of the portable kernels: what a Plan for them holds."""
+    return {
+        p: (cfg["BLOCK_M"], cfg["BLOCK_N"])
+        for p in ("fwd", "dq", "dkdv")
+        for cfg in (block_config(backend, head_dim, p),)
+    }

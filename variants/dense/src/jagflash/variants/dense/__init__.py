@@ -2,6 +2,11 @@
 
 >>> from jagflash.variants.dense import dense_attention
 >>> out = dense_attention(q, k, v, causal=True)
+
+Layers of the same shapes can share one load-balancing Plan:
+
+>>> plan = make_plan(q, k, causal=True)
+>>> out = dense_attention(q, k, v, causal=True, plan=plan)
 """
 
 from __future__ import annotations
@@ -10,10 +15,19 @@ import torch
 
 from jagflash.core.ops import call_problem, check_qkv, default_scale, raise_if
 from jagflash.core.registry import Variant
+from jagflash.core.schedule import (
+    DEFAULT_BACKWARD_SCHEDULE,
+    DEFAULT_SCHEDULE,
+    PTR_DENSE,
+    Plan,
+    PlanInfo,
+    build_plan,
+    plan_info,
+)
 from jagflash.variants.dense import op
 from jagflash.variants.dense.spec import SPEC
 
-__all__ = ["SPEC", "VARIANT", "dense_attention"]
+__all__ = ["SPEC", "VARIANT", "dense_attention", "make_plan"]
 
 
 def dense_attention(
@@ -25,6 +39,7 @@ def dense_attention(
     scale: float | None = None,
     return_lse: bool = False,
     backend: str | None = None,
+    plan: Plan | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention over a dense batch.
 
@@ -44,6 +59,10 @@ def dense_attention(
         return_lse: also return LSE ``[B, Hq, Nq]`` fp32, natural log (no gradient).
         backend: ``"portable"``, ``"interpreter"``, ``"reference"`` or ``None`` for the fastest
             that runs the problem; ``jagflash.core.backend.last_choice("dense")`` tells which ran.
+        plan: the tile schedule (:func:`make_plan`), built once and shared by every call of
+            these shapes, forward and backward; without one the call builds its own. A plan
+            built for other shapes, heads, mask or tile sizes is refused. The ``reference``
+            backend ignores it.
 
     Inputs whose last dimension is not contiguous are copied. Invalid inputs raise
     :class:`~jagflash.core.capability.InvalidInput`, unimplemented ones
@@ -52,11 +71,73 @@ def dense_attention(
     reasons = check_qkv(q, k, v, rank=4, layout_doc="[B, N, H, D]")
     if not reasons and q.shape[0] != k.shape[0]:
         reasons.append(f"q and k batch sizes differ: {q.shape[0]} vs {k.shape[0]}")
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if plan is not None and not isinstance(plan, Plan):
+        reasons.append(f"plan must be a jagflash.core.schedule.Plan, got {type(plan).__name__}")
+    elif plan is not None and needs_grad and not plan.info.backward:
+        reasons.append("the plan has no backward passes: build it with backward=True")
     raise_if("dense_attention", reasons)
+    if plan is not None:
+        plan_args = plan.op_args()
+    elif backend == "reference":
+        plan_args = (None, None, None)
+    else:
+        plan_args = _build(
+            q, k, causal=causal, schedule=DEFAULT_SCHEDULE,
+            backward_schedule=DEFAULT_BACKWARD_SCHEDULE, backward=needs_grad,
+        )
     out, lse = op.dense_fwd(
-        q, k, v, bool(causal), default_scale(scale, q.shape[-1]), bool(return_lse), backend or ""
+        q, k, v, bool(causal), default_scale(scale, q.shape[-1]), bool(return_lse), backend or "",
+        *plan_args,
     )
     return (out, lse) if return_lse else out
+
+
+def _build(
+    q: torch.Tensor, k: torch.Tensor, *, causal: bool, schedule: str = "static",
+    backward_schedule: str | None = None, workers: int | None = None, backward: bool = True,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    from jagflash.core.portable import plan_blocks
+
+    if backend in (None, "", "auto"):
+        backend = "interpreter" if q.device.type == "cpu" else "portable"
+    b, nq, nk = q.shape[0], q.shape[1], k.shape[1]
+    info = plan_info(
+        batch=b, total_q=b * nq, total_kv=b * nk, heads_q=q.shape[2], heads_kv=k.shape[2],
+        causal=causal, blocks=plan_blocks(backend, q.shape[-1]), max_seqlen_q=nq,
+        max_seqlen_kv=nk, workers=workers, schedule=schedule,
+        backward_schedule=backward_schedule, backward=backward, q_ptr=PTR_DENSE, kv_ptr=PTR_DENSE,
+    ).to_ints()
+    arange = torch.arange(b + 1, device=q.device, dtype=torch.int64)
+    tiles, meta = build_plan(arange * nq, arange * nk, info)
+    return tiles, meta, info
+
+
+def make_plan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    causal: bool = False,
+    schedule: str = "static",
+    backward_schedule: str | None = None,
+    workers: int | None = None,
+    backward: bool = True,
+    backend: str | None = None,
+) -> Plan:
+    """The tile schedule (:class:`~jagflash.core.schedule.Plan`) of :func:`dense_attention` for
+    q ``[B, Nq, Hq, D]`` and k ``[B, Nk, Hkv, D]`` (only shapes and device are read): build it
+    once and pass ``plan=`` to every call of these shapes. ``schedule``, ``backward_schedule``,
+    ``workers``, ``backward`` and ``backend`` as for ``jagflash.variants.jagged.make_plan``."""
+    reasons = check_qkv(q, k, k, rank=4, layout_doc="[B, N, H, D]")
+    if not reasons and q.shape[0] != k.shape[0]:
+        reasons.append(f"q and k batch sizes differ: {q.shape[0]} vs {k.shape[0]}")
+    raise_if("jagflash.variants.dense.make_plan", reasons)
+    tiles, meta, info = _build(
+        q, k, causal=causal, schedule=schedule, backward_schedule=backward_schedule,
+        workers=workers, backward=backward, backend=backend,
+    )
+    return Plan(tiles, meta, PlanInfo.from_ints(info))
 
 
 VARIANT = Variant(spec=SPEC, problem=call_problem("dense"), run=dense_attention, priority=0)

@@ -1,4 +1,9 @@
-"""The dense attention ``torch.library`` ops: ``jagflash::dense_fwd`` / ``dense_bwd``."""
+"""The dense attention ``torch.library`` ops: ``jagflash::dense_fwd`` / ``dense_bwd``.
+
+The Plan (``jagflash.core.schedule``) crosses the ops as ``plan_tiles``, ``plan_meta`` and
+``plan_info``; the backward runs on the plan the forward saved. Called without one (only code
+that calls an op directly does), an op builds one for the passes it runs.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from jagflash.core.backend import select
 from jagflash.core.jagged import mask_bounds
 from jagflash.core.ops import make_problem, register_autograd
 from jagflash.core.reference import reference_backward, reference_forward
+from jagflash.core.schedule import Plan, resolve_plan
 from jagflash.variants.dense.spec import SPEC
 
 
@@ -22,6 +28,19 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
 
 
+def _plan(tiles, meta, info, q, k, left, right, backend, passes) -> Plan:
+    from jagflash.core.portable import plan_blocks
+
+    b, nq, nk = q.shape[0], q.shape[1], k.shape[1]
+    return resolve_plan(
+        "dense_attention", tiles, meta, info, q_offsets=_as_jagged(q, k)[0],
+        kv_offsets=_as_jagged(q, k)[1], check_offsets=False, total_q=b * nq, total_kv=b * nk,
+        heads_q=q.shape[2], heads_kv=k.shape[2], left=left, right=right,
+        blocks=plan_blocks(backend, q.shape[-1]), passes=passes, max_seqlen_q=nq,
+        max_seqlen_kv=nk,
+    )
+
+
 @torch.library.custom_op("jagflash::dense_fwd", mutates_args=())
 def dense_fwd(
     q: torch.Tensor,
@@ -31,6 +50,9 @@ def dense_fwd(
     scale: float,
     return_lse: bool,
     backend: str,
+    plan_tiles: torch.Tensor | None = None,
+    plan_meta: torch.Tensor | None = None,
+    plan_info: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     problem = make_problem("dense", q, k, causal=causal, return_lse=return_lse)
     choice = select(SPEC, problem, q.device, backend or None)
@@ -42,13 +64,18 @@ def dense_fwd(
             window=(left, right), scale=scale,
         )
         return out.view(q.shape), lse.view(hq, b, nq).transpose(0, 1).contiguous()
+    if choice.name == "tlx-sm90":
+        from jagflash.variants.dense import kernels_tlx_sm90
+
+        return kernels_tlx_sm90.forward(q, k, v, left=left, right=right, scale=scale)
     from jagflash.variants.dense import kernels_portable
 
-    return kernels_portable.forward(q, k, v, left=left, right=right, scale=scale, backend=choice.name)
+    plan = _plan(plan_tiles, plan_meta, plan_info, q, k, left, right, choice.name, ("fwd",))
+    return kernels_portable.forward(q, k, v, plan, left=left, right=right, scale=scale, backend=choice.name)
 
 
 @dense_fwd.register_fake
-def _(q, k, v, causal, scale, return_lse, backend):
+def _(q, k, v, causal, scale, return_lse, backend, plan_tiles=None, plan_meta=None, plan_info=None):
     b, nq, hq, _ = q.shape
     return torch.empty_like(q), q.new_empty((b, hq, nq), dtype=torch.float32)
 
@@ -65,6 +92,9 @@ def dense_bwd(
     scale: float,
     return_lse: bool,
     backend: str,
+    plan_tiles: torch.Tensor | None = None,
+    plan_meta: torch.Tensor | None = None,
+    plan_info: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     problem = make_problem("dense", q, k, causal=causal, backward=True)
     choice = select(SPEC, problem, q.device, backend or None)
@@ -77,13 +107,14 @@ def dense_bwd(
         return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
     from jagflash.variants.dense import kernels_portable
 
+    plan = _plan(plan_tiles, plan_meta, plan_info, q, k, left, right, choice.name, ("dq", "dkdv"))
     return kernels_portable.backward(
-        dout, q, k, v, out, lse, left=left, right=right, scale=scale, backend=choice.name
+        dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale, backend=choice.name
     )
 
 
 @dense_bwd.register_fake
-def _(dout, q, k, v, out, lse, causal, scale, return_lse, backend):
+def _(dout, q, k, v, out, lse, causal, scale, return_lse, backend, plan_tiles=None, plan_meta=None, plan_info=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 

@@ -2,6 +2,11 @@
 
 >>> from jagflash.variants.jagged import jagged_attention
 >>> out = jagged_attention(q, k, v, q_offsets, kv_offsets, causal=True)
+
+Several layers over one batch share a load-balancing Plan, built once:
+
+>>> plan = make_plan(q, k, q_offsets, kv_offsets, causal=True, schedule="dynamic")
+>>> out = jagged_attention(q, k, v, q_offsets, kv_offsets, causal=True, plan=plan)
 """
 
 from __future__ import annotations
@@ -11,10 +16,19 @@ import torch
 from jagflash.core.jagged import check_offsets
 from jagflash.core.ops import call_problem, check_qkv, default_scale, raise_if
 from jagflash.core.registry import Variant
+from jagflash.core.schedule import (
+    DEFAULT_BACKWARD_SCHEDULE,
+    DEFAULT_SCHEDULE,
+    PTR_SAME_CALL,
+    Plan,
+    build_plan,
+    plan_info,
+)
+from jagflash.core.schedule import make_plan as _core_make_plan
 from jagflash.variants.jagged import op
 from jagflash.variants.jagged.spec import SPEC
 
-__all__ = ["SPEC", "VARIANT", "jagged_attention"]
+__all__ = ["SPEC", "VARIANT", "jagged_attention", "make_plan"]
 
 
 def _unnest(name: str, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,6 +55,7 @@ def jagged_attention(
     max_seqlen_kv: int | None = None,
     return_lse: bool = False,
     backend: str | None = None,
+    plan: Plan | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of every query sequence over its own key/value sequence.
 
@@ -72,6 +87,11 @@ def jagged_attention(
         backend: ``"portable"``, ``"interpreter"``, ``"reference"``, or ``None`` for the fastest
             that runs the problem (``JAGFLASH_BACKEND`` overrides ``None``).
             ``jagflash.core.backend.last_choice("jagged")`` tells which ran and why.
+        plan: the load-balancing schedule of this batch (:func:`make_plan`), built once and
+            passed to every layer that shares the offsets; its backward reuses it. Without one
+            the call builds its own (a few small device ops, no host sync). A plan built for
+            other shapes, heads, mask, tile sizes or offsets is refused. The ``reference``
+            backend ignores it.
 
     Returns:
         ``out [Tq, Hq, D]`` in q's dtype (a nested tensor if q was one), and LSE if asked.
@@ -99,16 +119,97 @@ def jagged_attention(
     raise_if("jagged_attention", reasons)
     for name, offs, total in (("q_offsets", q_offsets, q.shape[0]), ("kv_offsets", kv_offsets, k.shape[0])):
         reasons += check_offsets(offs, total, name, q.device, check_values=False)[0]
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if plan is not None and not isinstance(plan, Plan):
+        reasons.append(f"plan must be a jagflash.core.schedule.Plan, got {type(plan).__name__}")
+    elif plan is not None and needs_grad and not plan.info.backward:
+        reasons.append("the plan has no backward passes: build it with backward=True")
     raise_if("jagged_attention", reasons)
+    if plan is not None:
+        plan_args = plan.op_args()
+    elif backend == "reference" or q_offsets.shape != kv_offsets.shape:
+        plan_args = (None, None, None)  # no plan needed, or the op refuses these offsets
+    else:
+        plan_args = _own_plan(q, k, q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv, needs_grad)
     out, lse = op.jagged_fwd(
         q, k, v, q_offsets, kv_offsets,
         -1 if max_seqlen_q is None else int(max_seqlen_q),
         -1 if max_seqlen_kv is None else int(max_seqlen_kv),
         bool(causal), default_scale(scale, q.shape[-1]), bool(return_lse), backend or "",
+        *plan_args,
     )
     if nested:
         out = torch.nested.nested_tensor_from_jagged(out, offsets=nested_offsets)
     return (out, lse) if return_lse else out
+
+
+def _blocks(q: torch.Tensor, backend: str | None) -> dict[str, tuple[int, int]]:
+    from jagflash.core.portable import plan_blocks
+
+    if backend in (None, "", "auto"):
+        backend = "interpreter" if q.device.type == "cpu" else "portable"
+    return plan_blocks(backend, q.shape[-1])
+
+
+def make_plan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    *,
+    causal: bool = False,
+    schedule: str = "static",
+    backward_schedule: str | None = None,
+    workers: int | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_kv: int | None = None,
+    backward: bool = True,
+    backend: str | None = None,
+) -> Plan:
+    """The load-balancing :class:`~jagflash.core.schedule.Plan` of a jagged batch for
+    :func:`jagged_attention`, with this variant's tile sizes; no host sync.
+
+    Build it once per batch and pass ``plan=`` to every call on these offsets (every layer, any
+    q/k/v of the same shapes); the backward reuses it.
+
+    Args:
+        q, k: tensors shaped like the calls' q ``[Tq, Hq, D]`` and k ``[Tk, Hkv, D]`` (only
+            shapes and device are read).
+        q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv: as for
+            :func:`jagged_attention` (the max lengths only tighten the table's size).
+        schedule: ``"static"`` (tiles sorted by cost, dealt zigzag / round-robin to persistent
+            workers), ``"dynamic"`` (sorted, taken from an atomic counter) or ``"none"``
+            (batch order, one program a tile: the baseline).
+        backward_schedule: the backward passes' own kind (default: ``schedule``), e.g. a
+            persistent forward with a batch-order backward.
+        workers: persistent programs per launch; default the GPU's SM count (4 on the CPU).
+        backward: lay out the backward passes too (``False`` for inference).
+        backend: the kernels the plan is for (their tile sizes): default ``portable`` on a GPU,
+            ``interpreter`` on the CPU.
+    """
+    raise_if("jagflash.variants.jagged.make_plan", check_qkv(q, k, k, rank=3, layout_doc="[T, H, D]"))
+    blocks = _blocks(q, backend)
+    return _core_make_plan(
+        q_offsets, kv_offsets, total_q=q.shape[0], total_kv=k.shape[0], heads_q=q.shape[1],
+        heads_kv=k.shape[1], causal=causal, block_m=blocks["fwd"][0], block_n=blocks["fwd"][1],
+        dq_blocks=blocks["dq"], dkdv_blocks=blocks["dkdv"], max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv, workers=workers, schedule=schedule,
+        backward_schedule=backward_schedule, backward=backward,
+    )
+
+
+def _own_plan(q, k, q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv, backward):
+    """The plan a call without ``plan=`` builds for itself: ints on the host, tensors by one
+    opaque op (so that ``torch.compile`` sees a single node)."""
+    info = plan_info(
+        batch=q_offsets.numel() - 1, total_q=q.shape[0], total_kv=k.shape[0], heads_q=q.shape[1],
+        heads_kv=k.shape[1], causal=causal, blocks=_blocks(q, None), max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv, schedule=DEFAULT_SCHEDULE,
+        backward_schedule=DEFAULT_BACKWARD_SCHEDULE, backward=backward, q_ptr=PTR_SAME_CALL,
+        kv_ptr=PTR_SAME_CALL,
+    ).to_ints()
+    tiles, meta = build_plan(q_offsets, kv_offsets, info)
+    return tiles, meta, info
 
 
 VARIANT = Variant(spec=SPEC, problem=call_problem("jagged"), run=jagged_attention, priority=0)

@@ -4,6 +4,11 @@ The ops are opaque to ``torch.compile``: backend selection and the checks that r
 values happen inside them, at run time, so a compiled graph has no break and no host sync of
 its own. ``max_seqlen_* = -1`` means "not given": the op reads it from the offsets (one host
 synchronisation on a GPU, which also validates the offsets' values).
+
+The Plan (``jagflash.core.schedule``) crosses the ops as ``plan_tiles``, ``plan_meta`` and
+``plan_info``; the forward's autograd context saves them, so the backward runs on the plan the
+forward ran on. Called without a plan (only code that calls an op directly does), an op builds
+one for the passes it runs.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from jagflash.core.capability import InvalidInput
 from jagflash.core.jagged import check_offsets, mask_bounds
 from jagflash.core.ops import make_problem, register_autograd
 from jagflash.core.reference import reference_backward, reference_forward
+from jagflash.core.schedule import Plan, resolve_plan
 from jagflash.variants.jagged.spec import SPEC
 
 
@@ -80,25 +86,47 @@ def jagged_fwd(
     scale: float,
     return_lse: bool,
     backend: str,
+    plan_tiles: torch.Tensor | None = None,
+    plan_meta: torch.Tensor | None = None,
+    plan_info: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    # Invalid offsets are the caller's error whatever backend would run: check them first.
+    max_q, max_k = _lengths(q_offsets, kv_offsets, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_kv)
     problem = make_problem("jagged", q, k, causal=causal, return_lse=return_lse)
     choice = select(SPEC, problem, q.device, backend or None)
-    max_q, _ = _lengths(q_offsets, kv_offsets, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_kv)
     left, right = mask_bounds(causal)
     if choice.name == "reference":
         return reference_forward(
             q, k, v, q_offsets, kv_offsets, causal=causal, window=(left, right), scale=scale
         )
+    if choice.name == "tlx-sm90":
+        from jagflash.variants.jagged import kernels_tlx_sm90
+
+        return kernels_tlx_sm90.forward(
+            q, k, v, q_offsets, kv_offsets, max_q, left=left, right=right, scale=scale
+        )
     from jagflash.variants.jagged import kernels_portable
 
+    plan = _plan(plan_tiles, plan_meta, plan_info, q, k, q_offsets, kv_offsets, max_q, max_k, left, right, choice.name, ("fwd",))
     return kernels_portable.forward(
-        q, k, v, q_offsets, kv_offsets, max_q, left=left, right=right, scale=scale,
+        q, k, v, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
         backend=choice.name,
     )
 
 
+def _plan(tiles, meta, info, q, k, q_offsets, kv_offsets, max_q, max_k, left, right, backend, passes) -> Plan:
+    from jagflash.core.portable import plan_blocks
+
+    return resolve_plan(
+        "jagged_attention", tiles, meta, info, q_offsets=q_offsets, kv_offsets=kv_offsets,
+        check_offsets=True, total_q=q.shape[0], total_kv=k.shape[0], heads_q=q.shape[1],
+        heads_kv=k.shape[1], left=left, right=right, blocks=plan_blocks(backend, q.shape[-1]),
+        passes=passes, max_seqlen_q=max_q, max_seqlen_kv=max_k,
+    )
+
+
 @jagged_fwd.register_fake
-def _(q, k, v, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, causal, scale, return_lse, backend):
+def _(q, k, v, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, causal, scale, return_lse, backend, plan_tiles=None, plan_meta=None, plan_info=None):
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -118,10 +146,13 @@ def jagged_bwd(
     scale: float,
     return_lse: bool,
     backend: str,
+    plan_tiles: torch.Tensor | None = None,
+    plan_meta: torch.Tensor | None = None,
+    plan_info: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    max_q, max_k = _lengths(q_offsets, kv_offsets, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_kv)
     problem = make_problem("jagged", q, k, causal=causal, backward=True)
     choice = select(SPEC, problem, q.device, backend or None)
-    max_q, max_k = _lengths(q_offsets, kv_offsets, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_kv)
     left, right = mask_bounds(causal)
     if choice.name == "reference":
         return reference_backward(
@@ -129,14 +160,15 @@ def jagged_bwd(
         )
     from jagflash.variants.jagged import kernels_portable
 
+    plan = _plan(plan_tiles, plan_meta, plan_info, q, k, q_offsets, kv_offsets, max_q, max_k, left, right, choice.name, ("dq", "dkdv"))
     return kernels_portable.backward(
-        dout, q, k, v, out, lse, q_offsets, kv_offsets, max_q, max_k,
+        dout, q, k, v, out, lse, q_offsets, kv_offsets, plan,
         left=left, right=right, scale=scale, backend=choice.name,
     )
 
 
 @jagged_bwd.register_fake
-def _(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, causal, scale, return_lse, backend):
+def _(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, causal, scale, return_lse, backend, plan_tiles=None, plan_meta=None, plan_info=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 

@@ -1,0 +1,321 @@
+"""core.schedule: plan tables (every valid tile exactly once, none empty, deterministic,
+forward and backward consistent), plan checks, the simulator, and the efficiency of the static
+and dynamic schedules on every jagged workload of the bench with W = 132 workers.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jagflash.core.capability import InvalidInput
+from jagflash.core.jagged import dkdv_q_ranges, kv_tile_ranges, offsets_from_lengths
+from jagflash.core.schedule import (
+    BENCH_JAGGED,
+    PASSES,
+    SCHEDULES,
+    PlanInfo,
+    build_plan,
+    check_plan,
+    make_plan,
+    section_costs,
+    simulate,
+    simulate_plan,
+    workload_plan,
+)
+from jagflash.testing.strategies import length_lists, lengths
+
+SIDE = {"fwd": "q", "dq": "q", "dkdv": "kv"}
+BLOCKS = st.sampled_from(((16, 16), (32, 32), (16, 64), (64, 16), (32, 128)))
+
+
+@st.composite
+def batches(draw):
+    """Offsets (q and kv, sometimes of different lengths), heads, mask, tile sizes, schedule."""
+    q_lens = draw(length_lists(max_batch=6, max_len=150, min_batch=0))
+    if draw(st.booleans()):
+        k_lens = [draw(lengths(150)) for _ in q_lens]
+    else:
+        k_lens = list(q_lens)
+    hkv = draw(st.sampled_from((1, 2)))
+    return {
+        "q_lens": q_lens,
+        "k_lens": k_lens,
+        "heads_q": hkv * draw(st.sampled_from((1, 2, 4))),
+        "heads_kv": hkv,
+        "causal": draw(st.booleans()),
+        "window": draw(st.sampled_from((None, None, (7, 0), (40, 5)))),
+        "blocks": {p: draw(BLOCKS) for p in PASSES},
+        "schedule": draw(st.sampled_from(SCHEDULES)),
+        "backward_schedule": draw(st.sampled_from((None, *SCHEDULES))),
+        "offsets_dtype": draw(st.sampled_from((torch.int32, torch.int64))),
+    }
+
+
+def _plan(b, schedule=None, device="cpu", offsets=None, **kw):
+    qo, ko = offsets or (
+        offsets_from_lengths(b["q_lens"], device, b["offsets_dtype"]),
+        offsets_from_lengths(b["k_lens"], device, b["offsets_dtype"]),
+    )
+    bl = b["blocks"]
+    return make_plan(
+        qo, ko, total_q=sum(b["q_lens"]), total_kv=sum(b["k_lens"]), heads_q=b["heads_q"],
+        heads_kv=b["heads_kv"], causal=b["causal"], window=b["window"], block_m=bl["fwd"][0],
+        block_n=bl["fwd"][1], dq_blocks=bl["dq"], dkdv_blocks=bl["dkdv"],
+        schedule=schedule or b["schedule"], backward_schedule=None if schedule else b.get("backward_schedule"),
+        **kw,
+    )
+
+
+def _expected(b, pass_):
+    lens = b["q_lens"] if SIDE[pass_] == "q" else b["k_lens"]
+    bm, bn = b["blocks"][pass_]
+    block = bm if SIDE[pass_] == "q" else bn
+    heads = b["heads_q"] if SIDE[pass_] == "q" else b["heads_kv"]
+    return sorted((s, h, r) for s, n in enumerate(lens) for r in range(0, n, block) for h in range(heads))
+
+
+@given(batches())
+def test_every_valid_tile_exactly_once_and_none_empty(b) -> None:
+    plan = _plan(b)
+    for pass_ in PASSES:
+        section = plan.section(pass_)
+        count = plan.count(pass_)
+        rows = [tuple(r) for r in section[:count].tolist()]
+        assert sorted(rows) == _expected(b, pass_), pass_
+        assert len(set(rows)) == len(rows)
+        # none empty: every tile starts inside its sequence (the expected set has no others)
+        assert bool((section[count:] == -1).all()), "rows past the count are unused"
+        _, costs = section_costs(plan, pass_)
+        if plan.info.schedule_of(pass_) == "none":
+            assert rows == sorted(rows, key=lambda r: (r[0], r[2], r[1])), "batch order"
+        else:
+            assert bool((costs[1:] <= costs[:-1]).all()), "largest first"
+
+
+@given(batches())
+def test_deterministic(b) -> None:
+    one = _plan(b)
+    two = _plan(b, offsets=(one.q_offsets, one.kv_offsets))
+    assert torch.equal(one.tiles, two.tiles)
+    assert torch.equal(one.meta, two.meta)
+    assert one.info == two.info
+
+
+def _visited(plan, pass_, b):
+    """(sequence, q-tile start, kv-tile start) pairs the pass's tiles visit."""
+    rows, _ = section_costs(plan, pass_)
+    bm, bn = b["blocks"][pass_]
+    left, right = plan.info.left, plan.info.right
+    out = set()
+    for s, _h, start in rows.tolist():
+        lq, lk = b["q_lens"][s], b["k_lens"][s]
+        if SIDE[pass_] == "q":
+            lo, _, _, hi = (int(x) for x in kv_tile_ranges(start, lq, lk, bm, bn, left, right))
+            out.update((s, start, n0) for n0 in range(lo, hi, bn))
+        else:
+            lo, _, _, hi = (int(x) for x in dkdv_q_ranges(start, lq, lk, bm, bn, left, right))
+            out.update((s, m0, start) for m0 in range(lo, hi, bm))
+    return out
+
+
+@given(batches(), BLOCKS)
+def test_forward_and_backward_plans_consistent(b, blocks) -> None:
+    """With one tile size for every pass, the forward, dQ and dK/dV tables visit exactly the
+    same (q-tile, kv-tile) pairs, and their costs add up alike (dK/dV per kv head of a group)."""
+    b = {**b, "blocks": dict.fromkeys(PASSES, blocks), "backward_schedule": None}
+    plan = _plan(b)
+    assert plan.info.layout("dq").row0 == plan.info.layout("fwd").row0  # dQ shares the rows
+    assert plan.count("dq") == plan.count("fwd")
+    fwd, dkdv = _visited(plan, "fwd", b), _visited(plan, "dkdv", b)
+    assert fwd == dkdv
+    group = b["heads_q"] // b["heads_kv"]
+    assert int(section_costs(plan, "fwd")[1].sum()) == group * int(section_costs(plan, "dkdv")[1].sum())
+
+
+@pytest.mark.interpret
+@given(batches(), st.booleans())
+def test_triton_build_matches_torch_build(b, backward) -> None:
+    """The GPU's build (three small Triton kernels a pass and a sort), run by the interpreter,
+    gives the torch build's tables bit for bit."""
+    from jagflash.core.schedule import _build_torch, _build_triton
+
+    plan = _plan(b, backward=backward)
+    want = _build_torch(plan.q_offsets, plan.kv_offsets, plan.info)
+    got = _build_triton(plan.q_offsets, plan.kv_offsets, plan.info)
+    assert torch.equal(got[0], want[0])
+    assert torch.equal(got[1], want[1])
+
+
+def test_schedules_share_tiles_and_costs() -> None:
+    b = {
+        "q_lens": [0, 1, 300, 7, 64, 0, 129], "k_lens": [0, 1, 300, 7, 64, 0, 129], "heads_q": 4,
+        "heads_kv": 2, "causal": True, "window": None, "offsets_dtype": torch.int32,
+        "blocks": {"fwd": (64, 32), "dq": (32, 32), "dkdv": (16, 64)},
+    }
+    plans = {s: _plan(b, s) for s in SCHEDULES}
+    for pass_ in PASSES:
+        rows = [sorted(map(tuple, section_costs(p, pass_)[0].tolist())) for p in plans.values()]
+        assert rows[0] == rows[1] == rows[2]
+    assert torch.equal(plans["static"].tiles, plans["dynamic"].tiles)
+
+
+def test_backward_false_and_bounds() -> None:
+    qo = offsets_from_lengths([5, 300, 0, 33])
+    p = make_plan(qo, qo, total_q=338, total_kv=338, heads_q=2, heads_kv=2, block_m=32, block_n=32, backward=False)
+    assert p.info.layout("dq").rows == p.info.layout("dkdv").rows == 0
+    assert p.count("fwd") == 2 * (1 + 10 + 2)
+    # the table is sized from ints: (T + B*(block-1)) // block tiles a head, or B*ceil(max/block)
+    assert p.info.layout("fwd").tiles == (338 + 4 * 31) // 32
+    tight = make_plan(qo, qo, total_q=338, total_kv=338, heads_q=2, heads_kv=2, block_m=128, block_n=32, max_seqlen_q=300)
+    assert tight.info.layout("fwd").tiles == min((338 + 4 * 127) // 128, 4 * 3)
+    assert tight.count("fwd") == 2 * (1 + 3 + 1)
+
+
+def test_plan_info_roundtrip_and_repr() -> None:
+    qo = offsets_from_lengths([5, 30])
+    p = make_plan(qo, qo, total_q=35, total_kv=35, heads_q=4, heads_kv=1, causal=True, block_m=16, block_n=32, dkdv_blocks=(16, 64), workers=7, schedule="dynamic")
+    assert PlanInfo.from_ints(p.info.to_ints()) == p.info
+    assert p.info.workers == 7
+    assert "Plan(dynamic, workers=7, B=2" in repr(p)
+    mixed = make_plan(qo, qo, total_q=35, total_kv=35, heads_q=4, heads_kv=1, block_m=16, block_n=16, schedule="static", backward_schedule="none")
+    assert PlanInfo.from_ints(mixed.info.to_ints()) == mixed.info
+    assert [mixed.info.schedule_of(p) for p in PASSES] == ["static", "none", "none"]
+    assert mixed.info.layout("dq").row0 != mixed.info.layout("fwd").row0  # other order: own rows
+    assert "Plan(static/none," in repr(mixed)
+    tiles, meta, ints = p.op_args()
+    assert tiles is p.tiles
+    assert meta is p.meta
+    assert ints == p.info.to_ints()
+    with pytest.raises(InvalidInput, match="not the info of a jagflash Plan"):
+        PlanInfo.from_ints([1, 2, 3])
+
+
+def test_build_plan_opcheck() -> None:
+    qo, ko = offsets_from_lengths([5, 0, 30]), offsets_from_lengths([9, 3, 30])
+    p = make_plan(qo, ko, total_q=35, total_kv=42, heads_q=2, heads_kv=1, causal=True, block_m=16, block_n=16)
+    torch.library.opcheck(build_plan, (qo, ko, p.info.to_ints()))
+
+
+def test_make_plan_refusals_list_every_reason() -> None:
+    qo = offsets_from_lengths([5, 30])
+    with pytest.raises(InvalidInput) as info:
+        make_plan(qo, qo, total_q=35, total_kv=35, heads_q=3, heads_kv=2, block_m=0, block_n=16, workers=0, schedule="lpt")
+    msg = str(info.value)
+    for part in ("schedule 'lpt' not in", "blocks['fwd'] must be two positive ints", "heads_q (3) must be a positive multiple of heads_kv (2)", "workers must be at least 1"):
+        assert part in msg
+    with pytest.raises(InvalidInput, match="both have B\\+1 entries"):
+        make_plan(qo, offsets_from_lengths([5]), total_q=35, total_kv=5, heads_q=1, heads_kv=1, block_m=16, block_n=16)
+    with pytest.raises(InvalidInput, match="q_offsets must be a 1-D int32/int64 tensor"):
+        make_plan(qo.float(), qo, total_q=35, total_kv=35, heads_q=1, heads_kv=1, block_m=16, block_n=16)
+
+
+def _check(p, qo, ko, **over):
+    call = dict(batch=p.info.batch, total_q=p.info.total_q, total_kv=p.info.total_kv, heads_q=p.info.heads_q, heads_kv=p.info.heads_kv, left=p.info.left, right=p.info.right, blocks={"fwd": (32, 32), "dq": (32, 32), "dkdv": (32, 32)}, device=torch.device("cpu"))
+    call.update(over)
+    check_plan("toy", p.info, tiles=p.tiles, meta=p.meta, q_offsets=qo, kv_offsets=ko, **call)
+
+
+def test_check_plan_refuses_another_problem() -> None:
+    qo = offsets_from_lengths([5, 30, 7])
+    p = make_plan(qo, qo, total_q=42, total_kv=42, heads_q=4, heads_kv=2, causal=True, block_m=32, block_n=32)
+    _check(p, qo, qo)
+    _check(p, qo.clone(), qo.clone())  # other tensors, same values: accepted
+    with pytest.raises(InvalidInput) as info:
+        _check(p, qo, qo, heads_q=8, right=-1, blocks={"fwd": (64, 32)}, total_kv=41)
+    msg = str(info.value)
+    assert msg.startswith("toy: invalid input: ")
+    for part in ("heads_q=4, this call has 8", "mask (left, right)=(-1, 0), this call has (-1, -1)", "fwd tiles (block_m, block_n)=(32, 32), this call has (64, 32)", "Tk=42, this call has 41"):
+        assert part in msg
+    other = offsets_from_lengths([6, 29, 7])
+    with pytest.raises(InvalidInput, match="built for other offsets"):
+        _check(p, other, qo)
+    fwd_only = make_plan(qo, qo, total_q=42, total_kv=42, heads_q=4, heads_kv=2, block_m=32, block_n=32, causal=True, backward=False)
+    with pytest.raises(InvalidInput, match="the plan has no dq pass: build it with backward=True"):
+        _check(fwd_only, qo, qo)
+
+
+# --- simulator ----------------------------------------------------------------------------
+
+
+def test_simulator_by_hand() -> None:
+    costs = [5, 4, 3, 3, 2, 2, 1]
+    zz = simulate(costs, 2, "zigzag")  # rounds (5, 4), (3, 3) mirrored, (2, 2), (1,) mirrored
+    assert zz.loads.tolist() == [5 + 3 + 2, 4 + 3 + 2 + 1]
+    assert (zz.makespan, zz.lower_bound, zz.efficiency) == (10, 10, 1.0)
+    rr = simulate(costs, 2, "round-robin")
+    assert rr.loads.tolist() == [5 + 3 + 2 + 1, 4 + 3 + 2]
+    assert rr.efficiency == 10 / 11
+    assert simulate([5, 4, 3, 3], 2, "zigzag").loads.tolist() == [8, 7]
+    assert simulate([5, 4, 3, 3], 2, "round-robin").loads.tolist() == [8, 7]
+    assert simulate([4, 4, 1, 1, 1, 1], 2, "zigzag").loads.tolist() == [6, 6]
+    assert simulate([4, 4, 1, 1, 1, 1], 2, "round-robin").loads.tolist() == [6, 6]
+    assert simulate([3, 2, 2, 1, 1, 1], 2, "zigzag").loads.tolist() == [5, 5]
+    assert simulate([3, 2, 2, 1, 1, 1], 2, "round-robin").loads.tolist() == [6, 4]
+    greedy = simulate([3, 2, 2, 1, 1, 1], 2, "greedy")  # the first worker free takes the next
+    assert greedy.loads.tolist() == [3 + 1 + 1, 2 + 2 + 1]
+    assert (greedy.lower_bound, greedy.efficiency) == (5, 1.0)
+    # one tile ahead: w0 takes 3 and then 2, w1 takes 2 and then 1; w1 starts its 1 at t=2 and
+    # takes the fifth tile, w0 starts its 2 at t=3 and takes the sixth
+    ahead = simulate([3, 2, 2, 1, 1, 1], 2, "dynamic", lookahead=1)
+    assert ahead.loads.tolist() == [3 + 2 + 1, 2 + 1 + 1]
+    assert simulate([3, 2, 2, 1, 1, 1], 2, "dynamic", lookahead=0).loads.tolist() == greedy.loads.tolist()
+    one = simulate([10, 1, 1], 4, "greedy")
+    assert (one.lower_bound, one.makespan, one.efficiency) == (10, 10, 1.0)
+    assert simulate([], 3, "zigzag").efficiency == 1.0
+    assert simulate([], 3, "dynamic").efficiency == 1.0
+    with pytest.raises(ValueError, match="unknown rule"):
+        simulate([1], 1, "lpt")
+
+
+# --- the bench's jagged workloads (mirrored in core.schedule.BENCH_JAGGED) -----------------
+
+
+@pytest.mark.parametrize("name", BENCH_JAGGED)
+def test_simulated_efficiency_on_bench_workloads(name: str) -> None:
+    """Static (zigzag LPT) and dynamic (greedy on the sorted list) schedules reach 97 % of the
+    lower bound on 132 workers (the H200's SMs), forward and both backward passes, with the GPU
+    tile sizes."""
+    for schedule in ("static", "dynamic"):
+        plan = workload_plan(BENCH_JAGGED[name], schedule)
+        for pass_ in PASSES:
+            eff = simulate_plan(plan, pass_, workers=132).efficiency
+            assert eff >= 0.97, (schedule, pass_, eff)
+
+
+def test_workloads_match_the_bench() -> None:
+    bench = pytest.importorskip("jagflash.bench.workloads")
+    for name, mine in BENCH_JAGGED.items():
+        w = bench.WORKLOADS[name]
+        q_lens, kv_lens = w.sample_lengths()
+        assert q_lens.tolist() == kv_lens.tolist() == mine.lengths(), name
+        assert (w.heads, w.hkv, w.head_dim, w.causal, w.seed) == (mine.heads, mine.kv_heads, mine.head_dim, mine.causal, mine.seed), name
+    bench_jagged = {n for n, w in bench.WORKLOADS.items() if w.kind == "jagged"}
+    assert bench_jagged == set(BENCH_JAGGED)
+
+
+# --- GPU ----------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_gpu_build_is_sync_free_and_matches_cpu(schedule: str) -> None:
+    b = {
+        "q_lens": BENCH_JAGGED["jagged-lognormal-d128"].lengths(), "heads_q": 16, "heads_kv": 4,
+        "causal": True, "window": None, "offsets_dtype": torch.int32,
+        "blocks": {"fwd": (128, 64), "dq": (64, 64), "dkdv": (32, 64)},
+    }
+    b["k_lens"] = b["q_lens"]
+    cpu = _plan(b, schedule)
+    offsets = (cpu.q_offsets.cuda(), cpu.kv_offsets.cuda())
+    _plan(b, schedule, offsets=offsets)  # warm-up: compiles the build kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        gpu = _plan(b, schedule, offsets=offsets)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(gpu.tiles.cpu(), cpu.tiles)
+    assert torch.equal(gpu.meta.cpu(), cpu.meta)

@@ -1,0 +1,128 @@
+"""The broadcast-Q ``torch.library`` ops: ``jagflash::broadcast_q_fwd`` / ``broadcast_q_bwd``.
+
+The ops are opaque to ``torch.compile``: backend selection and the checks that read the
+offsets' values happen inside them, at run time. ``max_seqlen_kv = -1`` means "not given": the
+op reads it from the offsets (one host synchronisation on a GPU, which also validates them).
+Only the backward's dK/dV grid needs it; the forward grid depends on Lq alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from jagflash.core.backend import select
+from jagflash.core.capability import InvalidInput
+from jagflash.core.jagged import check_offsets, mask_bounds
+from jagflash.core.ops import make_problem, register_autograd
+from jagflash.core.reference import reference_backward, reference_forward
+from jagflash.variants.broadcast_q.spec import SPEC
+
+WHO = "broadcast_q_attention"
+
+
+def _max_seqlen_kv(kv_offsets: torch.Tensor, tk: int, max_seqlen_kv: int) -> int:
+    """Validate the offsets' values where that costs no extra sync; fill in an unknown maximum."""
+    if kv_offsets.device.type != "cpu" and max_seqlen_kv >= 0:
+        o = kv_offsets.to(torch.int64)
+        steps = o[1:] - o[:-1]
+        ok = (o[0] == 0) & (o[-1] == tk)
+        if steps.numel():
+            ok = ok & (steps.min() >= 0) & (steps.max() <= max_seqlen_kv)
+        torch._assert_async(ok, f"{WHO}: invalid kv_offsets or max_seqlen_kv below a length")
+        return max_seqlen_kv
+    reasons, longest = check_offsets(kv_offsets, tk, "kv_offsets", kv_offsets.device, check_values=True)
+    if longest is not None and 0 <= max_seqlen_kv < longest:
+        reasons.append(f"max_seqlen_kv={max_seqlen_kv} is below the longest sequence ({longest})")
+    if reasons:
+        raise InvalidInput(WHO, reasons)
+    return max_seqlen_kv if max_seqlen_kv >= 0 else (longest or 0)
+
+
+def _expanded(q: torch.Tensor, kv_offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q repeated once per K/V sequence as a jagged ``[B*Lq, Hq, D]`` and its offsets: the
+    problem the reference backend solves (dQ is then the sum over the copies)."""
+    b, lq = kv_offsets.numel() - 1, q.shape[0]
+    qx = q.unsqueeze(0).expand(b, *q.shape).reshape(b * lq, *q.shape[1:])
+    q_offsets = torch.arange(b + 1, device=q.device, dtype=kv_offsets.dtype) * lq
+    return qx, q_offsets
+
+
+@torch.library.custom_op("jagflash::broadcast_q_fwd", mutates_args=())
+def broadcast_q_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_seqlen_kv: int,
+    scale: float,
+    return_lse: bool,
+    deterministic: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _max_seqlen_kv(kv_offsets, k.shape[0], max_seqlen_kv)  # invalid input first, then backends
+    problem = make_problem("broadcast_q", q, k, causal=False, return_lse=return_lse)
+    choice = select(SPEC, problem, q.device, backend or None)
+    left, right = mask_bounds(False)
+    b, (lq, hq, dim) = kv_offsets.numel() - 1, q.shape
+    if choice.name == "reference":
+        qx, q_offsets = _expanded(q, kv_offsets)
+        out, lse = reference_forward(
+            qx, k, v, q_offsets, kv_offsets, causal=False, window=(left, right), scale=scale
+        )
+        return out.view(b, lq, hq, dim), lse.view(hq, b, lq).transpose(0, 1).contiguous()
+    from jagflash.variants.broadcast_q import kernels_portable
+
+    return kernels_portable.forward(
+        q, k, v, kv_offsets, left=left, right=right, scale=scale, backend=choice.name
+    )
+
+
+@broadcast_q_fwd.register_fake
+def _(q, k, v, kv_offsets, max_seqlen_kv, scale, return_lse, deterministic, backend):
+    b, (lq, hq, dim) = kv_offsets.shape[0] - 1, q.shape
+    return q.new_empty((b, lq, hq, dim)), q.new_empty((b, hq, lq), dtype=torch.float32)
+
+
+@torch.library.custom_op("jagflash::broadcast_q_bwd", mutates_args=())
+def broadcast_q_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_seqlen_kv: int,
+    scale: float,
+    return_lse: bool,
+    deterministic: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    problem = make_problem(
+        "broadcast_q", q, k, causal=False, backward=True, deterministic=deterministic
+    )
+    max_k = _max_seqlen_kv(kv_offsets, k.shape[0], max_seqlen_kv)
+    choice = select(SPEC, problem, q.device, backend or None)
+    left, right = mask_bounds(False)
+    if choice.name == "reference":
+        b, (lq, hq, dim) = kv_offsets.numel() - 1, q.shape
+        qx, q_offsets = _expanded(q.float(), kv_offsets)  # dQ summed in fp32 below
+        dqx, dk, dv = reference_backward(
+            dout.reshape(b * lq, hq, dim), qx, k, v, q_offsets, kv_offsets,
+            causal=False, window=(left, right), scale=scale,
+        )
+        return dqx.view(b, lq, hq, dim).sum(0).to(q.dtype), dk, dv
+    from jagflash.variants.broadcast_q import kernels_portable
+
+    return kernels_portable.backward(
+        dout, q, k, v, out, lse, kv_offsets, max_k, left=left, right=right, scale=scale,
+        deterministic=deterministic, backend=choice.name,
+    )
+
+
+@broadcast_q_bwd.register_fake
+def _(dout, q, k, v, out, lse, kv_offsets, max_seqlen_kv, scale, return_lse, deterministic, backend):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+register_autograd(broadcast_q_fwd, broadcast_q_bwd)

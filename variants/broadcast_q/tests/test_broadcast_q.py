@@ -1,0 +1,375 @@
+"""broadcast_q_attention against the fp64 reference (Q expanded per sequence, dQ summed),
+forward and backward, atomic and deterministic dQ; refusals; torch integration; backend choice.
+
+On a CPU these run the portable kernels under Triton's interpreter (nox sets
+TRITON_INTERPRET=1); on a GPU the same tests run the stock-Triton kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import jagflash.core as jc
+from jagflash.core.backend import FallbackWarning, last_choice
+from jagflash.core.capability import InvalidInput, UnsupportedProblem
+from jagflash.core.jagged import offsets_from_lengths
+from jagflash.testing import broadcast_q_reference, check_against_reference
+from jagflash.testing.strategies import length_lists, lengths
+from jagflash.variants.broadcast_q import SPEC, broadcast_q_attention
+from jagflash.variants.broadcast_q import op as bop
+
+pytestmark = pytest.mark.interpret if not torch.cuda.is_available() else pytest.mark.gpu
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The dtype of the cases that name none: the interpreter runs fp32 as asked; the portable GPU
+# kernels take fp16 and bf16 only (SPEC), so on a GPU the same cases run in fp16.
+DEFAULT_DTYPE = torch.float32 if DEVICE == "cpu" else torch.float16
+
+
+def _tol(dtype: torch.dtype) -> dict[str, float]:
+    """Slack for comparing two kernel runs whose fp32 sums may differ in order."""
+    return {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-3, "atol": 2e-3}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One shared ``q [lq, hq, D]`` against K/V sequences of lengths ``k_lens``."""
+
+    lq: int
+    k_lens: tuple[int, ...]
+    hq: int = 2
+    hkv: int = 2
+    head_dim: int = 32
+    dtype: torch.dtype = DEFAULT_DTYPE
+    deterministic: bool = False
+    seed: int = 0
+    offsets_dtype: torch.dtype = torch.int32
+
+    def build(self, device: str, requires_grad: bool = True) -> dict[str, torch.Tensor]:
+        """q, k, v, kv_offsets, and a dout ``[B, lq, hq, D]``."""
+        gen = torch.Generator().manual_seed(self.seed)
+
+        def randn(*shape: int) -> torch.Tensor:
+            return torch.randn(shape, generator=gen).to(device=device, dtype=self.dtype)
+
+        tk, d = sum(self.k_lens), self.head_dim
+        q, k, v = randn(self.lq, self.hq, d), randn(tk, self.hkv, d), randn(tk, self.hkv, d)
+        dout = randn(len(self.k_lens), self.lq, self.hq, d)
+        for t in (q, k, v):
+            t.requires_grad_(requires_grad)
+        kv_offsets = offsets_from_lengths(self.k_lens, device, self.offsets_dtype)
+        return {"q": q, "k": k, "v": v, "kv_offsets": kv_offsets, "dout": dout}
+
+
+def _kernel(**kw):
+    def run(q, k, v, kv_offsets):
+        return broadcast_q_attention(q, k, v, kv_offsets, return_lse=True, **kw)
+
+    return run
+
+
+def _reference(q, k, v, kv_offsets, dtype):
+    return broadcast_q_reference(q, k, v, kv_offsets, dtype=dtype)
+
+
+def _check(case: Case, device: str, **kw) -> None:
+    t = case.build(device)
+    dout = t.pop("dout")
+    kernel = _kernel(deterministic=case.deterministic, **kw)
+    check_against_reference(kernel, _reference, t, atol=SPEC.atol[case.dtype], dout=dout)
+    assert last_choice("broadcast_q").name == kw.get("backend", "portable" if device == "cuda" else "interpreter")
+
+
+CASES = {
+    "zero_and_one_token_kv": Case(40, (0, 1, 37, 0, 1)),
+    "every_kv_empty": Case(5, (0, 0)),
+    "one_query": Case(1, (1, 40)),
+    "lq_not_tile_multiple": Case(33, (20, 65)),
+    "lq_zero": Case(0, (3, 40)),
+    "gqa_4to1": Case(20, (17, 40), hq=8, hkv=2, head_dim=16),
+    "mqa": Case(17, (9, 33), hq=4, hkv=1, head_dim=16),
+    "head_dim_16": Case(31, (31, 33), head_dim=16),
+    "head_dim_64": Case(20, (45, 0, 3), hq=2, hkv=1, head_dim=64),
+    "head_dim_96": Case(20, (40,), hq=2, hkv=1, head_dim=96),
+    "fp16": Case(45, (3, 45), hkv=1, dtype=torch.float16),
+    "bf16": Case(45, (3, 45), hkv=1, dtype=torch.bfloat16),
+    "int64_offsets": Case(10, (10, 50), offsets_dtype=torch.int64),
+    "deterministic_gqa": Case(33, (0, 40, 7), hq=4, hkv=2, head_dim=16, deterministic=True),
+    "deterministic_fp16_d96": Case(9, (33, 1), hq=2, hkv=1, head_dim=96, dtype=torch.float16, deterministic=True),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_matches_reference(name: str, device: str) -> None:
+    _check(CASES[name], device)
+
+
+@st.composite
+def broadcast_cases(draw, max_batch: int = 4, max_len: int = 70, max_lq: int = 70) -> Case:
+    """Lq and K/V lengths around the tile edges (zero-length and 1-token sequences, a skewed
+    batch), GQA groups 1, 2, 4 with at most 4 query heads, both dQ modes."""
+    hq, hkv = draw(st.sampled_from([(1, 1), (2, 2), (2, 1), (4, 2), (4, 1)]))
+    return Case(
+        lq=draw(lengths(max_lq)),
+        k_lens=tuple(draw(length_lists(max_batch=max_batch, max_len=max_len))),
+        hq=hq,
+        hkv=hkv,
+        head_dim=draw(st.sampled_from((16, 32, 64))),
+        deterministic=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**31 - 1)),
+        offsets_dtype=draw(st.sampled_from((torch.int32, torch.int64))),
+    )
+
+
+@given(case=broadcast_cases())
+def test_matches_reference_property(case: Case) -> None:
+    _check(case, DEVICE)
+
+
+def test_reference_backend(device: str) -> None:
+    """The reference backend sums dQ over its per-sequence copies of Q."""
+    _check(Case(9, (5, 0, 12), hq=2, hkv=1), device, backend="reference")
+
+
+def test_empty_batch(device: str) -> None:
+    t = Case(5, ()).build(device)
+    for det in (False, True):
+        out, lse = broadcast_q_attention(t["q"], t["k"], t["v"], t["kv_offsets"], return_lse=True, deterministic=det)
+        assert out.shape == (0, 5, 2, 32)
+        assert lse.shape == (0, 2, 5)
+        dq, dk = torch.autograd.grad(out.sum(), (t["q"], t["k"]))
+        assert torch.equal(dq, torch.zeros_like(t["q"]))
+        assert dk.shape == (0, 2, 32)
+
+
+def test_deterministic_backward(device: str) -> None:
+    """deterministic=True is bitwise repeatable; the atomic reduction agrees with it."""
+    t = Case(40, (33, 0, 50, 7), hq=2, hkv=1).build(device)
+    args, dout = (t["q"], t["k"], t["v"]), t["dout"]
+    out = broadcast_q_attention(*args, t["kv_offsets"], deterministic=True)
+    first = torch.autograd.grad(out, args, dout, retain_graph=True)
+    second = torch.autograd.grad(out, args, dout)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    out = broadcast_q_attention(*args, t["kv_offsets"])
+    atomic = torch.autograd.grad(out, args, dout)
+    for a, b in zip(first, atomic):
+        torch.testing.assert_close(a, b, **_tol(DEFAULT_DTYPE))
+
+
+def test_given_max_seqlen_matches(device: str) -> None:
+    t = Case(9, (3, 30)).build(device, requires_grad=False)
+    a = broadcast_q_attention(t["q"], t["k"], t["v"], t["kv_offsets"])
+    b = broadcast_q_attention(t["q"], t["k"], t["v"], t["kv_offsets"], max_seqlen_kv=30)
+    assert torch.equal(a, b)
+
+
+def test_strided_inputs(device: str) -> None:
+    """Row- and head-strided views are read in place; a non-contiguous head dim is copied."""
+    t = Case(20, (20, 9)).build(device, requires_grad=False)
+    big = torch.randn(20, 3, 64, device=device).to(DEFAULT_DTYPE)
+    q = big[:, 1:3, :32]  # strides (192, 64, 1)
+    kt = t["k"].transpose(1, 2).contiguous().transpose(1, 2)  # head dim stride 2
+    tensors = {"q": q, "k": kt, "v": t["v"], "kv_offsets": t["kv_offsets"]}
+    check_against_reference(_kernel(), _reference, tensors, atol=SPEC.atol[DEFAULT_DTYPE])
+
+
+def test_front_door_dispatches_here(device: str) -> None:
+    t = Case(9, (4, 0, 12), hq=2, hkv=1).build(device, requires_grad=False)
+    ko = t["kv_offsets"]
+    want = broadcast_q_attention(t["q"], t["k"], t["v"], ko)
+    assert torch.equal(jc.attention(t["q"], t["k"], t["v"], kv_offsets=ko), want)
+    # The flags the front door hands every variant, at their neutral values, are accepted.
+    got = jc.attention(t["q"], t["k"], t["v"], kv_offsets=ko, q_offsets=None, causal=False, window=(-1, -1))
+    assert torch.equal(got, want)
+
+
+# --- torch integration --------------------------------------------------------------------
+
+
+def _op_args(device: str):
+    t = Case(9, (12, 0, 20), hq=4, hkv=2, head_dim=16).build(device)
+    return t, (t["q"], t["k"], t["v"], t["kv_offsets"], 20, 0.25, False, False, "")
+
+
+def test_opcheck_forward(device: str) -> None:
+    _, args = _op_args(device)
+    torch.library.opcheck(bop.broadcast_q_fwd, args)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_opcheck_backward(device: str, deterministic: bool) -> None:
+    t, args = _op_args(device)
+    args = (*args[:7], deterministic, "")
+    out, lse = bop.broadcast_q_fwd(*args)
+    bwd_args = (t["dout"], *args[:3], out, lse, *args[3:])
+    torch.library.opcheck(
+        bop.broadcast_q_bwd, tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in bwd_args)
+    )
+
+
+def test_torch_compile_fullgraph(device: str) -> None:
+    t = Case(9, (12, 30), hq=4, hkv=2).build(device)
+
+    def step(q, k, v, ko):
+        out = broadcast_q_attention(q, k, v, ko, max_seqlen_kv=30)
+        return (out * out).sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    args = (t["q"], t["k"], t["v"], t["kv_offsets"])
+    loss = compiled(*args)
+    grads = torch.autograd.grad(loss, args[:3])
+    loss_e = step(*args)
+    grads_e = torch.autograd.grad(loss_e, args[:3])
+    torch.testing.assert_close(loss, loss_e)
+    for a, b in zip(grads, grads_e):
+        torch.testing.assert_close(a, b, **_tol(DEFAULT_DTYPE))
+
+
+# --- refusals -----------------------------------------------------------------------------
+
+
+def _valid(device: str = "cpu"):
+    t = Case(5, (3, 4), hq=2, hkv=1, dtype=torch.float32).build(device, requires_grad=False)
+    return [t["q"], t["k"], t["v"], t["kv_offsets"]]
+
+
+def _refused(args, exc=InvalidInput, **kw) -> str:
+    with pytest.raises(exc) as info:
+        broadcast_q_attention(*args, **kw)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda a: a.__setitem__(3, a[3].view(1, -1)), "kv_offsets must be 1-D"),
+        (lambda a: a.__setitem__(3, a[3].float()), "kv_offsets must be int32 or int64"),
+        (lambda a: a.__setitem__(3, a[3].to("meta")), "kv_offsets is on meta but q is on cpu"),
+        (lambda a: a.__setitem__(3, [0, 3, 7]), "kv_offsets must be a torch.Tensor"),
+        (lambda a: a.__setitem__(3, torch.tensor([0, 5, 3, 7], dtype=torch.int32)), "kv_offsets must be non-decreasing"),
+        (lambda a: a.__setitem__(3, torch.tensor([1, 3, 7], dtype=torch.int32)), "kv_offsets[0] must be 0"),
+        (lambda a: a.__setitem__(3, torch.tensor([0, 3, 6], dtype=torch.int32)), "kv_offsets[-1] must equal the number of rows 7"),
+        (lambda a: a.__setitem__(1, a[1].half()), "q, k, v dtypes differ"),
+        (lambda a: a.__setitem__(2, a[2].to("meta")), "q, k, v devices differ"),
+        (lambda a: a.__setitem__(0, a[0][None]), "q must be 3-D [rows, H, D]"),
+        (lambda a: a.__setitem__(0, a[0].int()), "q must be a floating-point tensor"),
+        (lambda a: [a.__setitem__(i, a[i].repeat(1, 3, 1)) for i in (1, 2)], "Hq (2) must be a multiple of Hkv (3)"),
+        (lambda a: a.__setitem__(2, a[2][:, :, :16]), "k and v shapes differ"),
+        (lambda a: [a.__setitem__(i, a[i][:, :, :16]) for i in (1, 2)], "head dims differ: q has 32, k has 16"),
+    ],
+)
+def test_refuses_invalid_input(mutate, expected: str) -> None:
+    args = _valid()
+    mutate(args)
+    assert expected in _refused(args)
+
+
+def test_refusal_lists_every_reason() -> None:
+    args = _valid()
+    args[3] = torch.tensor([1, 3, 6], dtype=torch.int32)
+    msg = _refused(args)
+    assert "kv_offsets[0] must be 0" in msg
+    assert "kv_offsets[-1] must equal the number of rows 7, got 6" in msg
+
+
+def test_refuses_bad_max_seqlen() -> None:
+    assert "max_seqlen_kv=3 is below the longest sequence (4)" in _refused(_valid(), max_seqlen_kv=3)
+    assert "max_seqlen_kv must be >= 0, got -2" in _refused(_valid(), max_seqlen_kv=-2)
+
+
+def test_refuses_causal_and_window_through_front_door() -> None:
+    q, k, v, ko = _valid()
+    with pytest.raises(UnsupportedProblem) as info:
+        jc.attention(q, k, v, kv_offsets=ko, causal=True)
+    assert "broadcast_q: reference: forward with causal not supported" in str(info.value)
+    with pytest.raises(UnsupportedProblem, match="broadcast_q: reference: backward with causal not supported"):
+        jc.attention(q.requires_grad_(), k, v, kv_offsets=ko, causal=True)
+    with pytest.raises(UnsupportedProblem, match="broadcast_q: reference: backward with window not supported"):
+        jc.attention(q, k, v, kv_offsets=ko, window=(8, 0))
+
+
+def test_has_no_causal_or_plan_argument() -> None:
+    """Causal has no meaning here, and plans wait for core.schedule: neither is accepted."""
+    with pytest.raises(TypeError, match="causal"):
+        broadcast_q_attention(*_valid(), causal=True)
+    with pytest.raises(TypeError, match="plan"):
+        broadcast_q_attention(*_valid(), plan=object())
+
+
+def test_refuses_unsupported_head_dim() -> None:
+    t = Case(3, (3,), head_dim=40).build("cpu", requires_grad=False)
+    msg = _refused([t["q"], t["k"], t["v"], t["kv_offsets"]], UnsupportedProblem, backend="interpreter")
+    assert "head_dim 40 not in {16, 32, 64, 96, 128, 256}" in msg
+
+
+def test_refuses_gpu_backend_on_cpu() -> None:
+    msg = _refused(_valid(), UnsupportedProblem, backend="portable")
+    assert "device cpu not in {cuda}" in msg
+    assert "dtype float32 not in {bfloat16, float16}" in msg
+
+
+def test_refuses_unknown_backend() -> None:
+    assert "no backend 'tlx'" in _refused(_valid(), UnsupportedProblem, backend="tlx")
+
+
+def test_fallback_to_reference_warns() -> None:
+    args = [a.double() if a.is_floating_point() else a for a in _valid()]
+    with pytest.warns(FallbackWarning, match="dtype float64 not in"):
+        broadcast_q_attention(*args)
+    assert last_choice("broadcast_q").name == "reference"
+
+
+# --- GPU only -----------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_no_host_sync_with_max_seqlen() -> None:
+    t = Case(128, (250, 300, 0, 7), hq=8, hkv=2, head_dim=64, dtype=torch.bfloat16).build("cuda")
+    args = (t["q"], t["k"], t["v"], t["kv_offsets"])
+    broadcast_q_attention(*args, max_seqlen_kv=300).sum().backward()  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for det in (False, True):
+            out = broadcast_q_attention(*args, max_seqlen_kv=300, deterministic=det)
+            out.backward(t["dout"])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _lognormal(n: int, seed: int) -> tuple[int, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.clamp(torch.exp(torch.randn(n, generator=gen) + 5.0), 1, 1500).long().tolist()
+    lens[3] = 0
+    return tuple(lens)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("lq", [64, 256])
+def test_gpu_lognormal_batch(lq: int, head_dim: int, deterministic: bool) -> None:
+    case = Case(
+        lq, _lognormal(64, lq + head_dim), hq=8, hkv=2, head_dim=head_dim, dtype=torch.bfloat16,
+        deterministic=deterministic,
+    )
+    _check(case, "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_deterministic_is_bitwise() -> None:
+    t = Case(256, _lognormal(64, 7), hq=8, hkv=2, head_dim=128, dtype=torch.bfloat16).build("cuda")
+    args = (t["q"], t["k"], t["v"])
+    grads = []
+    for _ in range(3):
+        out = broadcast_q_attention(*args, t["kv_offsets"], deterministic=True)
+        grads.append(torch.autograd.grad(out, args, t["dout"]))
+    for later in grads[1:]:
+        for a, b in zip(grads[0], later):
+            assert torch.equal(a, b)
