@@ -15,13 +15,13 @@ each of dQ, dK and dV; NaN or Inf never passes.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from jagflash.bench.data import Batch
-from jagflash.bench.flops import mask_bounds, visible_pairs
+from jagflash.bench.flops import visible_pairs
+from jagflash.core.reference import attention_reference
 
 __all__ = ["Ref", "check_heads", "compute_reference", "rel_err", "tolerance"]
 
@@ -46,58 +46,6 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     if not math.isfinite(num):
         return math.inf
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
-
-
-def _local_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_offsets: torch.Tensor,
-    kv_offsets: torch.Tensor,
-    *,
-    causal: bool = False,
-    window: tuple[int, int] = (-1, -1),
-    scale: float | None = None,
-    compute_dtype: torch.dtype = torch.float32,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stand-in with the contract of ``jagflash.core.reference.attention_reference``, used only
-    when jagflash-core cannot be imported in this process."""
-    hq, dim = q.shape[1], q.shape[2]
-    group = hq // k.shape[1]
-    scale = 1.0 / math.sqrt(dim) if scale is None else scale
-    left, right = mask_bounds(causal, window)
-    qo, ko = q_offsets.tolist(), kv_offsets.tolist()
-    outs, lses = [], []
-    for b in range(len(qo) - 1):
-        qs = q[qo[b] : qo[b + 1]].to(compute_dtype).transpose(0, 1)
-        ks = k[ko[b] : ko[b + 1]].to(compute_dtype).transpose(0, 1).repeat_interleave(group, 0)
-        vs = v[ko[b] : ko[b + 1]].to(compute_dtype).transpose(0, 1).repeat_interleave(group, 0)
-        lq, lk = qs.shape[1], ks.shape[1]
-        i = torch.arange(lq, device=q.device)[:, None]
-        j = torch.arange(lk, device=q.device)[None, :]
-        mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
-        if right >= 0:
-            mask &= j <= i + lk - lq + right
-        if left >= 0:
-            mask &= j >= i + lk - lq - left
-        seen = mask.any(-1)
-        s = torch.matmul(qs, ks.transpose(1, 2)) * scale
-        s = torch.where(seen[:, None], s.masked_fill(~mask, float("-inf")), 0.0)
-        lse = torch.logsumexp(s, -1)
-        p = torch.exp(s - lse[..., None]).masked_fill(~mask, 0.0)
-        outs.append(torch.matmul(p, vs).transpose(0, 1))
-        lses.append(lse.masked_fill(~seen, float("-inf")))
-    if not outs:
-        return q.new_zeros(q.shape, dtype=compute_dtype), q.new_zeros((hq, 0), dtype=compute_dtype)
-    return torch.cat(outs, 0), torch.cat(lses, 1)
-
-
-def _reference_fn() -> tuple[Callable, str]:
-    try:
-        from jagflash.core.reference import attention_reference
-    except Exception as e:  # any import failure falls back, and says so
-        return _local_reference, f"bench stand-in (jagflash.core.reference: {type(e).__name__})"
-    return attention_reference, "jagflash.core.reference"
 
 
 @dataclass
@@ -158,7 +106,7 @@ def compute_reference(
     max_elems: int = MAX_CHUNK_ELEMS,
 ) -> Ref:
     """Float32 reference output (and dQ, dK, dV for ``grads``) of ``batch``."""
-    fn, source = _reference_fn()
+    fn = attention_reference
     w = batch.workload
     hkv = check_heads(batch, flop_budget)
     hq = hkv * w.group
@@ -214,4 +162,4 @@ def compute_reference(
     if grads:
         dq = dq_sum if bq else torch.cat(dqs, 0)
         dk, dv = torch.cat(dks, 0), torch.cat(dvs, 0)
-    return Ref(out, dq, dk, dv, hq, hkv, source)
+    return Ref(out, dq, dk, dv, hq, hkv, "jagflash.core.reference.attention_reference")

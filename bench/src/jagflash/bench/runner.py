@@ -438,9 +438,7 @@ class Worker:
         info = E.versions(self.device.type, probe_fa4=plan.group == "host")
         self.env = {k: info.get(k, "") for k in ("gpu", "torch", "triton", "cudnn", "cuda")}
         meta = {"type": "meta", "group": plan.group, "pid": os.getpid(), **info}
-        from jagflash.bench.reference import _reference_fn
-
-        meta["reference"] = _reference_fn()[1]
+        meta["reference"] = "jagflash.core.reference.attention_reference"
         if plan.measure_ceilings:
             try:
                 meta["ceilings"] = E.ceilings(self.device.type)

@@ -28,6 +28,7 @@ __all__ = [
     "mask_bounds",
     "max_seqlen",
     "offsets_from_lengths",
+    "resolve_max_seqlen",
     "seq_lengths",
     "tile_starts",
     "to_jagged",
@@ -98,6 +99,30 @@ def offsets_from_lengths(
     if len(lengths):
         out[1:] = torch.cumsum(torch.tensor(list(lengths), dtype=torch.int64), 0)
     return out.to(device=device, dtype=dtype)
+
+
+def resolve_max_seqlen(
+    offsets: torch.Tensor, total: int, name: str, given: int, kind: str
+) -> tuple[list[str], int]:
+    """Check ``offsets``' values where that costs no extra host sync, and the max length.
+
+    With ``given >= 0`` on a GPU nothing is read back: the checks (start 0, end ``total``,
+    non-decreasing, no length above ``given``) run on the device and fail the stream if broken.
+    Otherwise the values are read once (one sync on a GPU) and every problem is returned as a
+    reason, with the max length (``given`` if set, else the longest sequence). ``kind`` names
+    the argument in messages (``max_seqlen_<kind>``)."""
+    if offsets.device.type != "cpu" and given >= 0:
+        o = offsets.to(torch.int64)
+        steps = o[1:] - o[:-1]
+        ok = (o[0] == 0) & (o[-1] == total)
+        if steps.numel():
+            ok = ok & (steps.min() >= 0) & (steps.max() <= given)
+        torch._assert_async(ok, f"invalid {name} or max_seqlen_{kind} below a length")
+        return [], given
+    reasons, longest = check_offsets(offsets, total, name, offsets.device, check_values=True)
+    if longest is not None and 0 <= given < longest:
+        reasons.append(f"max_seqlen_{kind}={given} is below the longest sequence ({longest})")
+    return reasons, (given if given >= 0 else (longest or 0))
 
 
 def seq_lengths(offsets: torch.Tensor) -> torch.Tensor:
@@ -198,20 +223,20 @@ def dkdv_q_ranges(
 def visible_pairs(lq: torch.Tensor, lk: torch.Tensor, left: int, right: int) -> torch.Tensor:
     """Number of visible (query, key) pairs per sequence, exactly (int64, no materialised mask).
 
-    Row ``i`` sees keys ``[max(0, i+d-left), min(lk-1, i+d+right)]``; summed in closed form per
-    sequence would need case analysis, so this sums over rows, vectorised over the batch.
+    Row ``i`` sees keys ``[max(0, i+d-left), min(lk-1, i+d+right)]``; the rows of all sequences
+    are counted at once (O(sum lq) work and memory) and summed per sequence.
     """
-    lq = torch.as_tensor(lq, dtype=torch.int64)
-    lk = torch.as_tensor(lk, dtype=torch.int64)
-    if lq.numel() == 0:
-        return torch.zeros(0, dtype=torch.int64)
-    rows = torch.arange(int(lq.max()) if lq.numel() else 0, device=lq.device)
-    i = rows[None, :]
-    d = (lk - lq)[:, None]
-    lo = torch.zeros_like(i + d) if left < 0 else torch.clamp(i + d - left, min=0)
-    hi = (lk[:, None] - 1).expand_as(lo) if right < 0 else torch.minimum(lk[:, None] - 1, i + d + right)
-    count = torch.clamp(hi - lo + 1, min=0) * (i < lq[:, None])
-    return count.sum(1)
+    lq = torch.as_tensor(lq, dtype=torch.int64).reshape(-1)
+    lk = torch.as_tensor(lk, dtype=torch.int64).reshape(-1).to(lq.device)
+    seq = torch.repeat_interleave(torch.arange(lq.numel(), device=lq.device), lq)
+    starts = torch.cumsum(lq, 0) - lq
+    i = torch.arange(seq.numel(), device=lq.device) - starts[seq]  # row within its sequence
+    k_len = lk[seq]
+    d = k_len - lq[seq]
+    hi = k_len - 1 if right < 0 else torch.minimum(k_len - 1, i + d + right)
+    lo = torch.zeros_like(i) if left < 0 else torch.clamp(i + d - left, min=0)
+    count = torch.clamp(hi - lo + 1, min=0)
+    return torch.zeros_like(lq).index_add_(0, seq, count)
 
 
 def to_padded(

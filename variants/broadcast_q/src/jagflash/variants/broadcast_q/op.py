@@ -12,7 +12,7 @@ import torch
 
 from jagflash.core.backend import select
 from jagflash.core.capability import InvalidInput
-from jagflash.core.jagged import check_offsets, mask_bounds
+from jagflash.core.jagged import mask_bounds, resolve_max_seqlen
 from jagflash.core.ops import make_problem, register_autograd
 from jagflash.core.reference import reference_backward, reference_forward
 from jagflash.variants.broadcast_q.spec import SPEC
@@ -22,20 +22,10 @@ WHO = "broadcast_q_attention"
 
 def _max_seqlen_kv(kv_offsets: torch.Tensor, tk: int, max_seqlen_kv: int) -> int:
     """Validate the offsets' values where that costs no extra sync; fill in an unknown maximum."""
-    if kv_offsets.device.type != "cpu" and max_seqlen_kv >= 0:
-        o = kv_offsets.to(torch.int64)
-        steps = o[1:] - o[:-1]
-        ok = (o[0] == 0) & (o[-1] == tk)
-        if steps.numel():
-            ok = ok & (steps.min() >= 0) & (steps.max() <= max_seqlen_kv)
-        torch._assert_async(ok, f"{WHO}: invalid kv_offsets or max_seqlen_kv below a length")
-        return max_seqlen_kv
-    reasons, longest = check_offsets(kv_offsets, tk, "kv_offsets", kv_offsets.device, check_values=True)
-    if longest is not None and 0 <= max_seqlen_kv < longest:
-        reasons.append(f"max_seqlen_kv={max_seqlen_kv} is below the longest sequence ({longest})")
+    reasons, longest = resolve_max_seqlen(kv_offsets, tk, "kv_offsets", max_seqlen_kv, "kv")
     if reasons:
         raise InvalidInput(WHO, reasons)
-    return max_seqlen_kv if max_seqlen_kv >= 0 else (longest or 0)
+    return longest
 
 
 def _expanded(q: torch.Tensor, kv_offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,6 +25,7 @@ from jagflash.core.portable import (
     attn_fwd_tile,
     block_config,
     launch_options,
+    locate_sequence,
     plan_tile,
     sched_first,
     sched_next,
@@ -33,20 +34,13 @@ from jagflash.core.schedule import Plan, launch
 
 
 @triton.jit
-def _locate(offsets, b):
-    start = tl.load(offsets + b).to(tl.int64)
-    length = (tl.load(offsets + b + 1) - start).to(tl.int32)
-    return start, length
-
-
-@triton.jit
 def _prologue(TILES, count, q_offsets, kv_offsets, pid, n_workers, COUNTER, DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr):
     """A worker's first tile, located (slot, head, start, q start/length, kv start/length), and
     its second tile's slot and table row, with the round counter."""
     i, r = sched_first(pid, COUNTER, DYNAMIC)
     b, h, start = plan_tile(TILES, i, count)
-    q_start, lq = _locate(q_offsets, b)
-    k_start, lk = _locate(kv_offsets, b)
+    q_start, lq = locate_sequence(q_offsets, b)
+    k_start, lk = locate_sequence(kv_offsets, b)
     i_n, r = sched_next(i, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
     b_n, h_n, start_n = plan_tile(TILES, i_n, count)
     return i, h, start, q_start, lq, k_start, lk, i_n, b_n, h_n, start_n, r
@@ -65,8 +59,8 @@ def _fwd_kernel(
     count = tl.load(COUNT).to(tl.int32)
     i, h, m0, q_start, lq, k_start, lk, i_n, b_n, h_n, m0_n, r = _prologue(TILES, count, q_offsets, kv_offsets, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
     while i < count:
-        q_start_n, lq_n = _locate(q_offsets, b_n)
-        k_start_n, lk_n = _locate(kv_offsets, b_n)
+        q_start_n, lq_n = locate_sequence(q_offsets, b_n)
+        k_start_n, lk_n = locate_sequence(kv_offsets, b_n)
         i_nn, r = sched_next(i_n, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
         b_nn, h_nn, m0_nn = plan_tile(TILES, i_nn, count)
         hk = h // GROUP
@@ -98,8 +92,8 @@ def _dq_kernel(
     count = tl.load(COUNT).to(tl.int32)
     i, h, m0, q_start, lq, k_start, lk, i_n, b_n, h_n, m0_n, r = _prologue(TILES, count, q_offsets, kv_offsets, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
     while i < count:
-        q_start_n, lq_n = _locate(q_offsets, b_n)
-        k_start_n, lk_n = _locate(kv_offsets, b_n)
+        q_start_n, lq_n = locate_sequence(q_offsets, b_n)
+        k_start_n, lk_n = locate_sequence(kv_offsets, b_n)
         i_nn, r = sched_next(i_n, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
         b_nn, h_nn, m0_nn = plan_tile(TILES, i_nn, count)
         hk = h // GROUP
@@ -134,8 +128,8 @@ def _dkdv_kernel(
     count = tl.load(COUNT).to(tl.int32)
     i, hk, n0, q_start, lq, k_start, lk, i_n, b_n, h_n, n0_n, r = _prologue(TILES, count, q_offsets, kv_offsets, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
     while i < count:
-        q_start_n, lq_n = _locate(q_offsets, b_n)
-        k_start_n, lk_n = _locate(kv_offsets, b_n)
+        q_start_n, lq_n = locate_sequence(q_offsets, b_n)
+        k_start_n, lk_n = locate_sequence(kv_offsets, b_n)
         i_nn, r = sched_next(i_n, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
         b_nn, h_nn, n0_nn = plan_tile(TILES, i_nn, count)
         h = hk * GROUP

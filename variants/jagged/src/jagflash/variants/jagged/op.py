@@ -17,7 +17,7 @@ import torch
 
 from jagflash.core.backend import select
 from jagflash.core.capability import InvalidInput
-from jagflash.core.jagged import check_offsets, mask_bounds
+from jagflash.core.jagged import mask_bounds, resolve_max_seqlen
 from jagflash.core.ops import make_problem, register_autograd
 from jagflash.core.reference import reference_backward, reference_forward
 from jagflash.core.schedule import Plan, resolve_plan
@@ -33,44 +33,18 @@ def _lengths(
     max_seqlen_kv: int,
 ) -> tuple[int, int]:
     """Validate the offsets' values where that costs no extra sync, and fill in unknown maxima."""
-    device = q_offsets.device
-    sync_free = device.type != "cpu" and max_seqlen_q >= 0 and max_seqlen_kv >= 0
     reasons: list[str] = []
     if q_offsets.shape != kv_offsets.shape:
         reasons.append(
             f"q_offsets and kv_offsets must both have B+1 entries, got {q_offsets.numel()} and "
             f"{kv_offsets.numel()}"
         )
-    if sync_free:
-        if reasons:
-            raise InvalidInput("jagged_attention", reasons)
-        _assert_async(q_offsets, tq, max_seqlen_q)
-        _assert_async(kv_offsets, tk, max_seqlen_kv)
-        return max_seqlen_q, max_seqlen_kv
-    maxima = []
-    for name, offs, total, given in (
-        ("q_offsets", q_offsets, tq, max_seqlen_q),
-        ("kv_offsets", kv_offsets, tk, max_seqlen_kv),
-    ):
-        rs, longest = check_offsets(offs, total, name, device, check_values=True)
-        reasons += rs
-        if longest is not None and 0 <= given < longest:
-            kind = "q" if name == "q_offsets" else "kv"
-            reasons.append(f"max_seqlen_{kind}={given} is below the longest sequence ({longest})")
-        maxima.append(given if given >= 0 else (longest or 0))
+    rq, max_q = resolve_max_seqlen(q_offsets, tq, "q_offsets", max_seqlen_q, "q")
+    rk, max_k = resolve_max_seqlen(kv_offsets, tk, "kv_offsets", max_seqlen_kv, "kv")
+    reasons += rq + rk
     if reasons:
         raise InvalidInput("jagged_attention", reasons)
-    return maxima[0], maxima[1]
-
-
-def _assert_async(offsets: torch.Tensor, total: int, max_seqlen: int) -> None:
-    """Device-side check of the offsets' values: no host sync, fails the stream if broken."""
-    o = offsets.to(torch.int64)
-    steps = o[1:] - o[:-1]
-    ok = (o[0] == 0) & (o[-1] == total)
-    if steps.numel():
-        ok = ok & (steps.min() >= 0) & (steps.max() <= max_seqlen)
-    torch._assert_async(ok, "jagged_attention: invalid offsets or max_seqlen below a length")
+    return max_q, max_k
 
 
 @torch.library.custom_op("jagflash::jagged_fwd", mutates_args=())
