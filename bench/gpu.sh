@@ -5,10 +5,19 @@
 #   bash bench/gpu.sh bench -- --workloads 'jagged-*' --providers 'jagflash-*,varlen-fa2'
 #   bash bench/gpu.sh tests demo               # no bench
 #
-# Steps (default: all, in this order): ceilings (versions + bf16 matmul and copy ceilings),
-# tests (pytest -m "gpu or sm90" on core and variants), demo (jagflash.variants.jagged.demo),
-# bench (python -m jagflash.bench; arguments after `--` are passed to it). A failing step does not
-# stop the next. Everything a step prints is tee'd to $OUT/<step>.log; the bench writes
+# Carrying (the device tool moves at most 64 MiB a call; .gpu/ is git-ignored, name files in
+# `carry`): the TLX bundle is 53 MB and FA4 comes in two parts of 35 + 30 MB, so a full run is
+# three calls, each within 30 s of the last (the machine stays warm and keeps /tmp):
+#   1. carry [".gpu/fa4.part00"]:            mkdir -p /tmp/stage && cp .gpu/fa4.part00 /tmp/stage/
+#   2. carry [".gpu/triton38-utlx.tar.xz"]:  bash bench/gpu.sh ceilings tests demo tlx-ab
+#   3. carry [".gpu/fa4.part01"]:            bash bench/gpu.sh bench   (reuses /tmp/tlx)
+# Make the bundles first with ../shared/tools/gpu-bundle and ../shared/tools/fa4-bundle.
+#
+# Steps (default: ceilings tests demo bench, in this order): ceilings (versions + bf16 matmul and
+# copy ceilings), tests (pytest -m "gpu or sm90" on core and variants), demo
+# (jagflash.variants.jagged.demo), tlx-ab (TLX forward v1 vs v2), schedule-ab (schedules none /
+# static / dynamic, plan build time), bench (python -m jagflash.bench; arguments after `--`).
+# A failing step does not stop the next. Everything a step prints is tee'd to $OUT/<step>.log; the bench writes
 # $OUT/bench/{results.csv,results.md,tflops_*.png,meta.json,rows.jsonl}. The short bench table is
 # printed last.
 #
@@ -40,8 +49,8 @@ bench_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --) shift; bench_args=("$@"); break ;;
-        ceilings|tests|demo|bench) steps+=("$1"); shift ;;
-        *) echo "gpu.sh: unknown step '$1' (steps: ceilings tests demo bench; bench args after --)" >&2; exit 2 ;;
+        ceilings|tests|demo|tlx-ab|schedule-ab|bench) steps+=("$1"); shift ;;
+        *) echo "gpu.sh: unknown step '$1' (steps: ceilings tests demo tlx-ab schedule-ab bench; bench args after --)" >&2; exit 2 ;;
     esac
 done
 [ ${#steps[@]} -eq 0 ] && steps=(ceilings tests demo bench)
@@ -151,6 +160,13 @@ if has_step tests; then
 fi
 if has_step demo; then
     run_step demo "$(cap "${DEMO_TIMEOUT_S:-60}" "$bench_reserve")" "$PY" -m jagflash.variants.jagged.demo
+fi
+if has_step tlx-ab; then  # TLX forward consumer v1 vs v2 (core.tlx_attention)
+    run_step tlx-ab "$(cap 150 "$bench_reserve")" "$PY" -m jagflash.core.tlx_attention
+fi
+if has_step schedule-ab; then  # portable kernels with schedule none / static / dynamic, plan build time
+    run_step schedule-ab "$(cap 200 "$bench_reserve")" bash -c \
+        "$PY -m jagflash.core.schedule --bench && $PY -m jagflash.variants.jagged.ab_schedules --reps 50"
 fi
 if has_step bench; then
     budget=$(( $(left) - 45 ))

@@ -307,3 +307,49 @@ def compile_configs():
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
                 ))
     return configs
+
+
+def _ab(argv: list[str] | None = None) -> int:
+    """A/B of the forward's consumer versions on one GPU: ``python -m jagflash.core.tlx_attention``.
+
+    Times v1 (no QK/PV overlap) and v2 (software-pipelined) on a lognormal jagged batch and a
+    dense one (bf16, H16, D128, causal and not), checks that v2 matches v1, and prints TFLOP/s."""
+    import argparse
+    import functools
+
+    from triton.testing import do_bench
+
+    from jagflash.core.jagged import offsets_from_lengths, visible_pairs
+
+    parser = argparse.ArgumentParser(description=_ab.__doc__.splitlines()[0])
+    parser.add_argument("--reps-ms", type=int, default=300, help="do_bench rep time per case")
+    args = parser.parse_args(argv)
+    gen = torch.Generator().manual_seed(0)
+    lognormal = torch.clamp((torch.exp(torch.randn(128, generator=gen)) * 512).round(), 1, 4096)
+    batches = {"lognormal128": lognormal.long().tolist(), "dense4x4096": [4096] * 4}
+    heads, dim = 16, 128
+    print(f"{'batch':14s} {'causal':6s} {'version':8s} {'ms':>8s} {'TFLOP/s':>8s} {'max|v2-v1|':>11s}")
+    for name, lens in batches.items():
+        total, longest = sum(lens), max(lens)
+        q, k, v = (torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        offs = offsets_from_lengths(lens, "cuda")
+        lt = torch.tensor(lens)
+        for causal in (False, True):
+            right = 0 if causal else -1
+            flops = 4 * int(visible_pairs(lt, lt, -1, right).sum()) * dim * heads
+            outs = {}
+            for version, pipeline in (("v1", False), ("v2", True)):
+                run = functools.partial(
+                    forward, q, k, v, offs, offs, longest, left=-1, right=right,
+                    scale=dim**-0.5, pipeline=pipeline,
+                )
+                outs[version] = run()[0]
+                ms = do_bench(run, warmup=25, rep=args.reps_ms, return_mode="median")
+                diff = (outs[version].float() - outs["v1"].float()).abs().max().item()
+                del run
+                print(f"{name:14s} {causal!s:6s} {version:8s} {ms:8.3f} {flops / ms / 1e9:8.1f} {diff:11.2e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_ab())
