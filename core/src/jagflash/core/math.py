@@ -102,6 +102,29 @@ def dkdv_q_range(
 
 
 @triton.jit
+def band_bounds(qi, lq, lk, left, right, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr):
+    """Keys ``[lo, hi)`` visible to each query ``qi`` (any shape), ``hi`` clipped to ``lk``.
+    Forming the bounds once per query keeps the per-element mask to one or two compares."""
+    d = lk - lq
+    hi = qi * 0 + lk
+    if BOUNDED_RIGHT:
+        hi = tl.minimum(qi + d + right + 1, lk)
+    lo = qi * 0
+    if BOUNDED_LEFT:
+        lo = qi + d - left
+    return lo, hi
+
+
+@triton.jit
+def bounds_mask(kj, lo, hi, BOUNDED_LEFT: tl.constexpr):
+    """Mask from :func:`band_bounds` (broadcast against the keys ``kj``)."""
+    mask = kj < hi
+    if BOUNDED_LEFT:
+        mask = mask & (kj >= lo)
+    return mask
+
+
+@triton.jit
 def band_mask(
     qi,
     kj,
@@ -115,15 +138,8 @@ def band_mask(
     """Visibility of keys ``kj`` to queries ``qi`` (broadcastable index tensors), keys past ``lk``
     hidden. Pass ``offs_m[:, None], offs_n[None, :]`` for an ``[M, N]`` mask and
     ``offs_m[None, :], offs_n[:, None]`` for its transpose."""
-    # Bounds are formed per query (cheap: one value per row) and compared once per element.
-    d = lk - lq
-    if BOUNDED_RIGHT:
-        mask = kj < tl.minimum(qi + d + right + 1, lk)
-    else:
-        mask = (kj < lk) & (qi >= 0)
-    if BOUNDED_LEFT:
-        mask = mask & (kj >= qi + d - left)
-    return mask
+    lo, hi = band_bounds(qi, lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
+    return bounds_mask(kj, lo, hi, BOUNDED_LEFT)
 
 
 @triton.jit

@@ -31,7 +31,14 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from jagflash.core.math import LOG2E, band_mask, finish_softmax, kv_tile_range, online_softmax_step
+from jagflash.core.math import (
+    LOG2E,
+    band_bounds,
+    bounds_mask,
+    finish_softmax,
+    kv_tile_range,
+    online_softmax_step,
+)
 from jagflash.core.ops import alloc, alloc_like
 from jagflash.core.pipeline import (
     num_workers,
@@ -80,20 +87,21 @@ def _issue_qk(q_buf, k_buf, CID: tl.constexpr):
 
 
 @triton.jit
-def _scores(qk, qk_scale2, rows, n0, lq, lk, left, right, BLOCK_N: tl.constexpr,
-            BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr):
-    """log2-domain scores of the kv-tile at ``n0``, masked in the masked specialisation."""
+def _scores(qk, qk_scale2, col_lo, col_hi, n0, BLOCK_N: tl.constexpr,
+            BOUNDED_LEFT: tl.constexpr, MASKED: tl.constexpr):
+    """log2-domain scores of the kv-tile at ``n0``, masked in the masked specialisation by the
+    per-row key bounds ``[col_lo, col_hi)`` of ``jagflash.core.math.band_bounds``."""
     s2 = qk * qk_scale2
     if MASKED:
         cols = n0 + tl.arange(0, BLOCK_N)
-        s2 = tl.where(band_mask(rows[:, None], cols[None, :], lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT), s2, float("-inf"))
+        s2 = tl.where(bounds_mask(cols[None, :], col_lo[:, None], col_hi[:, None], BOUNDED_LEFT), s2, float("-inf"))
     return s2
 
 
 @triton.jit
 def _consume_pipelined(
     acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
-    rows, start, end, lq, lk, qk_scale2, left, right,
+    col_lo, col_hi, start, end, qk_scale2,
     CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
 ):
@@ -108,7 +116,7 @@ def _consume_pipelined(
         acc = tlx.async_dot(p, v_buf, acc)
         qk = tlx.async_dot_wait(1, qk)
         ring_release(k_empties, k_slot)
-        s2 = _scores(qk, qk_scale2, rows, n0, lq, lk, left, right, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, MASKED)
+        s2 = _scores(qk, qk_scale2, col_lo, col_hi, n0, BLOCK_N, BOUNDED_LEFT, MASKED)
         p_new, alpha, m_i, l_i = online_softmax_step(s2, m_i, l_i)
         acc = tlx.async_dot_wait(0, acc)
         ring_release(v_empties, v_slot)
@@ -121,7 +129,7 @@ def _consume_pipelined(
 @triton.jit
 def _consume(
     acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
-    rows, start, end, lq, lk, qk_scale2, left, right,
+    col_lo, col_hi, start, end, qk_scale2,
     CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
 ):
@@ -131,7 +139,7 @@ def _consume(
         qk = _issue_qk(q_buf, k_buf, CID)
         qk = tlx.async_dot_wait(0, qk)
         ring_release(k_empties, k_slot)
-        s2 = _scores(qk, qk_scale2, rows, n0, lq, lk, left, right, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, MASKED)
+        s2 = _scores(qk, qk_scale2, col_lo, col_hi, n0, BLOCK_N, BOUNDED_LEFT, MASKED)
         p, alpha, m_i, l_i = online_softmax_step(s2, m_i, l_i)
         acc = acc * alpha[:, None]
         v_buf, v_slot = ring_acquire(v_tiles, v_fulls, kv_cnt, NUM_KV)
@@ -195,6 +203,7 @@ def _fwd_kernel(
                 if m0 < lq:
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                     rows = m0 + cid * HALF + tl.arange(0, HALF)
+                    col_lo, col_hi = band_bounds(rows, lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
                     tlx.barrier_wait(q_fulls[cid], tile_cnt & 1)
                     q_buf = q_tiles[cid]
                     m_i = tl.full([HALF], float("-inf"), tl.float32)
@@ -208,25 +217,25 @@ def _fwd_kernel(
                             qk = tlx.async_dot_wait(0, qk)
                             ring_release(k_empties, k_slot)
                             if (lo < full_lo) | (lo >= full_hi):
-                                s2 = _scores(qk, qk_scale2, rows, lo, lq, lk, left, right, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+                                s2 = _scores(qk, qk_scale2, col_lo, col_hi, lo, BLOCK_N, BOUNDED_LEFT, True)
                             else:
                                 s2 = qk * qk_scale2
                             p, _, m_i, l_i = online_softmax_step(s2, m_i, l_i)  # acc is 0: no rescale
                             p = p.to(dtype)
                             kv_cnt += 1
                             second = lo + BLOCK_N
-                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, second, tl.maximum(full_lo, second), lq, lk, qk_scale2, left, right, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True)
-                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, tl.maximum(full_lo, second), tl.maximum(full_hi, second), lq, lk, qk_scale2, left, right, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False)
-                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, tl.maximum(full_hi, second), hi, lq, lk, qk_scale2, left, right, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, second, tl.maximum(full_lo, second), qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, tl.maximum(full_lo, second), tl.maximum(full_hi, second), qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False)
+                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, tl.maximum(full_hi, second), hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True)
                             # Epilogue: P V of the last tile.
                             v_buf, v_slot = ring_acquire(v_tiles, v_fulls, kv_cnt - 1, NUM_KV)
                             acc = tlx.async_dot(p, v_buf, acc)
                             acc = tlx.async_dot_wait(0, acc)
                             ring_release(v_empties, v_slot)
                     else:
-                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, lo, full_lo, lq, lk, qk_scale2, left, right, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True)
-                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, full_lo, full_hi, lq, lk, qk_scale2, left, right, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False)
-                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, full_hi, hi, lq, lk, qk_scale2, left, right, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, lo, full_lo, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, full_lo, full_hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False)
+                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, full_hi, hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True)
                     tlx.barrier_arrive(q_empties[cid], 1)
                     out, lse = finish_softmax(acc, m_i, l_i)
                     valid = rows < lq
