@@ -13,16 +13,22 @@ from jagflash.variants.jagged import SPEC
 pytestmark = pytest.mark.sm90
 
 
-def _forward(causal: bool, pipeline: bool):
+def _forward(causal: bool, pipeline: bool, schedule: str):
     from jagflash.core import tlx_attention
+    from jagflash.core.schedule import make_plan
 
     left, right = mask_bounds(causal)
 
     def run(q, k, v, q_offsets, kv_offsets):
         max_q = int((q_offsets[1:] - q_offsets[:-1]).max()) if q_offsets.numel() > 1 else 0
+        plan = make_plan(
+            q_offsets, kv_offsets, total_q=q.shape[0], total_kv=k.shape[0], heads_q=q.shape[1],
+            heads_kv=k.shape[1], causal=causal, block_m=tlx_attention.BLOCK_M,
+            block_n=tlx_attention.BLOCK_N, schedule=schedule, backward=False,
+        )
         return tlx_attention.forward(
             q, k, v, q_offsets, kv_offsets, max_q, left=left, right=right,
-            scale=q.shape[-1] ** -0.5, pipeline=pipeline,
+            scale=q.shape[-1] ** -0.5, pipeline=pipeline, plan=plan,
         )
 
     return run
@@ -48,14 +54,34 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("pipeline", [True, False])
+@pytest.mark.parametrize(("pipeline", "schedule"), [(False, "static"), (True, "static"), (False, "none")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", CASES)
-def test_tlx_forward_matches_reference(name, causal, head_dim, dtype, pipeline) -> None:
+def test_tlx_forward_matches_reference(name, causal, head_dim, dtype, pipeline, schedule) -> None:
     q_lens, k_lens, hq, hkv = CASES[name]
     case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=head_dim, dtype=dtype, causal=causal)
     t = case.build("cuda", requires_grad=False)
     t.pop("dout")
-    check_against_reference(_forward(causal, pipeline), _reference(causal), t, atol=SPEC.atol[dtype])
+    check_against_reference(_forward(causal, pipeline, schedule), _reference(causal), t, atol=SPEC.atol[dtype])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tlx_backend_through_the_public_function(causal) -> None:
+    """backend="tlx-sm90": forward on TLX, backward handed on to the portable kernels."""
+    from jagflash.core.backend import last_choice
+    from jagflash.variants.jagged import jagged_attention
+
+    case = JaggedCase(_lognormal(16, 1), _lognormal(16, 1), hq=8, hkv=2, head_dim=128, dtype=torch.bfloat16, causal=causal)
+    t = case.build("cuda")
+    dout = t.pop("dout")
+
+    def kernel(q, k, v, q_offsets, kv_offsets):
+        out = jagged_attention(q, k, v, q_offsets, kv_offsets, causal=causal, return_lse=True, backend="tlx-sm90")
+        assert last_choice("jagged").name == "tlx-sm90"
+        return out
+
+    check_against_reference(kernel, _reference(causal), t, atol=SPEC.atol[torch.bfloat16], dout=dout)
+    assert last_choice("jagged").name == "portable"
+    assert "tlx-sm90 has no backward" in last_choice("jagged").why

@@ -48,6 +48,7 @@ from jagflash.core.pipeline import (
     rows_descriptor,
     tma_load,
 )
+from jagflash.core.schedule import PASSES, make_plan
 
 BLOCK_M = 128  # rows of a q-tile; each of the two consumer warpgroups takes half
 BLOCK_N = 128
@@ -56,18 +57,26 @@ HEAD_DIMS = (64, 128)
 
 
 @triton.jit
-def _tile(t, q_offsets, kv_offsets, n_heads_q, n_qtiles, BLOCK_M: tl.constexpr):
-    """Tile ``t`` -> (head, first row, q start, lq, kv start, lk); heaviest q-tile first.
-    Starts are int32: TMA coordinates are 32-bit (a tensor of 2**31 rows is out of reach)."""
-    bh = t // n_qtiles
-    m0 = (n_qtiles - 1 - t % n_qtiles) * BLOCK_M
-    b = bh // n_heads_q
-    h = bh % n_heads_q
+def _tile(r, pid, nprog, TILES, COUNT, q_offsets, kv_offsets, ZIGZAG: tl.constexpr):
+    """The tile of round ``r`` of program ``pid``: (live, head, first row, q start, lq,
+    kv start, lk). It is row ``r * nprog + w`` of the Plan's cost-sorted forward table, ``w`` the
+    program or, on odd rounds of a zigzag schedule, its mirror. Producer and consumers call it
+    with the same arguments, so they walk the same tiles without talking to each other.
+    Starts are int32: TMA coordinates are 32-bit."""
+    w = pid
+    if ZIGZAG:
+        w = tl.where(r % 2 == 1, nprog - 1 - pid, pid)
+    t = r * nprog + w
+    ok = t < tl.load(COUNT).to(tl.int32)
+    row = TILES + tl.where(ok, t, 0).to(tl.int64) * 3
+    b = tl.load(row, mask=ok, other=0)
+    h = tl.load(row + 1, mask=ok, other=0)
+    m0 = tl.load(row + 2, mask=ok, other=0)
     q_start = tl.load(q_offsets + b).to(tl.int32)
     lq = tl.load(q_offsets + b + 1).to(tl.int32) - q_start
     k_start = tl.load(kv_offsets + b).to(tl.int32)
     lk = tl.load(kv_offsets + b + 1).to(tl.int32) - k_start
-    return h, m0, q_start, lq, k_start, lk
+    return ok & (m0 < lq), h, m0, q_start, lq, k_start, lk
 
 
 @triton.jit
@@ -152,11 +161,11 @@ def _consume(
 
 @triton.jit
 def _fwd_kernel(
-    desc_q, desc_k, desc_v, O, LSE, q_offsets, kv_offsets,
-    stride_ot, stride_oh, total_q, n_heads_q, n_qtiles, n_tiles, scale, left, right,
+    desc_q, desc_k, desc_v, O, LSE, q_offsets, kv_offsets, TILES, COUNT,
+    stride_ot, stride_oh, total_q, n_rounds, scale, left, right,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_KV: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
-    PIPELINE: tl.constexpr,
+    PIPELINE: tl.constexpr, ZIGZAG: tl.constexpr,
 ):
     HALF: tl.constexpr = BLOCK_M // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -178,9 +187,9 @@ def _fwd_kernel(
         with tlx.async_task("default", registers=24):  # producer: TMA loads
             kv_cnt = 0
             tile_cnt = 0
-            for t in range(pid, n_tiles, nprog):
-                h, m0, q_start, lq, k_start, lk = _tile(t, q_offsets, kv_offsets, n_heads_q, n_qtiles, BLOCK_M)
-                if m0 < lq:
+            for r in range(0, n_rounds):
+                live, h, m0, q_start, lq, k_start, lk = _tile(r, pid, nprog, TILES, COUNT, q_offsets, kv_offsets, ZIGZAG)
+                if live:
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                     for c in tl.static_range(2):
                         tma_load(desc_q, q_tiles[c], q_fulls[c], q_empties[c], tile_cnt & 1, q_start + m0 + c * HALF, h * HEAD_DIM, ELEM * HALF * HEAD_DIM)
@@ -198,9 +207,9 @@ def _fwd_kernel(
             qk_scale2 = scale * LOG2E
             kv_cnt = 0
             tile_cnt = 0
-            for t in range(pid, n_tiles, nprog):
-                h, m0, q_start, lq, k_start, lk = _tile(t, q_offsets, kv_offsets, n_heads_q, n_qtiles, BLOCK_M)
-                if m0 < lq:
+            for r in range(0, n_rounds):
+                live, h, m0, q_start, lq, k_start, lk = _tile(r, pid, nprog, TILES, COUNT, q_offsets, kv_offsets, ZIGZAG)
+                if live:
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                     rows = m0 + cid * HALF + tl.arange(0, HALF)
                     col_lo, col_hi = band_bounds(rows, lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
@@ -259,8 +268,14 @@ def forward(
     right: int,
     scale: float,
     pipeline: bool = False,
+    plan=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` fp32 (inputs are made contiguous: TMA needs it).
+
+    ``plan``: a :class:`jagflash.core.schedule.Plan` whose forward pass has 128-row q-tiles
+    (built here, static, when not given): its cost-sorted table sets the tile order, dealt
+    zigzag for a static plan. A dynamic plan's table is walked statically all the same: the
+    producer and the consumers must agree on the order without talking.
 
     ``pipeline=True`` selects the software-pipelined consumer (version 2: QK^T of tile j in
     flight while P V of tile j-1 issues). It compiles for sm_90a but has not run on a GPU yet,
@@ -270,20 +285,28 @@ def forward(
     hkv = k.shape[1]
     out = alloc_like(q)
     lse = alloc((hq, tq), torch.float32, q.device)
-    batch = q_offsets.numel() - 1
-    n_qtiles = triton.cdiv(max_seqlen_q, BLOCK_M)
-    n_tiles = batch * hq * n_qtiles
-    if tq == 0 or n_tiles == 0:
+    if plan is None:
+        plan = make_plan(
+            q_offsets, kv_offsets, total_q=tq, total_kv=k.shape[0], heads_q=hq, heads_kv=hkv,
+            window=(left, right), block_m=BLOCK_M, block_n=BLOCK_N, max_seqlen_q=max_seqlen_q,
+            backward=False,
+        )
+    lay = plan.info.layout("fwd")
+    if lay.block_m != BLOCK_M:
+        raise ValueError(f"the plan's forward tiles have {lay.block_m} rows; this kernel takes {BLOCK_M}")
+    if tq == 0 or lay.rows == 0:
         return out, lse
     if k.shape[0] == 0:  # no keys anywhere: every row sees nothing (no descriptor over 0 rows)
         return out.zero_(), lse.fill_(float("-inf"))
-    _fwd_kernel[(min(num_workers(q.device), n_tiles),)](
+    programs = min(num_workers(q.device), lay.rows)
+    _fwd_kernel[(programs,)](
         rows_descriptor(q, BLOCK_M // 2, dim), rows_descriptor(k, BLOCK_N, dim),
         rows_descriptor(v, BLOCK_N, dim), out, lse, q_offsets, kv_offsets,
-        out.stride(0), out.stride(1), tq, hq, n_qtiles, n_tiles, scale, left, right,
+        plan.section("fwd"), plan.meta[PASSES.index("fwd"):],
+        out.stride(0), out.stride(1), tq, triton.cdiv(lay.rows, programs), scale, left, right,
         GROUP=hq // hkv, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NUM_KV=NUM_KV,
-        BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0, PIPELINE=pipeline, num_warps=4,
-        num_stages=1,
+        BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0, PIPELINE=pipeline,
+        ZIGZAG=plan.info.schedule_of("fwd") == "static" and lay.zigzag, num_warps=4, num_stages=1,
     )
     return out, lse
 
@@ -300,13 +323,13 @@ def compile_configs():
                     "desc_k": f"tensordesc<{dtype}[{BLOCK_N},{dim}]>",
                     "desc_v": f"tensordesc<{dtype}[{BLOCK_N},{dim}]>",
                     "O": f"*{dtype}", "LSE": "*fp32", "q_offsets": "*i32", "kv_offsets": "*i32",
-                    "stride_ot": "i32", "stride_oh": "i32", "total_q": "i32", "n_heads_q": "i32",
-                    "n_qtiles": "i32", "n_tiles": "i32", "scale": "fp32", "left": "i32", "right": "i32",
+                    "TILES": "*i32", "COUNT": "*i64", "stride_ot": "i32", "stride_oh": "i32",
+                    "total_q": "i32", "n_rounds": "i32", "scale": "fp32", "left": "i32", "right": "i32",
                 }
                 constexprs = {
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
                     "NUM_KV": NUM_KV, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal,
-                    "PIPELINE": pipeline,
+                    "PIPELINE": pipeline, "ZIGZAG": True,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"

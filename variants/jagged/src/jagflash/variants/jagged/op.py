@@ -76,8 +76,9 @@ def jagged_fwd(
     if choice.name == "tlx-sm90":
         from jagflash.variants.jagged import kernels_tlx_sm90
 
+        plan = _plan(plan_tiles, plan_meta, plan_info, q, k, q_offsets, kv_offsets, max_q, max_k, left, right, choice.name, ("fwd",))
         return kernels_tlx_sm90.forward(
-            q, k, v, q_offsets, kv_offsets, max_q, left=left, right=right, scale=scale
+            q, k, v, q_offsets, kv_offsets, max_q, left=left, right=right, scale=scale, plan=plan
         )
     from jagflash.variants.jagged import kernels_portable
 
