@@ -35,8 +35,10 @@ from jagflash.core.math import (
     LOG2E,
     band_bounds,
     bounds_mask,
+    dkdv_q_range,
     finish_softmax,
     kv_tile_range,
+    lse_to_log2,
     online_softmax_step,
 )
 from jagflash.core.ops import alloc, alloc_like
@@ -45,6 +47,7 @@ from jagflash.core.pipeline import (
     ring_acquire,
     ring_load,
     ring_release,
+    ring_slot,
     rows_descriptor,
     tma_load,
 )
@@ -53,29 +56,42 @@ from jagflash.core.schedule import PASSES, make_plan
 BLOCK_M = 128  # rows of a q-tile; each of the two consumer warpgroups takes half
 BLOCK_N = 128
 NUM_KV = 2  # K/V ring depth
+DKDV_BLOCK_M = 32  # q rows per step of the dK/dV pass (64 spills at D 128)
+DKDV_BLOCK_N = 128  # kv rows of a dK/dV tile; each consumer warpgroup takes half
+NUM_Q = 2  # Q/dO ring depth of the dK/dV pass
 HEAD_DIMS = (64, 128)
 
 
 @triton.jit
-def _tile(r, pid, nprog, TILES, COUNT, q_offsets, kv_offsets, ZIGZAG: tl.constexpr):
-    """The tile of round ``r`` of program ``pid``: (live, head, first row, q start, lq,
-    kv start, lk). It is row ``r * nprog + w`` of the Plan's cost-sorted forward table, ``w`` the
-    program or, on odd rounds of a zigzag schedule, its mirror. Producer and consumers call it
-    with the same arguments, so they walk the same tiles without talking to each other.
-    Starts are int32: TMA coordinates are 32-bit."""
+def _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG: tl.constexpr):
+    """Row ``r * nprog + w`` of a Plan pass's cost-sorted table, ``w`` the program or, on odd
+    rounds of a zigzag schedule, its mirror: (in range, sequence, head, first row). Producer and
+    consumers call it with the same arguments, so they walk the same tiles without talking."""
     w = pid
     if ZIGZAG:
         w = tl.where(r % 2 == 1, nprog - 1 - pid, pid)
     t = r * nprog + w
     ok = t < tl.load(COUNT).to(tl.int32)
     row = TILES + tl.where(ok, t, 0).to(tl.int64) * 3
-    b = tl.load(row, mask=ok, other=0)
-    h = tl.load(row + 1, mask=ok, other=0)
-    m0 = tl.load(row + 2, mask=ok, other=0)
+    return ok, tl.load(row, mask=ok, other=0), tl.load(row + 1, mask=ok, other=0), tl.load(row + 2, mask=ok, other=0)
+
+
+@triton.jit
+def _starts(q_offsets, kv_offsets, b):
+    """(q start, lq, kv start, lk) of sequence ``b``; int32, as TMA coordinates are 32-bit."""
     q_start = tl.load(q_offsets + b).to(tl.int32)
     lq = tl.load(q_offsets + b + 1).to(tl.int32) - q_start
     k_start = tl.load(kv_offsets + b).to(tl.int32)
     lk = tl.load(kv_offsets + b + 1).to(tl.int32) - k_start
+    return q_start, lq, k_start, lk
+
+
+@triton.jit
+def _tile(r, pid, nprog, TILES, COUNT, q_offsets, kv_offsets, ZIGZAG: tl.constexpr):
+    """The forward q-tile of round ``r`` of program ``pid``: (live, head, first row, q start,
+    lq, kv start, lk)."""
+    ok, b, h, m0 = _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG)
+    q_start, lq, k_start, lk = _starts(q_offsets, kv_offsets, b)
     return ok & (m0 < lq), h, m0, q_start, lq, k_start, lk
 
 
@@ -256,6 +272,124 @@ def _fwd_kernel(
                     tile_cnt += 1
 
 
+@triton.jit
+def _dkdv_steps(
+    dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows,
+    q_cnt, start, end, lq, lk, qk_scale2, left, right,
+    DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, NUM_Q: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
+):
+    """One consumer warpgroup's 64 kv rows against the q-tiles ``[start, end)`` of one query
+    head: S^T = K Q^T, dP^T = V dO^T on the tensor cores, then dV += P^T dO, dK += dS^T Q."""
+    for m0 in range(start, end, BLOCK_M):
+        rows = m0 + tl.arange(0, BLOCK_M)
+        # Rows past lq load LSE -inf (-> +inf: P = 0) and delta 0: they add nothing.
+        lse2 = lse_to_log2(tl.load(lse_h + rows, mask=rows < lq, other=float("-inf")))
+        delta = tl.load(delta_h + rows, mask=rows < lq, other=0.0)
+        q_buf, slot = ring_acquire(q_tiles, q_fulls, q_cnt, NUM_Q)
+        do_buf = do_tiles[slot]
+        st = tlx.async_dot(k_buf, tlx.local_trans(q_buf))
+        dpt = tlx.async_dot(v_buf, tlx.local_trans(do_buf))
+        st = tlx.async_dot_wait(1, st)
+        pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
+        if MASKED:
+            q_lo, q_hi = band_bounds(rows, lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
+            pt = tl.where(bounds_mask(kv_rows[:, None], q_lo[None, :], q_hi[None, :], BOUNDED_LEFT), pt, 0.0)
+        dpt = tlx.async_dot_wait(0, dpt)
+        dv = tlx.async_dot(pt.to(DTYPE), do_buf, dv)
+        dst = (pt * (dpt - delta[None, :])).to(DTYPE)
+        dk = tlx.async_dot(dst, q_buf, dk)
+        dk = tlx.async_dot_wait(0, dk)
+        dv = tlx.async_dot_wait(0, dv)
+        ring_release(q_empties, slot)
+        q_cnt += 1
+    return dk, dv, q_cnt
+
+
+@triton.jit
+def _dkdv_kernel(
+    desc_q, desc_k, desc_v, desc_do, DK, DV, LSE, DELTA, q_offsets, kv_offsets, TILES, COUNT,
+    stride_dkt, stride_dkh, stride_dvt, stride_dvh, total_q, n_rounds, scale, left, right,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_Q: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+    ZIGZAG: tl.constexpr,
+):
+    """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
+    the GQA group. A producer streams K/V once per tile and Q/dO through a ring of NUM_Q slots;
+    two consumer warpgroups take 64 kv rows each and share every Q/dO slot. dQ and delta come
+    from the portable dQ pass, which runs first."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    dtype: tl.constexpr = tlx.dtype_of(desc_q)
+    ELEM: tl.constexpr = tlx.size_of(dtype)
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+
+    k_tiles = tlx.local_alloc((HALF, HEAD_DIM), dtype, 2)
+    v_tiles = tlx.local_alloc((HALF, HEAD_DIM), dtype, 2)
+    q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_Q)
+    do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_Q)
+    kv_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    kv_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    q_fulls = tlx.alloc_barriers(num_barriers=NUM_Q, arrive_count=1)
+    q_empties = tlx.alloc_barriers(num_barriers=NUM_Q, arrive_count=2)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default", registers=24):  # producer: TMA loads
+            q_cnt = 0
+            tile_cnt = 0
+            for r in range(0, n_rounds):
+                ok, b, hk, n0 = _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG)
+                q_start, lq, k_start, lk = _starts(q_offsets, kv_offsets, b)
+                if ok & (n0 < lk):
+                    lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                    for c in tl.static_range(2):
+                        tlx.barrier_wait(kv_empties[c], (tile_cnt & 1) ^ 1)
+                        tlx.barrier_expect_bytes(kv_fulls[c], 2 * ELEM * HALF * HEAD_DIM)
+                        tlx.async_descriptor_load(desc_k, k_tiles[c], [k_start + n0 + c * HALF, hk * HEAD_DIM], kv_fulls[c])
+                        tlx.async_descriptor_load(desc_v, v_tiles[c], [k_start + n0 + c * HALF, hk * HEAD_DIM], kv_fulls[c])
+                    for g in range(GROUP):
+                        col = (hk * GROUP + g) * HEAD_DIM
+                        for m0 in range(lo, hi, BLOCK_M):
+                            slot, phase = ring_slot(q_cnt, NUM_Q)
+                            tlx.barrier_wait(q_empties[slot], phase ^ 1)
+                            tlx.barrier_expect_bytes(q_fulls[slot], 2 * ELEM * BLOCK_M * HEAD_DIM)
+                            tlx.async_descriptor_load(desc_q, q_tiles[slot], [q_start + m0, col], q_fulls[slot])
+                            tlx.async_descriptor_load(desc_do, do_tiles[slot], [q_start + m0, col], q_fulls[slot])
+                            q_cnt += 1
+                    tile_cnt += 1
+
+        with tlx.async_task(num_warps=4, registers=240, replicate=2):  # consumers
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            qk_scale2 = scale * LOG2E
+            q_cnt = 0
+            tile_cnt = 0
+            for r in range(0, n_rounds):
+                ok, b, hk, n0 = _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG)
+                q_start, lq, k_start, lk = _starts(q_offsets, kv_offsets, b)
+                if ok & (n0 < lk):
+                    lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                    kv_rows = n0 + cid * HALF + tl.arange(0, HALF)
+                    tlx.barrier_wait(kv_fulls[cid], tile_cnt & 1)
+                    k_buf = k_tiles[cid]
+                    v_buf = v_tiles[cid]
+                    dk = tl.zeros([HALF, HEAD_DIM], tl.float32)
+                    dv = tl.zeros([HALF, HEAD_DIM], tl.float32)
+                    for g in range(GROUP):
+                        head_row = (hk * GROUP + g).to(tl.int64) * total_q + q_start
+                        lse_h = LSE + head_row
+                        delta_h = DELTA + head_row
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, lo, full_lo, lq, lk, qk_scale2, left, right, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_lo, full_hi, lq, lk, qk_scale2, left, right, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_hi, hi, lq, lk, qk_scale2, left, right, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+                    tlx.barrier_arrive(kv_empties[cid], 1)
+                    valid = kv_rows < lk
+                    offs_d = tl.arange(0, HEAD_DIM)
+                    out_rows = (k_start + kv_rows).to(tl.int64)
+                    tl.store(DK + out_rows[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :], (dk * scale).to(dtype), mask=valid[:, None])
+                    tl.store(DV + out_rows[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :], dv.to(dtype), mask=valid[:, None])
+                    tile_cnt += 1
+
+
 def forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -311,6 +445,59 @@ def forward(
     return out, lse
 
 
+def backward_dkdv(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lse: torch.Tensor,
+    delta: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    *,
+    left: int,
+    right: int,
+    scale: float,
+    plan=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """dK ``[Tk, Hkv, D]`` and dV of jagged attention, given LSE and delta = rowsum(dO * O)
+    (both ``[Hq, Tq]`` fp32; the portable dQ pass computes delta). Not yet run on a GPU: no
+    backend uses it until ``test_tlx_sm90.py::test_tlx_dkdv_matches_reference`` passes."""
+    q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
+    tq, hq, dim = q.shape
+    hkv = k.shape[1]
+    dk, dv = alloc_like(k), alloc_like(v)
+    if plan is None:
+        plan = make_plan(
+            q_offsets, kv_offsets, total_q=tq, total_kv=k.shape[0], heads_q=hq, heads_kv=hkv,
+            window=(left, right), block_m=BLOCK_M, block_n=BLOCK_N,
+            dkdv_blocks=(DKDV_BLOCK_M, DKDV_BLOCK_N), backward=True,
+        )
+    lay = plan.info.layout("dkdv")
+    if (lay.block_m, lay.block_n) != (DKDV_BLOCK_M, DKDV_BLOCK_N):
+        raise ValueError(
+            f"the plan's dK/dV tiles are {lay.block_m}x{lay.block_n}; this kernel takes "
+            f"{DKDV_BLOCK_M}x{DKDV_BLOCK_N}"
+        )
+    if k.shape[0] == 0 or lay.rows == 0:
+        return dk, dv
+    if tq == 0:  # no queries anywhere: no gradient (and no descriptor over 0 rows)
+        return dk.zero_(), dv.zero_()
+    programs = min(num_workers(q.device), lay.rows)
+    _dkdv_kernel[(programs,)](
+        rows_descriptor(q, DKDV_BLOCK_M, dim), rows_descriptor(k, DKDV_BLOCK_N // 2, dim),
+        rows_descriptor(v, DKDV_BLOCK_N // 2, dim), rows_descriptor(dout, DKDV_BLOCK_M, dim),
+        dk, dv, lse, delta, q_offsets, kv_offsets,
+        plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):],
+        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), tq,
+        triton.cdiv(lay.rows, programs), scale, left, right,
+        GROUP=hq // hkv, HEAD_DIM=dim, BLOCK_M=DKDV_BLOCK_M, BLOCK_N=DKDV_BLOCK_N, NUM_Q=NUM_Q,
+        BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
+        ZIGZAG=plan.info.schedule_of("dkdv") == "static" and lay.zigzag, num_warps=4, num_stages=1,
+    )
+    return dk, dv
+
+
 def compile_configs():
     """Every configuration :func:`forward` launches, for the sm_90a compile check on the CPU:
     ``(name, kernel, signature, constexprs, options)``."""
@@ -337,6 +524,30 @@ def compile_configs():
                     f"tlx_fwd{'' if pipeline else '_v1'} {dtype} d{dim}{' causal' if causal else ''}",
                     _fwd_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
+                ))
+            for causal in (False, True):
+                signature = {
+                    "desc_q": f"tensordesc<{dtype}[{DKDV_BLOCK_M},{dim}]>",
+                    "desc_k": f"tensordesc<{dtype}[{DKDV_BLOCK_N // 2},{dim}]>",
+                    "desc_v": f"tensordesc<{dtype}[{DKDV_BLOCK_N // 2},{dim}]>",
+                    "desc_do": f"tensordesc<{dtype}[{DKDV_BLOCK_M},{dim}]>",
+                    "DK": f"*{dtype}", "DV": f"*{dtype}", "LSE": "*fp32", "DELTA": "*fp32",
+                    "q_offsets": "*i32", "kv_offsets": "*i32", "TILES": "*i32", "COUNT": "*i64",
+                    "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32",
+                    "total_q": "i32", "n_rounds": "i32", "scale": "fp32", "left": "i32", "right": "i32",
+                }
+                constexprs = {
+                    "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": DKDV_BLOCK_M, "BLOCK_N": DKDV_BLOCK_N,
+                    "NUM_Q": NUM_Q, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal, "ZIGZAG": True,
+                }
+                for name in constexprs:
+                    signature[name] = "constexpr"
+                # Known spills of this first dK/dV version (dK and dV of 64 x D fp32 each stay
+                # in registers beside the S^T / dP^T tiles): bench/NOTES.md.
+                known_spill = {64: 32, 128: 512}[dim]
+                configs.append((
+                    f"tlx_dkdv {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
+                    signature, constexprs, {"num_warps": 4, "num_stages": 1}, known_spill,
                 ))
     return configs
 
