@@ -113,33 +113,6 @@ def _dq_loop(
 
 
 @triton.jit
-def attn_bwd_dq_tile(
-    q_base, k_base, v_base, o_base, do_base, dq_base, lse_base, delta_base,
-    stride_qm, stride_km, stride_vm, stride_om, stride_dom, stride_dqm,
-    m0, lq, lk, scale, left, right,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
-):
-    """dQ for the q-tile at row ``m0``; also stores delta = rowsum(dO * O) for the dK/dV pass."""
-    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    q = load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
-    do = load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
-    o = load_rows(o_base + offs_m[:, None] * stride_om + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(delta_base + offs_m, delta, mask=offs_m < lq)
-    lse2 = lse_to_log2(tl.load(lse_base + offs_m, mask=offs_m < lq, other=float("-inf")))
-    qk_scale2 = scale * LOG2E
-    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
-    dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, lo, full_lo, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
-    dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_lo, full_hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, False)
-    dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_hi, hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
-    store_rows(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], (dq * scale).to(dq_base.dtype.element_ty), offs_m, lq, offs_d, HEAD_DIM, EVEN_D)
-
-
-@triton.jit
 def attn_bwd_dq_acc(
     q_base, k_base, v_base, o_base, do_base, lse_base, delta_base,
     stride_qm, stride_km, stride_vm, stride_om, stride_dom,
@@ -151,7 +124,7 @@ def attn_bwd_dq_acc(
     ``[BLOCK_M, BLOCK_D]`` tile *not yet multiplied by* ``scale`` (a caller summing over several
     sequences multiplies once); stores delta = rowsum(dO * O) like :func:`attn_bwd_dq_tile`.
 
-    The same math as :func:`attn_bwd_dq_tile`, for callers that reduce dQ across K/V sequences
+    :func:`attn_bwd_dq_tile` stores it; callers that reduce dQ across K/V sequences do that
     themselves: in registers, in order (deterministic), or with :func:`atomic_add_rows`.
     """
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
@@ -170,6 +143,25 @@ def attn_bwd_dq_acc(
     dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_lo, full_hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, False)
     dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_hi, hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
     return dq
+
+
+@triton.jit
+def attn_bwd_dq_tile(
+    q_base, k_base, v_base, o_base, do_base, dq_base, lse_base, delta_base,
+    stride_qm, stride_km, stride_vm, stride_om, stride_dom, stride_dqm,
+    m0, lq, lk, scale, left, right,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+):
+    """dQ for the q-tile at row ``m0``; also stores delta = rowsum(dO * O) for the dK/dV pass."""
+    dq = attn_bwd_dq_acc(
+        q_base, k_base, v_base, o_base, do_base, lse_base, delta_base,
+        stride_qm, stride_km, stride_vm, stride_om, stride_dom, m0, lq, lk, scale, left, right,
+        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BOUNDED_LEFT, BOUNDED_RIGHT,
+    )
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    store_rows(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], (dq * scale).to(dq_base.dtype.element_ty), offs_m, lq, offs_d, HEAD_DIM, BLOCK_D == HEAD_DIM)
 
 
 @triton.jit
