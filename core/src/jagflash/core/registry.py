@@ -14,6 +14,7 @@ installed variant for that layout whether it can run the problem, calls the firs
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,6 +90,23 @@ def broken_variants() -> dict[str, str]:
     return dict(_broken)
 
 
+def _neutral(name: str, value: Any) -> bool:
+    """Whether a front-door keyword asks for nothing (so a variant without it may ignore it)."""
+    if name == "window":
+        return value is None or tuple(value) == (-1, -1)
+    return value is None or value is False
+
+
+def _accepted(run: Callable[..., Any], call: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of ``call`` to pass to ``run``: those it takes, less the neutral ones it does
+    not (``causal=False`` for a variant without a mask, ``q_offsets=None`` for dense). Anything
+    else reaches it and fails loudly; the spec has refused unsupported features before."""
+    params = inspect.signature(run).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return call
+    return {k: v for k, v in call.items() if k in params or not _neutral(k, v)}
+
+
 def _layout(q: torch.Tensor, q_offsets: object, kv_offsets: object) -> str:
     if q_offsets is not None and kv_offsets is not None:
         return "jagged"
@@ -123,7 +141,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call: Any) ->
             continue
         rs = not_supported_reasons(var.spec, var.problem(q, k, v, **call), call.get("backend"))
         if not rs:
-            return var.run(q, k, v, **call)
+            return var.run(q, k, v, **_accepted(var.run, call))
         reasons.extend(f"{name}: {r}" for r in rs)
     reasons.extend(f"{name}: failed to load ({err})" for name, err in broken_variants().items())
     if not reasons:

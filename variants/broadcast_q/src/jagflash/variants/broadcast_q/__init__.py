@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from jagflash.core.jagged import check_offsets
@@ -83,18 +81,4 @@ def broadcast_q_attention(
     return (out, lse) if return_lse else out
 
 
-def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call: Any) -> Any:
-    """The front door's call. It hands every variant ``causal``, ``window`` and ``q_offsets``;
-    at their neutral values they mean nothing here and are dropped. Other values never get
-    here: SPEC has no causal or window feature, so the front door refuses those with that
-    reason, and a ``q_offsets`` makes the layout jagged."""
-    if not call.get("causal", False):
-        call.pop("causal", None)
-    if call.get("window") is None or tuple(call["window"]) == (-1, -1):
-        call.pop("window", None)
-    if call.get("q_offsets") is None:
-        call.pop("q_offsets", None)
-    return broadcast_q_attention(q, k, v, **call)
-
-
-VARIANT = Variant(spec=SPEC, problem=call_problem("broadcast_q"), run=_run, priority=0)
+VARIANT = Variant(spec=SPEC, problem=call_problem("broadcast_q"), run=broadcast_q_attention, priority=0)
