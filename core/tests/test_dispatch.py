@@ -97,3 +97,12 @@ def test_forward_only_backend_hands_its_backward_on() -> None:
     choice = select(spec, bwd, torch.device("cpu"), "tlx-sm90")
     assert choice.name != "tlx-sm90"
     assert "tlx-sm90 has no backward" in choice.why
+
+
+def test_front_door_drops_neutral_flags_a_variant_does_not_take() -> None:
+    d = make_dense(1, 4, 4, 2, 2, 32, torch.float32, "cpu", requires_grad=False)
+    out = jc.attention(
+        d["q"], d["k"], d["v"], causal=False, window=(-1, -1), q_offsets=None, kv_offsets=None,
+        backend="reference",
+    )
+    assert out.shape == d["q"].shape
