@@ -298,6 +298,15 @@ def plan_tile(TILES, i, count):
     return tl.load(row, mask=ok, other=0), tl.load(row + 1, mask=ok, other=0), tl.load(row + 2, mask=ok, other=0)
 
 
+@triton.jit
+def plan_next(i, r, pid, n_workers, TILES, count, COUNTER, DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr):
+    """The next tile of worker ``pid`` after slot ``i`` of round ``r``: ``(slot, sequence, head,
+    first row, round)``, its table row loaded (so it is in flight while the current tile runs)."""
+    i, r = sched_next(i, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
+    b, h, start = plan_tile(TILES, i, count)
+    return i, b, h, start, r
+
+
 def block_config(backend: str, head_dim: int, pass_: str) -> dict[str, int]:
     """Tile sizes and launch options for one pass (``fwd``, ``dq`` or ``dkdv``) of the portable
     kernels. Under the interpreter every tile iteration costs about the same whatever its size,

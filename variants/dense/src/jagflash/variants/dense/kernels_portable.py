@@ -20,9 +20,9 @@ from jagflash.core.portable import (
     attn_fwd_tile,
     block_config,
     launch_options,
+    plan_next,
     plan_tile,
     sched_first,
-    sched_next,
 )
 from jagflash.core.schedule import Plan, launch
 
@@ -42,8 +42,7 @@ def _fwd_kernel(
     i, r = sched_first(pid, COUNTER, DYNAMIC)
     b, h, m0 = plan_tile(TILES, i, count)
     while i < count:
-        i_n, r = sched_next(i, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
-        b_n, h_n, m0_n = plan_tile(TILES, i_n, count)  # in flight while this tile runs
+        i_n, b_n, h_n, m0_n, r = plan_next(i, r, pid, n_workers, TILES, count, COUNTER, DYNAMIC, ZIGZAG)
         bb = b.to(tl.int64)
         hk = h // GROUP
         attn_fwd_tile(
@@ -75,8 +74,7 @@ def _dq_kernel(
     i, r = sched_first(pid, COUNTER, DYNAMIC)
     b, h, m0 = plan_tile(TILES, i, count)
     while i < count:
-        i_n, r = sched_next(i, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
-        b_n, h_n, m0_n = plan_tile(TILES, i_n, count)  # in flight while this tile runs
+        i_n, b_n, h_n, m0_n, r = plan_next(i, r, pid, n_workers, TILES, count, COUNTER, DYNAMIC, ZIGZAG)
         bb = b.to(tl.int64)
         hk = h // GROUP
         row = (bb * n_heads_q + h) * lq
@@ -111,8 +109,7 @@ def _dkdv_kernel(
     i, r = sched_first(pid, COUNTER, DYNAMIC)
     b, hk, n0 = plan_tile(TILES, i, count)
     while i < count:
-        i_n, r = sched_next(i, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
-        b_n, h_n, n0_n = plan_tile(TILES, i_n, count)  # in flight while this tile runs
+        i_n, b_n, h_n, n0_n, r = plan_next(i, r, pid, n_workers, TILES, count, COUNTER, DYNAMIC, ZIGZAG)
         bb = b.to(tl.int64)
         h = hk * GROUP
         lse_row = (bb * n_heads_kv * GROUP + h) * lq

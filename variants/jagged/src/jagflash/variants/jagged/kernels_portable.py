@@ -26,9 +26,9 @@ from jagflash.core.portable import (
     block_config,
     launch_options,
     locate_sequence,
+    plan_next,
     plan_tile,
     sched_first,
-    sched_next,
 )
 from jagflash.core.schedule import Plan, launch
 
@@ -41,8 +41,7 @@ def _prologue(TILES, count, q_offsets, kv_offsets, pid, n_workers, COUNTER, DYNA
     b, h, start = plan_tile(TILES, i, count)
     q_start, lq = locate_sequence(q_offsets, b)
     k_start, lk = locate_sequence(kv_offsets, b)
-    i_n, r = sched_next(i, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
-    b_n, h_n, start_n = plan_tile(TILES, i_n, count)
+    i_n, b_n, h_n, start_n, r = plan_next(i, r, pid, n_workers, TILES, count, COUNTER, DYNAMIC, ZIGZAG)
     return i, h, start, q_start, lq, k_start, lk, i_n, b_n, h_n, start_n, r
 
 
@@ -61,8 +60,7 @@ def _fwd_kernel(
     while i < count:
         q_start_n, lq_n = locate_sequence(q_offsets, b_n)
         k_start_n, lk_n = locate_sequence(kv_offsets, b_n)
-        i_nn, r = sched_next(i_n, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
-        b_nn, h_nn, m0_nn = plan_tile(TILES, i_nn, count)
+        i_nn, b_nn, h_nn, m0_nn, r = plan_next(i_n, r, pid, n_workers, TILES, count, COUNTER, DYNAMIC, ZIGZAG)
         hk = h // GROUP
         attn_fwd_tile(
             Q + q_start * stride_qt + h * stride_qh,
@@ -94,8 +92,7 @@ def _dq_kernel(
     while i < count:
         q_start_n, lq_n = locate_sequence(q_offsets, b_n)
         k_start_n, lk_n = locate_sequence(kv_offsets, b_n)
-        i_nn, r = sched_next(i_n, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
-        b_nn, h_nn, m0_nn = plan_tile(TILES, i_nn, count)
+        i_nn, b_nn, h_nn, m0_nn, r = plan_next(i_n, r, pid, n_workers, TILES, count, COUNTER, DYNAMIC, ZIGZAG)
         hk = h // GROUP
         row = h.to(tl.int64) * total_q + q_start
         attn_bwd_dq_tile(
@@ -130,8 +127,7 @@ def _dkdv_kernel(
     while i < count:
         q_start_n, lq_n = locate_sequence(q_offsets, b_n)
         k_start_n, lk_n = locate_sequence(kv_offsets, b_n)
-        i_nn, r = sched_next(i_n, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
-        b_nn, h_nn, n0_nn = plan_tile(TILES, i_nn, count)
+        i_nn, b_nn, h_nn, n0_nn, r = plan_next(i_n, r, pid, n_workers, TILES, count, COUNTER, DYNAMIC, ZIGZAG)
         h = hk * GROUP
         attn_bwd_dkdv_tile(
             Q + q_start * stride_qt + h * stride_qh,
