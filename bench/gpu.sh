@@ -14,12 +14,13 @@
 # Make the bundles first with ../shared/tools/gpu-bundle and ../shared/tools/fa4-bundle.
 #
 # Steps (default: ceilings tests demo bench, in this order): ceilings (versions + bf16 matmul and
-# copy ceilings), tests (pytest -m "gpu or sm90" on core and variants), demo
+# copy ceilings), tlx-tests (the TLX kernels' sm90 tests alone, first), tests (pytest -m "gpu or sm90" on core and variants), demo
 # (jagflash.variants.jagged.demo), tlx-ab (TLX forward v1 vs v2), schedule-ab (schedules none /
-# static / dynamic, plan build time), bench (python -m jagflash.bench; arguments after `--`).
+# static / dynamic, plan build time), probe (python $PROBE, a one-off measurement script), bench (python -m jagflash.bench; arguments after `--`).
 # A failing step does not stop the next. Everything a step prints is tee'd to $OUT/<step>.log; the bench writes
 # $OUT/bench/{results.csv,results.md,tflops_*.png,meta.json,rows.jsonl}. The short bench table is
-# printed last.
+# printed last; at the end everything under $OUT is packed into $OUT/gpu-out.tgz (the device tool
+# brings back at most 8 files).
 #
 # Time: the whole script ends within GPU_SH_LIMIT_S seconds (default 560, for a 600 s call). Each
 # step has a timeout; the bench gets what is left (minus a margin) as --budget-s and trims its
@@ -33,7 +34,9 @@
 # run in a bench worker whose PYTHONPATH drops /tmp/tlx (the host's Triton 3.6 for torch.compile).
 #
 # Environment knobs: OUT (default /tmp/gpu-out), PYTHON (python3), GPU_SH_LIMIT_S (560),
-# TESTS_TIMEOUT_S (170), DEMO_TIMEOUT_S (60), JAGFLASH_GIT_COMMIT (the commit to record).
+# TESTS_TIMEOUT_S (170), TESTS_PATHS (core variants), TLX_TESTS_K (a pytest -k for tlx-tests),
+# TLX_TESTS_TIMEOUT_S (220), PROBE, PROBE_TIMEOUT_S (180), DEMO_TIMEOUT_S (60), JAGFLASH_GIT_COMMIT
+# (the commit to record).
 
 set -u
 START=$(date +%s)
@@ -49,8 +52,8 @@ bench_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --) shift; bench_args=("$@"); break ;;
-        ceilings|tests|demo|tlx-ab|schedule-ab|bench) steps+=("$1"); shift ;;
-        *) echo "gpu.sh: unknown step '$1' (steps: ceilings tests demo tlx-ab schedule-ab bench; bench args after --)" >&2; exit 2 ;;
+        ceilings|tlx-tests|tests|demo|tlx-ab|schedule-ab|probe|bench) steps+=("$1"); shift ;;
+        *) echo "gpu.sh: unknown step '$1' (steps: ceilings tlx-tests tests demo tlx-ab schedule-ab probe bench; bench args after --)" >&2; exit 2 ;;
     esac
 done
 [ ${#steps[@]} -eq 0 ] && steps=(ceilings tests demo bench)
@@ -148,15 +151,22 @@ has_step bench && bench_reserve=150   # what the later steps leave the bench at 
 if has_step ceilings; then
     run_step ceilings "$(cap 60 "$bench_reserve")" "$PY" -m jagflash.bench --ceilings
 fi
+# Without installed distributions there is no pytest11 entry point: load the plugin by name
+# (but not twice where the testing distribution is installed, pytest refuses that).
+plugin=(-p jagflash.testing.plugin)
+if "$PY" -c "import importlib.metadata as m, sys; sys.exit(not any(e.value.startswith('jagflash.testing') for e in m.entry_points(group='pytest11')))" 2>/dev/null; then
+    plugin=()
+fi
+TLX_TESTS=variants/jagged/tests/test_tlx_sm90.py
+if has_step tlx-tests; then  # the TLX kernels' own tests first: they decide the next step
+    run_step tlx-tests "$(cap "${TLX_TESTS_TIMEOUT_S:-220}" "$bench_reserve")" \
+        "$PY" -m pytest ${plugin[@]+"${plugin[@]}"} -m sm90 --maxfail=40 -q -p no:cacheprovider -rf ${TLX_TESTS_K:+-k "$TLX_TESTS_K"} "$TLX_TESTS"
+fi
 if has_step tests; then
-    # Without installed distributions there is no pytest11 entry point: load the plugin by name
-    # (but not twice where the testing distribution is installed, pytest refuses that).
-    plugin=(-p jagflash.testing.plugin)
-    if "$PY" -c "import importlib.metadata as m, sys; sys.exit(not any(e.value.startswith('jagflash.testing') for e in m.entry_points(group='pytest11')))" 2>/dev/null; then
-        plugin=()
-    fi
+    ignore=()
+    has_step tlx-tests && ignore=(--ignore "$TLX_TESTS")
     run_step tests "$(cap "${TESTS_TIMEOUT_S:-170}" "$bench_reserve")" \
-        "$PY" -m pytest ${plugin[@]+"${plugin[@]}"} -m "gpu or sm90" --maxfail=20 -q -p no:cacheprovider core variants
+        "$PY" -m pytest ${plugin[@]+"${plugin[@]}"} -m "gpu or sm90" --maxfail=20 -q -p no:cacheprovider ${ignore[@]+"${ignore[@]}"} ${TESTS_PATHS:-core variants}
 fi
 if has_step demo; then
     run_step demo "$(cap "${DEMO_TIMEOUT_S:-60}" "$bench_reserve")" "$PY" -m jagflash.variants.jagged.demo
@@ -167,6 +177,9 @@ fi
 if has_step schedule-ab; then  # portable kernels with schedule none / static / dynamic, plan build time
     run_step schedule-ab "$(cap 200 "$bench_reserve")" bash -c \
         "$PY -m jagflash.core.schedule --bench && $PY -m jagflash.variants.jagged.ab_schedules --reps 50"
+fi
+if has_step probe; then  # a one-off measurement script: PROBE=path/to/script.py
+    run_step probe "$(cap "${PROBE_TIMEOUT_S:-180}" "$bench_reserve")" "$PY" "${PROBE:-bench/probe.py}"
 fi
 if has_step bench; then
     budget=$(( $(left) - 45 ))
@@ -188,6 +201,11 @@ done
 if has_step ceilings; then
     grep -h "ceilings:" "$OUT/ceilings.log" 2>/dev/null | tail -1
 fi
+if has_step tlx-tests; then
+    echo "-- tlx-tests (tail):"
+    grep -E "^(FAILED|ERROR)" "$OUT/tlx-tests.log" 2>/dev/null | tail -20
+    tail -n 1 "$OUT/tlx-tests.log" 2>/dev/null
+fi
 if has_step tests; then
     echo "-- tests (tail):"
     grep -E "^(FAILED|ERROR)" "$OUT/tests.log" 2>/dev/null | tail -10
@@ -201,3 +219,7 @@ if has_step bench; then
     echo "-- bench: $OUT/bench/results.md, results.csv, tflops_*.png"
     cat "$OUT/bench/summary.txt" 2>/dev/null || echo "(no bench summary)"
 fi
+
+# The device tool brings back at most 8 files: pack everything into one archive.
+( cd "$OUT" && tar -czf /tmp/gpu-out.tgz --exclude=gpu-out.tgz . && find . -mindepth 1 -delete && mv /tmp/gpu-out.tgz . ) \
+    && echo "[gpu.sh] everything written is in $OUT/gpu-out.tgz"

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import jagflash.core as jc
-from jagflash.core.backend import last_choice, portable_family, select, tlx_sm90_backend
+from jagflash.core.backend import (
+    last_choice,
+    plan_backend,
+    portable_family,
+    select,
+    tlx_sm90_backend,
+)
 from jagflash.core.capability import (
     InvalidInput,
     Problem,
@@ -87,16 +95,26 @@ def test_front_door_refuses_with_each_variants_reasons() -> None:
 
 
 def test_forward_only_backend_hands_its_backward_on() -> None:
-    spec = VariantSpec("toy2", frozenset({"jagged"}), (*SPEC.backends, tlx_sm90_backend(frozenset({"causal"}))))
+    fwd_only = dataclasses.replace(tlx_sm90_backend(frozenset({"causal"})), name="fwd-only", head_dims_bwd=frozenset())
+    spec = VariantSpec("toy2", frozenset({"jagged"}), (*SPEC.backends, fwd_only))
     fwd = _problem(device_type="cpu", dtype=torch.float32)
     with pytest.raises(UnsupportedProblem) as info:
-        select(spec, fwd, torch.device("cpu"), "tlx-sm90")
+        select(spec, fwd, torch.device("cpu"), "fwd-only")
     assert "device cpu not in {cuda}" in str(info.value)
     bwd = _problem(device_type="cpu", dtype=torch.float32, backward=True)
-    assert "backward not implemented (forward only)" in spec.backend("tlx-sm90").reasons(bwd)
-    choice = select(spec, bwd, torch.device("cpu"), "tlx-sm90")
-    assert choice.name != "tlx-sm90"
-    assert "tlx-sm90 has no backward" in choice.why
+    assert "backward not implemented (forward only)" in spec.backend("fwd-only").reasons(bwd)
+    choice = select(spec, bwd, torch.device("cpu"), "fwd-only")
+    assert choice.name != "fwd-only"
+    assert "fwd-only has no backward" in choice.why
+
+
+def test_look_ahead_choice_records_nothing() -> None:
+    spec = VariantSpec("toy3", frozenset({"jagged"}), (tlx_sm90_backend(frozenset({"causal"})), *SPEC.backends))
+    problem = _problem(device_type="cpu", dtype=torch.float32)
+    name = plan_backend(spec, problem, torch.device("cpu"), None)
+    assert name == select(spec, problem, torch.device("cpu"), record=False).name != "tlx-sm90"
+    assert last_choice("toy3") is None
+    assert plan_backend(spec, problem, torch.device("cpu"), "tlx-sm90") == "portable"  # refused: any
 
 
 def test_front_door_drops_neutral_flags_a_variant_does_not_take() -> None:

@@ -1,5 +1,7 @@
-"""The TLX (Hopper) forward kernel against the fp64 reference, both consumer versions.
-Needs an sm_90 GPU and TLX."""
+"""The TLX (Hopper) kernels against the fp64 reference: the forward's two consumer versions
+under each schedule, the dK/dV pass, and the tlx-sm90 backend through the public functions
+(forward and backward, dense and jagged, bitwise-repeatable backward). Needs an sm_90 GPU and
+TLX."""
 
 from __future__ import annotations
 
@@ -68,31 +70,68 @@ def test_tlx_forward_matches_reference(name, causal, head_dim, dtype, pipeline, 
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_tlx_backend_through_the_public_function(causal) -> None:
-    """backend="tlx-sm90": forward on TLX, backward handed on to the portable kernels."""
+def test_tlx_backend_is_the_default_forward_and_backward(causal) -> None:
+    """No backend= on an H200: the TLX forward, then the TLX backward (portable dQ pass + TLX
+    dK/dV pass), on the plan the call lays out for them."""
     from jagflash.core.backend import last_choice
     from jagflash.variants.jagged import jagged_attention
 
-    case = JaggedCase(_lognormal(16, 1), _lognormal(16, 1), hq=8, hkv=2, head_dim=128, dtype=torch.bfloat16, causal=causal)
+    lens = (*_lognormal(16, 1), 0)
+    case = JaggedCase(lens, lens, hq=8, hkv=2, head_dim=128, dtype=torch.bfloat16, causal=causal)
     t = case.build("cuda")
     dout = t.pop("dout")
 
     def kernel(q, k, v, q_offsets, kv_offsets):
-        out = jagged_attention(q, k, v, q_offsets, kv_offsets, causal=causal, return_lse=True, backend="tlx-sm90")
+        out = jagged_attention(q, k, v, q_offsets, kv_offsets, causal=causal, return_lse=True)
         assert last_choice("jagged").name == "tlx-sm90"
         return out
 
     check_against_reference(kernel, _reference(causal), t, atol=SPEC.atol[torch.bfloat16], dout=dout)
-    assert last_choice("jagged").name == "portable"
-    assert "tlx-sm90 has no backward" in last_choice("jagged").why
+    assert last_choice("jagged").name == "tlx-sm90"
+
+
+@pytest.mark.parametrize(("nq", "nk", "hq", "hkv", "head_dim", "causal"), [(300, 300, 4, 4, 128, True), (200, 333, 8, 2, 64, False), (333, 200, 4, 1, 128, True)])
+def test_dense_tlx_forward_and_backward(nq, nk, hq, hkv, head_dim, causal) -> None:
+    from jagflash.core.backend import last_choice
+    from jagflash.testing import dense_reference, make_dense
+    from jagflash.variants.dense import SPEC as DENSE
+    from jagflash.variants.dense import dense_attention
+
+    t = make_dense(2, nq, nk, hq, hkv, head_dim, torch.float16, "cuda", seed=nq + nk)
+    dout = t.pop("dout")
+
+    def kernel(q, k, v):
+        return dense_attention(q, k, v, causal=causal, return_lse=True)
+
+    def reference(q, k, v, dtype):
+        return dense_reference(q, k, v, causal=causal, dtype=dtype)
+
+    check_against_reference(kernel, reference, t, atol=DENSE.atol[torch.float16], dout=dout)
+    assert last_choice("dense").name == "tlx-sm90"
+
+
+def test_tlx_backward_is_bitwise_repeatable() -> None:
+    """100 backward runs of one causal GQA batch give the same bits (no atomics anywhere)."""
+    from jagflash.variants.jagged import jagged_attention, make_plan
+
+    lens = _lognormal(12, 3)
+    t = JaggedCase(lens, lens, hq=8, hkv=2, head_dim=128, dtype=torch.bfloat16, causal=True).build("cuda")
+    q, k, v, qo, ko, dout = (t[n] for n in ("q", "k", "v", "q_offsets", "kv_offsets", "dout"))
+    plan = make_plan(q, k, qo, ko, causal=True)
+    out = jagged_attention(q, k, v, qo, ko, causal=True, plan=plan)
+    first = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    for _ in range(99):
+        again = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_lt_lk", "cross_lq_gt_lk", "lognormal"])
 def test_tlx_dkdv_matches_reference(name, causal, head_dim) -> None:
-    """The TLX dK/dV pass (not yet used by any backend) against autograd through the reference,
-    given the reference's LSE and delta."""
+    """The TLX dK/dV pass alone against autograd through the reference, given the reference's
+    LSE and delta."""
     from jagflash.core import tlx_attention
     from jagflash.core.tolerance import assert_close_all
 

@@ -3,7 +3,7 @@
 Backends, fastest first (a variant's spec lists the ones it has, in this order):
 
 =============  ============================================================================
-``tlx-sm90``   TLX warp-specialised kernels, Hopper only (a later variant backend)
+``tlx-sm90``   TLX warp-specialised kernels, Hopper only
 ``portable``   stock Triton kernels on a CUDA GPU
 ``interpreter`` the same stock Triton kernels run by Triton's interpreter on the CPU
                (``TRITON_INTERPRET=1`` must be set before jagflash's kernels are imported)
@@ -34,11 +34,13 @@ from jagflash.core.capability import BackendSpec, Problem, UnsupportedProblem, V
 __all__ = [
     "BACKENDS",
     "PORTABLE_HEAD_DIMS",
+    "TLX_SM90_BLOCKS",
     "BackendChoice",
     "FallbackWarning",
     "device_capability",
     "interpreter_reasons",
     "last_choice",
+    "plan_backend",
     "portable_family",
     "portable_reasons",
     "select",
@@ -147,8 +149,12 @@ def select(
     problem: Problem,
     device: torch.device,
     requested: str | None = None,
+    *,
+    record: bool = True,
 ) -> BackendChoice:
-    """Pick the backend of ``spec`` that runs ``problem`` (see the module docstring)."""
+    """Pick the backend of ``spec`` that runs ``problem`` (see the module docstring).
+    ``record=False``: a look-ahead (:func:`plan_backend`), which neither warns nor changes
+    :func:`last_choice`."""
     problem = problem.with_capability(device_capability(device))
     how = "backend= argument"
     if requested is None and os.environ.get(ENV_VAR):
@@ -191,24 +197,41 @@ def select(
             raise UnsupportedProblem(
                 spec.name, [f"{name}: {r}" for name, rs in tried.items() for r in rs]
             )
-        if choice.name == "reference" and tried:
+        if choice.name == "reference" and tried and record:
             warnings.warn(
                 f"{spec.name}: falling back to the slow PyTorch reference; "
                 + "; ".join(f"{n}: {', '.join(rs)}" for n, rs in tried.items()),
                 FallbackWarning,
                 stacklevel=3,
             )
-    _last[spec.name] = choice
+    if record:
+        _last[spec.name] = choice
     return choice
+
+
+def plan_backend(spec: VariantSpec, problem: Problem, device: torch.device, requested: str | None) -> str:
+    """The backend whose kernels a call's Plan is laid out for: the one :func:`select` will
+    pick for the call's forward (a call refused there is refused by its op: then any)."""
+    try:
+        return select(spec, problem, device, requested or None, record=False).name
+    except UnsupportedProblem:
+        return "portable"
 
 
 #: Head dims the portable kernels take (a non-power of two is padded to the next one and masked).
 PORTABLE_HEAD_DIMS = frozenset({16, 32, 64, 96, 128, 256})
 
 
+#: Tile sizes ``(block_m, block_n)`` of the TLX kernels' passes (``jagflash.core.tlx_attention``),
+#: here so that plans can be laid out for them without importing TLX. Their dQ pass is the
+#: portable one (its tile sizes: ``jagflash.core.portable.block_config``).
+TLX_SM90_BLOCKS = {"fwd": (128, 128), "dkdv": (32, 128)}
+
+
 def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
-    """The TLX warp-specialised forward of ``jagflash.core.tlx_attention`` (Hopper only); the
-    backward of a call it serves runs on the next backend (it has none of its own yet)."""
+    """The TLX warp-specialised kernels of ``jagflash.core.tlx_attention`` (Hopper only):
+    forward, and a backward whose dK/dV pass is TLX and whose dQ pass is the portable one.
+    Neither uses atomics, so the backward is deterministic."""
     return BackendSpec(
         name="tlx-sm90",
         devices=frozenset({"cuda"}),
@@ -216,11 +239,11 @@ def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
         max_capability=(9, 0),
         dtypes=frozenset({torch.float16, torch.bfloat16}),
         head_dims_fwd=frozenset({64, 128}),
-        head_dims_bwd=frozenset(),
+        head_dims_bwd=frozenset({64, 128}),
         features_fwd=features,
-        features_bwd=frozenset(),
+        features_bwd=features | {"deterministic"},
         available=tlx_reasons,
-        notes="TMA producer + two ping-pong wgmma consumer warpgroups; forward only",
+        notes="TMA producer + two ping-pong wgmma consumer warpgroups; dQ pass portable",
     )
 
 

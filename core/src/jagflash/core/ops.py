@@ -179,3 +179,18 @@ def register_autograd(fwd_op, bwd_op) -> None:
         return (dq, dk, dv, *([None] * len(extras)))
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
+
+
+def call_plan_blocks(
+    spec, layout: str, q: torch.Tensor, k: torch.Tensor, *, causal: bool, backend: str | None
+) -> dict[str, tuple[int, int]]:
+    """Tile sizes of the Plan a call (or ``make_plan``) lays out: those of the backend the
+    call's forward will run on (``jagflash.core.backend.plan_backend``); the reference backend
+    takes no plan, so a call headed there gets the portable kernels' sizes."""
+    from jagflash.core.backend import plan_backend
+    from jagflash.core.portable import plan_blocks
+
+    name = plan_backend(spec, make_problem(layout, q, k, causal=causal), q.device, backend)
+    if name == "reference":
+        name = "interpreter" if q.device.type == "cpu" else "portable"
+    return plan_blocks(name, q.shape[-1])

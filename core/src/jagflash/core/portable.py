@@ -336,9 +336,16 @@ def launch_options(cfg: dict[str, int]) -> dict[str, int]:
 
 
 def plan_blocks(backend: str, head_dim: int) -> dict[str, tuple[int, int]]:
-    """``(block_m, block_n)`` of every pass of the portable kernels: what a Plan for them holds."""
-    return {
+    """``(block_m, block_n)`` of every pass of ``backend``'s kernels: what a Plan for them holds.
+    ``tlx-sm90`` runs its own forward and dK/dV passes and the portable dQ pass."""
+    tlx = backend == "tlx-sm90"
+    blocks = {
         p: (cfg["BLOCK_M"], cfg["BLOCK_N"])
         for p in ("fwd", "dq", "dkdv")
-        for cfg in (block_config(backend, head_dim, p),)
+        for cfg in (block_config("portable" if tlx else backend, head_dim, p),)
     }
+    if tlx:
+        from jagflash.core.backend import TLX_SM90_BLOCKS
+
+        blocks.update(TLX_SM90_BLOCKS)
+    return blocks

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
+from jagflash.core.backend import TLX_SM90_BLOCKS
 from jagflash.core.math import (
     LOG2E,
     band_bounds,
@@ -53,11 +54,10 @@ from jagflash.core.pipeline import (
 )
 from jagflash.core.schedule import PASSES, make_plan
 
-BLOCK_M = 128  # rows of a q-tile; each of the two consumer warpgroups takes half
-BLOCK_N = 128
+BLOCK_M, BLOCK_N = TLX_SM90_BLOCKS["fwd"]  # q-tile rows (each consumer warpgroup takes half), kv rows
 NUM_KV = 2  # K/V ring depth
-DKDV_BLOCK_M = 32  # q rows per step of the dK/dV pass (64 spills at D 128)
-DKDV_BLOCK_N = 128  # kv rows of a dK/dV tile; each consumer warpgroup takes half
+# dK/dV pass: q rows per step (64 spills at D 128), kv rows of a tile (each consumer takes half)
+DKDV_BLOCK_M, DKDV_BLOCK_N = TLX_SM90_BLOCKS["dkdv"]
 NUM_Q = 2  # Q/dO ring depth of the dK/dV pass
 HEAD_DIMS = (64, 128)
 
@@ -401,7 +401,7 @@ def forward(
     left: int,
     right: int,
     scale: float,
-    pipeline: bool = False,
+    pipeline: bool | None = None,
     plan=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` fp32 (inputs are made contiguous: TMA needs it).
@@ -411,12 +411,15 @@ def forward(
     zigzag for a static plan. A dynamic plan's table is walked statically all the same: the
     producer and the consumers must agree on the order without talking.
 
-    ``pipeline=True`` selects the software-pipelined consumer (version 2: QK^T of tile j in
-    flight while P V of tile j-1 issues). It compiles for sm_90a but has not run on a GPU yet,
-    so version 1, measured on the H200, stays the default until its GPU tests pass."""
+    ``pipeline``: the consumer version. ``True``: version 2, software-pipelined (QK^T of tile j
+    in flight while P V of tile j-1 issues); ``False``: version 1 (no overlap inside a
+    warpgroup); ``None`` (default): whichever measured faster on the H200 for the mask, v2
+    without a right bound, v1 with one (causal v2 lost 3-26%: bench/NOTES.md)."""
     q, k, v = (t.contiguous() for t in (q, k, v))
     tq, hq, dim = q.shape
     hkv = k.shape[1]
+    if pipeline is None:
+        pipeline = right < 0
     out = alloc_like(q)
     lse = alloc((hq, tq), torch.float32, q.device)
     if plan is None:

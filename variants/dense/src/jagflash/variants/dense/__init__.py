@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from jagflash.core.ops import call_problem, check_qkv, default_scale, raise_if
+from jagflash.core.ops import call_plan_blocks, call_problem, check_qkv, default_scale, raise_if
 from jagflash.core.registry import Variant
 from jagflash.core.schedule import (
     DEFAULT_BACKWARD_SCHEDULE,
@@ -57,8 +57,9 @@ def dense_attention(
             A query that sees no key (Nq > Nk) outputs 0 with LSE -inf and zero gradients.
         scale: softmax scale, default ``1/sqrt(D)``.
         return_lse: also return LSE ``[B, Hq, Nq]`` fp32, natural log (no gradient).
-        backend: ``"portable"``, ``"interpreter"``, ``"reference"`` or ``None`` for the fastest
-            that runs the problem; ``jagflash.core.backend.last_choice("dense")`` tells which ran.
+        backend: ``"tlx-sm90"``, ``"portable"``, ``"interpreter"``, ``"reference"`` or ``None``
+            for the fastest that runs the problem; ``jagflash.core.backend.last_choice("dense")``
+            tells which ran.
         plan: the tile schedule (:func:`make_plan`), built once and shared by every call of
             these shapes, forward and backward; without one the call builds its own. A plan
             built for other shapes, heads, mask or tile sizes is refused. The ``reference``
@@ -82,10 +83,7 @@ def dense_attention(
     elif backend == "reference":
         plan_args = (None, None, None)
     else:
-        plan_args = _build(
-            q, k, causal=causal, schedule=DEFAULT_SCHEDULE,
-            backward_schedule=DEFAULT_BACKWARD_SCHEDULE, backward=needs_grad,
-        )
+        plan_args = _default_plan(q, k, causal, needs_grad, backend)
     out, lse = op.dense_fwd(
         q, k, v, bool(causal), default_scale(scale, q.shape[-1]), bool(return_lse), backend or "",
         *plan_args,
@@ -93,21 +91,40 @@ def dense_attention(
     return (out, lse) if return_lse else out
 
 
-def _build(
-    q: torch.Tensor, k: torch.Tensor, *, causal: bool, schedule: str = "static",
-    backward_schedule: str | None = None, workers: int | None = None, backward: bool = True,
-    backend: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    from jagflash.core.portable import plan_blocks
+_PLANS: dict[tuple, tuple[torch.Tensor, torch.Tensor, list[int]]] = {}
+_PLANS_KEPT = 16
 
-    if backend in (None, "", "auto"):
-        backend = "interpreter" if q.device.type == "cpu" else "portable"
+
+def _default_plan(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool, backend: str | None):
+    """The plan of a call without ``plan=``. A dense plan depends on shapes alone, so it is built
+    once per (shapes, mask, tile sizes, device) and kept (the last ``_PLANS_KEPT``): a call then
+    launches no plan-building kernels. Not kept while a CUDA graph is being captured (its
+    memory belongs to the graph) nor while tracing."""
+    blocks = call_plan_blocks(SPEC, "dense", q, k, causal=causal, backend=backend)
+    if torch.compiler.is_compiling():
+        return _build(q, k, causal=causal, blocks=blocks, backward=backward)
+    key = (q.device, tuple(q.shape), tuple(k.shape), bool(causal), bool(backward), tuple(sorted(blocks.items())))
+    hit = _PLANS.get(key)
+    if hit is None:
+        hit = _build(q, k, causal=causal, blocks=blocks, backward=backward)
+        if not (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            while len(_PLANS) >= _PLANS_KEPT:
+                _PLANS.pop(next(iter(_PLANS)))
+            _PLANS[key] = hit
+    return hit
+
+
+def _build(
+    q: torch.Tensor, k: torch.Tensor, *, causal: bool, blocks: dict[str, tuple[int, int]],
+    schedule: str = DEFAULT_SCHEDULE, backward_schedule: str | None = DEFAULT_BACKWARD_SCHEDULE,
+    workers: int | None = None, backward: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     b, nq, nk = q.shape[0], q.shape[1], k.shape[1]
     info = plan_info(
         batch=b, total_q=b * nq, total_kv=b * nk, heads_q=q.shape[2], heads_kv=k.shape[2],
-        causal=causal, blocks=plan_blocks(backend, q.shape[-1]), max_seqlen_q=nq,
-        max_seqlen_kv=nk, workers=workers, schedule=schedule,
-        backward_schedule=backward_schedule, backward=backward, q_ptr=PTR_DENSE, kv_ptr=PTR_DENSE,
+        causal=causal, blocks=blocks, max_seqlen_q=nq, max_seqlen_kv=nk, workers=workers,
+        schedule=schedule, backward_schedule=backward_schedule, backward=backward,
+        q_ptr=PTR_DENSE, kv_ptr=PTR_DENSE,
     ).to_ints()
     arange = torch.arange(b + 1, device=q.device, dtype=torch.int64)
     tiles, meta = build_plan(arange * nq, arange * nk, info)
@@ -134,8 +151,8 @@ def make_plan(
         reasons.append(f"q and k batch sizes differ: {q.shape[0]} vs {k.shape[0]}")
     raise_if("jagflash.variants.dense.make_plan", reasons)
     tiles, meta, info = _build(
-        q, k, causal=causal, schedule=schedule, backward_schedule=backward_schedule,
-        workers=workers, backward=backward, backend=backend,
+        q, k, causal=causal, blocks=call_plan_blocks(SPEC, "dense", q, k, causal=causal, backend=backend),
+        schedule=schedule, backward_schedule=backward_schedule, workers=workers, backward=backward,
     )
     return Plan(tiles, meta, PlanInfo.from_ints(info))
 

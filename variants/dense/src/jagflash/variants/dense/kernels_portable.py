@@ -152,25 +152,39 @@ def forward(
     return out.to(dtype), lse
 
 
+def backward_dq(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, plan: Plan, *, left: int, right: int, scale: float, backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dQ pass: dQ (fp32 under the interpreter, else q's dtype) and delta = rowsum(dO * O)
+    ``[B, Hq, Nq]`` fp32, which the dK/dV pass (portable or TLX) reads."""
+    dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))
+    _, lq, hq, dim = q.shape
+    dq, delta = alloc_like(q), alloc_like(lse)
+    launch(
+        _dq_kernel, plan, "dq", (q, k, v, out, dout, dq, lse, delta),
+        (*_strides(q, k, v, out, dout, dq), lq, k.shape[1], hq, scale, left, right),
+        **_flags(q, k, left, right), **launch_options(block_config(backend, dim, "dq")),
+    )
+    return dq, delta
+
+
+def _flags(q: torch.Tensor, k: torch.Tensor, left: int, right: int) -> dict:
+    return {"GROUP": q.shape[2] // k.shape[2], "HEAD_DIM": q.shape[3], "BOUNDED_LEFT": left >= 0, "BOUNDED_RIGHT": right >= 0}
+
+
 def backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     lse: torch.Tensor, plan: Plan, *, left: int, right: int, scale: float, backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV in the inputs' dtypes. Deterministic: no atomics on data."""
     dtypes = (q.dtype, k.dtype, v.dtype)
-    dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))
-    _, lq, hq, dim = q.shape
-    lk, hkv = k.shape[1], k.shape[2]
-    dq, dk, dv, delta = (alloc_like(t) for t in (q, k, v, lse))
-    flags = {"GROUP": hq // hkv, "HEAD_DIM": dim, "BOUNDED_LEFT": left >= 0, "BOUNDED_RIGHT": right >= 0}
-    launch(
-        _dq_kernel, plan, "dq", (q, k, v, out, dout, dq, lse, delta),
-        (*_strides(q, k, v, out, dout, dq), lq, lk, hq, scale, left, right),
-        **flags, **launch_options(block_config(backend, dim, "dq")),
-    )
+    dq, delta = backward_dq(dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale, backend=backend)
+    dout, q, k, v = (for_kernel(t, backend) for t in (dout, q, k, v))
+    dk, dv = alloc_like(k), alloc_like(v)
     launch(
         _dkdv_kernel, plan, "dkdv", (q, k, v, dout, dk, dv, lse, delta),
-        (*_strides(q, k, v, dout, dk, dv), lq, lk, hkv, scale, left, right),
-        **flags, **launch_options(block_config(backend, dim, "dkdv")),
+        (*_strides(q, k, v, dout, dk, dv), q.shape[1], k.shape[1], k.shape[2], scale, left, right),
+        **_flags(q, k, left, right), **launch_options(block_config(backend, q.shape[3], "dkdv")),
     )
     return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])

@@ -1,6 +1,6 @@
 """Dense attention on Hopper with TLX: ``[B, N, H, D]`` seen as a jagged batch of B sequences of
-N rows, run by the warp-specialised forward of ``jagflash.core.tlx_attention``.
-(Backward: portable kernels.)"""
+N rows, run by the warp-specialised kernels of ``jagflash.core.tlx_attention``. The backward runs
+the portable dQ pass (which also computes delta) and then the TLX dK/dV pass."""
 
 from __future__ import annotations
 
@@ -8,22 +8,47 @@ import torch
 
 from jagflash.core import tlx_attention
 
-__all__ = ["compile_configs", "forward"]
+__all__ = ["backward", "compile_configs", "forward"]
 
 
 def forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, left: int, right: int, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan, *, left: int, right: int, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """O ``[B, Nq, Hq, D]`` and LSE ``[B, Hq, Nq]`` fp32."""
+    """O ``[B, Nq, Hq, D]`` and LSE ``[B, Hq, Nq]`` fp32; ``plan``: the call's Plan (its forward
+    pass sets the tile order)."""
     batch, nq, hq, _ = q.shape
     nk = k.shape[1]
-    steps = torch.arange(batch + 1, device=q.device, dtype=torch.int32)
     out, lse = tlx_attention.forward(
         q.reshape(batch * nq, *q.shape[2:]), k.reshape(batch * nk, *k.shape[2:]),
-        v.reshape(batch * nk, *v.shape[2:]), steps * nq, steps * nk, nq,
-        left=left, right=right, scale=scale,
+        v.reshape(batch * nk, *v.shape[2:]), plan.q_offsets, plan.kv_offsets, nq,
+        left=left, right=right, scale=scale, plan=plan,
     )
     return out.view(q.shape), lse.view(hq, batch, nq).transpose(0, 1).contiguous()
+
+
+def backward(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, plan, *, left: int, right: int, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV (``lse`` ``[B, Hq, Nq]``). Deterministic: neither pass uses atomics."""
+    from jagflash.variants.dense import kernels_portable
+
+    dq, delta = kernels_portable.backward_dq(
+        dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale, backend="portable"
+    )
+    batch, nq, hq, _ = q.shape
+    nk = k.shape[1]
+
+    def heads_rows(t: torch.Tensor) -> torch.Tensor:  # [B, Hq, Nq] -> [Hq, B * Nq]
+        return t.transpose(0, 1).reshape(hq, batch * nq)
+
+    dk, dv = tlx_attention.backward_dkdv(
+        dout.reshape(batch * nq, *dout.shape[2:]), q.reshape(batch * nq, *q.shape[2:]),
+        k.reshape(batch * nk, *k.shape[2:]), v.reshape(batch * nk, *v.shape[2:]),
+        heads_rows(lse), heads_rows(delta), plan.q_offsets, plan.kv_offsets,
+        left=left, right=right, scale=scale, plan=plan,
+    )
+    return dq, dk.view(k.shape), dv.view(v.shape)
 
 
 def compile_configs():

@@ -64,13 +64,13 @@ def dense_fwd(
             window=(left, right), scale=scale,
         )
         return out.view(q.shape), lse.view(hq, b, nq).transpose(0, 1).contiguous()
+    plan = _plan(plan_tiles, plan_meta, plan_info, q, k, left, right, choice.name, ("fwd",))
     if choice.name == "tlx-sm90":
         from jagflash.variants.dense import kernels_tlx_sm90
 
-        return kernels_tlx_sm90.forward(q, k, v, left=left, right=right, scale=scale)
+        return kernels_tlx_sm90.forward(q, k, v, plan, left=left, right=right, scale=scale)
     from jagflash.variants.dense import kernels_portable
 
-    plan = _plan(plan_tiles, plan_meta, plan_info, q, k, left, right, choice.name, ("fwd",))
     return kernels_portable.forward(q, k, v, plan, left=left, right=right, scale=scale, backend=choice.name)
 
 
@@ -105,9 +105,13 @@ def dense_bwd(
             window=(left, right), scale=scale,
         )
         return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+    plan = _plan(plan_tiles, plan_meta, plan_info, q, k, left, right, choice.name, ("dq", "dkdv"))
+    if choice.name == "tlx-sm90":
+        from jagflash.variants.dense import kernels_tlx_sm90
+
+        return kernels_tlx_sm90.backward(dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale)
     from jagflash.variants.dense import kernels_portable
 
-    plan = _plan(plan_tiles, plan_meta, plan_info, q, k, left, right, choice.name, ("dq", "dkdv"))
     return kernels_portable.backward(
         dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale, backend=choice.name
     )

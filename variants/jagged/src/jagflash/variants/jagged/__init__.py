@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.jagged import check_offsets
-from jagflash.core.ops import call_problem, check_qkv, default_scale, raise_if
+from jagflash.core.ops import call_plan_blocks, call_problem, check_qkv, default_scale, raise_if
 from jagflash.core.registry import Variant
 from jagflash.core.schedule import (
     DEFAULT_BACKWARD_SCHEDULE,
@@ -84,7 +84,7 @@ def jagged_attention(
             them one synchronisation reads them and validates the offsets.
         return_lse: also return LSE ``[Hq, Tq]`` fp32, natural log, for merging partial
             attentions. It carries no gradient.
-        backend: ``"portable"``, ``"interpreter"``, ``"reference"``, or ``None`` for the fastest
+        backend: ``"tlx-sm90"``, ``"portable"``, ``"interpreter"``, ``"reference"``, or ``None`` for the fastest
             that runs the problem (``JAGFLASH_BACKEND`` overrides ``None``).
             ``jagflash.core.backend.last_choice("jagged")`` tells which ran and why.
         plan: the load-balancing schedule of this batch (:func:`make_plan`), built once and
@@ -130,7 +130,7 @@ def jagged_attention(
     elif backend == "reference" or q_offsets.shape != kv_offsets.shape:
         plan_args = (None, None, None)  # no plan needed, or the op refuses these offsets
     else:
-        plan_args = _own_plan(q, k, q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv, needs_grad)
+        plan_args = _own_plan(q, k, q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv, needs_grad, backend)
     out, lse = op.jagged_fwd(
         q, k, v, q_offsets, kv_offsets,
         -1 if max_seqlen_q is None else int(max_seqlen_q),
@@ -141,14 +141,6 @@ def jagged_attention(
     if nested:
         out = torch.nested.nested_tensor_from_jagged(out, offsets=nested_offsets)
     return (out, lse) if return_lse else out
-
-
-def _blocks(q: torch.Tensor, backend: str | None) -> dict[str, tuple[int, int]]:
-    from jagflash.core.portable import plan_blocks
-
-    if backend in (None, "", "auto"):
-        backend = "interpreter" if q.device.type == "cpu" else "portable"
-    return plan_blocks(backend, q.shape[-1])
 
 
 def make_plan(
@@ -184,11 +176,12 @@ def make_plan(
             persistent forward with a batch-order backward.
         workers: persistent programs per launch; default the GPU's SM count (4 on the CPU).
         backward: lay out the backward passes too (``False`` for inference).
-        backend: the kernels the plan is for (their tile sizes): default ``portable`` on a GPU,
-            ``interpreter`` on the CPU.
+        backend: the kernels the plan is for (their tile sizes): default the backend a call
+            with these shapes and mask picks (``tlx-sm90`` on an H100/H200 with TLX for head
+            dims 64 and 128, else ``portable`` on a GPU, ``interpreter`` on the CPU).
     """
     raise_if("jagflash.variants.jagged.make_plan", check_qkv(q, k, k, rank=3, layout_doc="[T, H, D]"))
-    blocks = _blocks(q, backend)
+    blocks = call_plan_blocks(SPEC, "jagged", q, k, causal=causal, backend=backend)
     return _core_make_plan(
         q_offsets, kv_offsets, total_q=q.shape[0], total_kv=k.shape[0], heads_q=q.shape[1],
         heads_kv=k.shape[1], causal=causal, block_m=blocks["fwd"][0], block_n=blocks["fwd"][1],
@@ -198,12 +191,13 @@ def make_plan(
     )
 
 
-def _own_plan(q, k, q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv, backward):
+def _own_plan(q, k, q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv, backward, backend):
     """The plan a call without ``plan=`` builds for itself: ints on the host, tensors by one
     opaque op (so that ``torch.compile`` sees a single node)."""
     info = plan_info(
         batch=q_offsets.numel() - 1, total_q=q.shape[0], total_kv=k.shape[0], heads_q=q.shape[1],
-        heads_kv=k.shape[1], causal=causal, blocks=_blocks(q, None), max_seqlen_q=max_seqlen_q,
+        heads_kv=k.shape[1], causal=causal,
+        blocks=call_plan_blocks(SPEC, "jagged", q, k, causal=causal, backend=backend), max_seqlen_q=max_seqlen_q,
         max_seqlen_kv=max_seqlen_kv, schedule=DEFAULT_SCHEDULE,
         backward_schedule=DEFAULT_BACKWARD_SCHEDULE, backward=backward, q_ptr=PTR_SAME_CALL,
         kv_ptr=PTR_SAME_CALL,

@@ -179,6 +179,43 @@ def forward(
     return out.to(dtype), lse
 
 
+def backward_dq(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    plan: Plan,
+    *,
+    left: int,
+    right: int,
+    scale: float,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dQ pass: dQ (fp32 under the interpreter, else q's dtype) and delta = rowsum(dO * O)
+    ``[Hq, Tq]`` fp32, which the dK/dV pass (portable or TLX) reads."""
+    dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))
+    tq, _, dim = q.shape
+    dq, delta = alloc_like(q), alloc_like(lse)
+    launch(
+        _dq_kernel, plan, "dq", (q, k, v, out, dout, dq, lse, delta, q_offsets, kv_offsets),
+        (
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
+            tq, scale, left, right,
+        ),
+        **_flags(q, k, left, right), **launch_options(block_config(backend, dim, "dq")),
+    )
+    return dq, delta
+
+
+def _flags(q: torch.Tensor, k: torch.Tensor, left: int, right: int) -> dict:
+    return {"GROUP": q.shape[1] // k.shape[1], "HEAD_DIM": q.shape[2], "BOUNDED_LEFT": left >= 0, "BOUNDED_RIGHT": right >= 0}
+
+
 def backward(
     dout: torch.Tensor,
     q: torch.Tensor,
@@ -198,27 +235,19 @@ def backward(
     """dQ, dK, dV in the inputs' dtypes. Deterministic: no atomics on data (a dynamic schedule
     changes which program runs a tile, never what the tile computes)."""
     dtypes = (q.dtype, k.dtype, v.dtype)
-    dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))
-    tq, hq, dim = q.shape
-    hkv = k.shape[1]
-    dq, dk, dv, delta = (alloc_like(t) for t in (q, k, v, lse))
-    flags = {"GROUP": hq // hkv, "HEAD_DIM": dim, "BOUNDED_LEFT": left >= 0, "BOUNDED_RIGHT": right >= 0}
-    launch(
-        _dq_kernel, plan, "dq", (q, k, v, out, dout, dq, lse, delta, q_offsets, kv_offsets),
-        (
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
-            tq, scale, left, right,
-        ),
-        **flags, **launch_options(block_config(backend, dim, "dq")),
+    dq, delta = backward_dq(
+        dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
+        backend=backend,
     )
+    dout, q, k, v = (for_kernel(t, backend) for t in (dout, q, k, v))
+    dk, dv = alloc_like(k), alloc_like(v)
     launch(
         _dkdv_kernel, plan, "dkdv", (q, k, v, dout, dk, dv, lse, delta, q_offsets, kv_offsets),
         (
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-            tq, scale, left, right,
+            q.shape[0], scale, left, right,
         ),
-        **flags, **launch_options(block_config(backend, dim, "dkdv")),
+        **_flags(q, k, left, right), **launch_options(block_config(backend, q.shape[2], "dkdv")),
     )
     return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])

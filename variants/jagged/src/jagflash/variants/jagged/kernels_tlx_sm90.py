@@ -1,12 +1,43 @@
-"""Jagged attention on Hopper with TLX: the warp-specialised forward of
-``jagflash.core.tlx_attention`` on the jagged tensors as they are. (Backward: portable kernels.)"""
+"""Jagged attention on Hopper with TLX: the warp-specialised kernels of
+``jagflash.core.tlx_attention`` on the jagged tensors as they are. The backward runs the
+portable dQ pass (which also computes delta) and then the TLX dK/dV pass."""
 
 from __future__ import annotations
 
-from jagflash.core import tlx_attention
-from jagflash.core.tlx_attention import forward
+import torch
 
-__all__ = ["compile_configs", "forward"]
+from jagflash.core import tlx_attention
+from jagflash.core.schedule import Plan
+from jagflash.core.tlx_attention import forward
+from jagflash.variants.jagged import kernels_portable
+
+__all__ = ["backward", "compile_configs", "forward"]
+
+
+def backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    plan: Plan,
+    *,
+    left: int,
+    right: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV. Deterministic: neither pass uses atomics."""
+    dq, delta = kernels_portable.backward_dq(
+        dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
+        backend="portable",
+    )
+    dk, dv = tlx_attention.backward_dkdv(
+        dout, q, k, v, lse, delta, q_offsets, kv_offsets, left=left, right=right, scale=scale, plan=plan
+    )
+    return dq, dk, dv
 
 
 def compile_configs():

@@ -133,9 +133,15 @@ def jagged_bwd(
         return reference_backward(
             dout, q, k, v, q_offsets, kv_offsets, causal=causal, window=(left, right), scale=scale
         )
+    plan = _plan(plan_tiles, plan_meta, plan_info, q, k, q_offsets, kv_offsets, max_q, max_k, left, right, choice.name, ("dq", "dkdv"))
+    if choice.name == "tlx-sm90":
+        from jagflash.variants.jagged import kernels_tlx_sm90
+
+        return kernels_tlx_sm90.backward(
+            dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale
+        )
     from jagflash.variants.jagged import kernels_portable
 
-    plan = _plan(plan_tiles, plan_meta, plan_info, q, k, q_offsets, kv_offsets, max_q, max_k, left, right, choice.name, ("dq", "dkdv"))
     return kernels_portable.backward(
         dout, q, k, v, out, lse, q_offsets, kv_offsets, plan,
         left=left, right=right, scale=scale, backend=choice.name,
