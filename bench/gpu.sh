@@ -34,7 +34,8 @@
 # run in a bench worker whose PYTHONPATH drops /tmp/tlx (the host's Triton 3.6 for torch.compile).
 #
 # Environment knobs: OUT (default /tmp/gpu-out), PYTHON (python3), GPU_SH_LIMIT_S (560),
-# TESTS_TIMEOUT_S (170), TESTS_PATHS (core variants), TLX_TESTS_K (a pytest -k for tlx-tests),
+# TESTS_TIMEOUT_S (170), TESTS_PATHS (core variants), TESTS_K (a pytest -k), TESTS_MAXFAIL (20; a
+# small one lets pytest print its failures before the timeout), TLX_TESTS_K (a pytest -k for tlx-tests),
 # TLX_TESTS_TIMEOUT_S (220), PROBE, PROBE_TIMEOUT_S (180), DEMO_TIMEOUT_S (60), JAGFLASH_GIT_COMMIT
 # (the commit to record).
 
@@ -166,7 +167,7 @@ if has_step tests; then
     ignore=()
     has_step tlx-tests && ignore=(--ignore "$TLX_TESTS")
     run_step tests "$(cap "${TESTS_TIMEOUT_S:-170}" "$bench_reserve")" \
-        "$PY" -m pytest ${plugin[@]+"${plugin[@]}"} -m "gpu or sm90" --maxfail=20 -q -p no:cacheprovider ${ignore[@]+"${ignore[@]}"} ${TESTS_PATHS:-core variants}
+        "$PY" -m pytest ${plugin[@]+"${plugin[@]}"} -m "gpu or sm90" --maxfail="${TESTS_MAXFAIL:-20}" -q -p no:cacheprovider -rf ${TESTS_K:+-k "$TESTS_K"} ${ignore[@]+"${ignore[@]}"} ${TESTS_PATHS:-core variants}
 fi
 if has_step demo; then
     run_step demo "$(cap "${DEMO_TIMEOUT_S:-60}" "$bench_reserve")" "$PY" -m jagflash.variants.jagged.demo

@@ -82,7 +82,11 @@ def _check(case: Case, device: str, **kw) -> None:
     dout = t.pop("dout")
     kernel = _kernel(deterministic=case.deterministic, **kw)
     check_against_reference(kernel, _reference, t, atol=SPEC.atol[case.dtype], dout=dout)
-    assert last_choice("broadcast_q").name == kw.get("backend", "portable" if device == "cuda" else "interpreter")
+    ran = last_choice("broadcast_q").name
+    if "backend" in kw:
+        assert ran == kw["backend"]
+    else:  # tlx-sm90 on an H100/H200 with TLX for head dims 64 and 128, else portable
+        assert ran in (("tlx-sm90", "portable") if device == "cuda" else ("interpreter",))
 
 
 CASES = {
@@ -373,3 +377,15 @@ def test_gpu_deterministic_is_bitwise() -> None:
     for later in grads[1:]:
         for a, b in zip(grads[0], later):
             assert torch.equal(a, b)
+
+
+@pytest.mark.sm90
+@pytest.mark.parametrize(("lq", "lens"), [(17, (0, 5, 300, 129)), (200, _lognormal(24, 5))])
+def test_gpu_tlx_is_the_default_on_hopper(lq: int, lens: tuple[int, ...]) -> None:
+    """On an H100/H200 with TLX the TLX kernels run both directions (Lq below one TMA box and
+    not a multiple of the tile, zero-length sequences)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs sm_90")
+    case = Case(lq, lens, hq=8, hkv=2, head_dim=128, dtype=torch.bfloat16)
+    _check(case, "cuda")
+    assert last_choice("broadcast_q").name == "tlx-sm90"

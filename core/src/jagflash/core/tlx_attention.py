@@ -96,6 +96,17 @@ def _tile(r, pid, nprog, TILES, COUNT, q_offsets, kv_offsets, ZIGZAG: tl.constex
 
 
 @triton.jit
+def _q_row(q_start, m0, Q_SHARED: tl.constexpr):
+    """Row of Q where a q-tile starting at ``m0`` of a sequence starting at ``q_start`` reads its
+    queries: the sequence's own rows, or, broadcast-Q (``Q_SHARED``), the one shared block
+    (outputs, LSE and dO still use the sequence's rows ``q_start + m0``)."""
+    if Q_SHARED:
+        return m0
+    else:
+        return q_start + m0
+
+
+@triton.jit
 def _issue_qk(q_buf, k_buf, CID: tl.constexpr):
     """Start S = Q K^T on the tensor cores. The two consumer warpgroups issue in turn (named
     barriers 9 and 10), so one's softmax overlaps the other's matmul ("ping-pong")."""
@@ -181,7 +192,7 @@ def _fwd_kernel(
     stride_ot, stride_oh, total_q, n_rounds, scale, left, right,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_KV: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
-    PIPELINE: tl.constexpr, ZIGZAG: tl.constexpr,
+    PIPELINE: tl.constexpr, ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False,
 ):
     HALF: tl.constexpr = BLOCK_M // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -207,8 +218,9 @@ def _fwd_kernel(
                 live, h, m0, q_start, lq, k_start, lk = _tile(r, pid, nprog, TILES, COUNT, q_offsets, kv_offsets, ZIGZAG)
                 if live:
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                    q_row = _q_row(q_start, m0, Q_SHARED)
                     for c in tl.static_range(2):
-                        tma_load(desc_q, q_tiles[c], q_fulls[c], q_empties[c], tile_cnt & 1, q_start + m0 + c * HALF, h * HEAD_DIM, ELEM * HALF * HEAD_DIM)
+                        tma_load(desc_q, q_tiles[c], q_fulls[c], q_empties[c], tile_cnt & 1, q_row + c * HALF, h * HEAD_DIM, ELEM * HALF * HEAD_DIM)
                     col = (h // GROUP) * HEAD_DIM
                     for n0 in range(lo, hi, BLOCK_N):
                         ring_load(desc_k, k_tiles, k_fulls, k_empties, kv_cnt, k_start + n0, col, NUM_KV, ELEM * BLOCK_N * HEAD_DIM)
@@ -312,7 +324,7 @@ def _dkdv_kernel(
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, total_q, n_rounds, scale, left, right,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_Q: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
-    ZIGZAG: tl.constexpr,
+    ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False,
 ):
     """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
     the GQA group. A producer streams K/V once per tile and Q/dO through a ring of NUM_Q slots;
@@ -353,7 +365,7 @@ def _dkdv_kernel(
                             slot, phase = ring_slot(q_cnt, NUM_Q)
                             tlx.barrier_wait(q_empties[slot], phase ^ 1)
                             tlx.barrier_expect_bytes(q_fulls[slot], 2 * ELEM * BLOCK_M * HEAD_DIM)
-                            tlx.async_descriptor_load(desc_q, q_tiles[slot], [q_start + m0, col], q_fulls[slot])
+                            tlx.async_descriptor_load(desc_q, q_tiles[slot], [_q_row(q_start, m0, Q_SHARED), col], q_fulls[slot])
                             tlx.async_descriptor_load(desc_do, do_tiles[slot], [q_start + m0, col], q_fulls[slot])
                             q_cnt += 1
                     tile_cnt += 1
@@ -403,8 +415,12 @@ def forward(
     scale: float,
     pipeline: bool | None = None,
     plan=None,
+    q_shared: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` fp32 (inputs are made contiguous: TMA needs it).
+
+    ``q_shared`` (broadcast-Q): ``q`` is one block ``[Lq, Hq, D]`` that every sequence reads,
+    ``q_offsets`` must then be ``arange(B + 1) * Lq`` and ``Tq = B * Lq`` (the output rows).
 
     ``plan``: a :class:`jagflash.core.schedule.Plan` whose forward pass has 128-row q-tiles
     (built here, static, when not given): its cost-sorted table sets the tile order, dealt
@@ -416,11 +432,12 @@ def forward(
     warpgroup); ``None`` (default): whichever measured faster on the H200 for the mask, v2
     without a right bound, v1 with one (causal v2 lost 3-26%: bench/NOTES.md)."""
     q, k, v = (t.contiguous() for t in (q, k, v))
-    tq, hq, dim = q.shape
+    _, hq, dim = q.shape
+    tq = (q_offsets.numel() - 1) * q.shape[0] if q_shared else q.shape[0]
     hkv = k.shape[1]
     if pipeline is None:
         pipeline = right < 0
-    out = alloc_like(q)
+    out = alloc((tq, hq, dim), q.dtype, q.device)
     lse = alloc((hq, tq), torch.float32, q.device)
     if plan is None:
         plan = make_plan(
@@ -433,7 +450,7 @@ def forward(
         raise ValueError(f"the plan's forward tiles have {lay.block_m} rows; this kernel takes {BLOCK_M}")
     if tq == 0 or lay.rows == 0:
         return out, lse
-    if k.shape[0] == 0:  # no keys anywhere: every row sees nothing (no descriptor over 0 rows)
+    if k.shape[0] == 0 or q.shape[0] == 0:  # no keys anywhere: every row sees nothing (no descriptor over 0 rows)
         return out.zero_(), lse.fill_(float("-inf"))
     programs = min(num_workers(q.device), lay.rows)
     _fwd_kernel[(programs,)](
@@ -443,7 +460,8 @@ def forward(
         out.stride(0), out.stride(1), tq, triton.cdiv(lay.rows, programs), scale, left, right,
         GROUP=hq // hkv, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NUM_KV=NUM_KV,
         BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0, PIPELINE=pipeline,
-        ZIGZAG=plan.info.schedule_of("fwd") == "static" and lay.zigzag, num_warps=4, num_stages=1,
+        ZIGZAG=plan.info.schedule_of("fwd") == "static" and lay.zigzag, Q_SHARED=q_shared,
+        num_warps=4, num_stages=1,
     )
     return out, lse
 
@@ -462,12 +480,14 @@ def backward_dkdv(
     right: int,
     scale: float,
     plan=None,
+    q_shared: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dK ``[Tk, Hkv, D]`` and dV of jagged attention, given LSE and delta = rowsum(dO * O)
-    (both ``[Hq, Tq]`` fp32; the portable dQ pass computes delta). Not yet run on a GPU: no
-    backend uses it until ``test_tlx_sm90.py::test_tlx_dkdv_matches_reference`` passes."""
+    (both ``[Hq, Tq]`` fp32; the portable dQ pass computes delta). ``q_shared``: broadcast-Q, as
+    for :func:`forward` (``dout`` then has the ``B * Lq`` rows)."""
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
-    tq, hq, dim = q.shape
+    _, hq, dim = q.shape
+    tq = dout.shape[0]  # the rows of dO, LSE and delta (B * Lq for broadcast-Q: see forward)
     hkv = k.shape[1]
     dk, dv = alloc_like(k), alloc_like(v)
     if plan is None:
@@ -484,7 +504,7 @@ def backward_dkdv(
         )
     if k.shape[0] == 0 or lay.rows == 0:
         return dk, dv
-    if tq == 0:  # no queries anywhere: no gradient (and no descriptor over 0 rows)
+    if tq == 0 or q.shape[0] == 0:  # no queries anywhere: no gradient (and no descriptor over 0 rows)
         return dk.zero_(), dv.zero_()
     programs = min(num_workers(q.device), lay.rows)
     _dkdv_kernel[(programs,)](
@@ -496,7 +516,8 @@ def backward_dkdv(
         triton.cdiv(lay.rows, programs), scale, left, right,
         GROUP=hq // hkv, HEAD_DIM=dim, BLOCK_M=DKDV_BLOCK_M, BLOCK_N=DKDV_BLOCK_N, NUM_Q=NUM_Q,
         BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
-        ZIGZAG=plan.info.schedule_of("dkdv") == "static" and lay.zigzag, num_warps=4, num_stages=1,
+        ZIGZAG=plan.info.schedule_of("dkdv") == "static" and lay.zigzag, Q_SHARED=q_shared,
+        num_warps=4, num_stages=1,
     )
     return dk, dv
 
@@ -507,7 +528,10 @@ def compile_configs():
     configs = []
     for dtype in ("fp16", "bf16"):
         for dim in HEAD_DIMS:
-            for causal, pipeline in ((False, True), (True, True), (False, False), (True, False)):
+            for causal, pipeline, shared in (
+                (False, True, False), (True, True, False), (False, False, False), (True, False, False),
+                (False, True, True),  # broadcast-Q
+            ):
                 signature = {
                     "desc_q": f"tensordesc<{dtype}[{BLOCK_M // 2},{dim}]>",
                     "desc_k": f"tensordesc<{dtype}[{BLOCK_N},{dim}]>",
@@ -519,16 +543,16 @@ def compile_configs():
                 constexprs = {
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
                     "NUM_KV": NUM_KV, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal,
-                    "PIPELINE": pipeline, "ZIGZAG": True,
+                    "PIPELINE": pipeline, "ZIGZAG": True, "Q_SHARED": shared,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
                 configs.append((
-                    f"tlx_fwd{'' if pipeline else '_v1'} {dtype} d{dim}{' causal' if causal else ''}",
+                    f"tlx_fwd{'' if pipeline else '_v1'}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
                     _fwd_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
                 ))
-            for causal in (False, True):
+            for causal, shared in ((False, False), (True, False), (False, True)):
                 signature = {
                     "desc_q": f"tensordesc<{dtype}[{DKDV_BLOCK_M},{dim}]>",
                     "desc_k": f"tensordesc<{dtype}[{DKDV_BLOCK_N // 2},{dim}]>",
@@ -542,6 +566,7 @@ def compile_configs():
                 constexprs = {
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": DKDV_BLOCK_M, "BLOCK_N": DKDV_BLOCK_N,
                     "NUM_Q": NUM_Q, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal, "ZIGZAG": True,
+                    "Q_SHARED": shared,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
@@ -549,7 +574,7 @@ def compile_configs():
                 # in registers beside the S^T / dP^T tiles): bench/NOTES.md.
                 known_spill = {64: 32, 128: 512}[dim]
                 configs.append((
-                    f"tlx_dkdv {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
+                    f"tlx_dkdv{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1}, known_spill,
                 ))
     return configs

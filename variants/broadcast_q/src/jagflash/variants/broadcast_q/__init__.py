@@ -53,8 +53,8 @@ def broadcast_q_attention(
             sequence's dQ; by default the kernels add the terms with fp32 atomics in whatever
             order they finish; with ``deterministic=True`` one program per (head, q-tile) adds
             them in sequence order (fewer programs, so slower when Hq * Lq is small).
-        backend: ``"portable"``, ``"interpreter"``, ``"reference"``, or ``None`` for the fastest
-            that runs the problem (``JAGFLASH_BACKEND`` overrides ``None``).
+        backend: ``"tlx-sm90"``, ``"portable"``, ``"interpreter"``, ``"reference"``, or ``None``
+            for the fastest that runs the problem (``JAGFLASH_BACKEND`` overrides ``None``).
             ``jagflash.core.backend.last_choice("broadcast_q")`` tells which ran and why.
 
     Returns:

@@ -202,6 +202,59 @@ def forward(
     return out.to(dtype), lse
 
 
+def backward_dq(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    *,
+    left: int,
+    right: int,
+    scale: float,
+    deterministic: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dQ pass: dQ ``[Lq, Hq, D]`` summed over the sequences (fp32 with atomics, else the
+    kernel dtype) and delta = rowsum(dO * O) ``[B, Hq, Lq]`` fp32, which the dK/dV pass
+    (portable or TLX) reads. Bitwise repeatable when ``deterministic``."""
+    dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))
+    lse = lse.contiguous()
+    lq, hq, dim = q.shape
+    batch = kv_offsets.numel() - 1
+    delta = alloc_like(lse)
+    cfg = block_config(backend, dim, "dq")
+    common = (
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), out.stride(2), dout.stride(0), dout.stride(1), dout.stride(2),
+    )
+    if deterministic:
+        # Every element is written once by its (head, q-tile) program: no zero fill needed.
+        dq = alloc_like(q)
+        grid = (hq, triton.cdiv(lq, cfg["BLOCK_M"]))
+        if grid[0] > 0 and grid[1] > 0:
+            _dq_ordered_kernel[grid](
+                q, k, v, out, dout, dq, lse, delta, kv_offsets, *common, dq.stride(0), dq.stride(1),
+                batch, lq, hq, scale, left, right, **_flags(q, k, left, right), **launch_options(cfg),
+            )
+    else:
+        # The atomics add into zeros: a sequence of length 0 adds nothing, and B = 0 gives 0.
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        grid = (batch * hq, triton.cdiv(lq, cfg["BLOCK_M"]))
+        if grid[0] > 0 and grid[1] > 0:
+            _dq_atomic_kernel[grid](
+                q, k, v, out, dout, dq, lse, delta, kv_offsets, *common, dq.stride(0), dq.stride(1),
+                lq, hq, scale, left, right, **_flags(q, k, left, right), **launch_options(cfg),
+            )
+    return dq, delta
+
+
+def _flags(q: torch.Tensor, k: torch.Tensor, left: int, right: int) -> dict:
+    return {"GROUP": q.shape[1] // k.shape[1], "HEAD_DIM": q.shape[2], "BOUNDED_LEFT": left >= 0, "BOUNDED_RIGHT": right >= 0}
+
+
 def backward(
     dout: torch.Tensor,
     q: torch.Tensor,
@@ -221,36 +274,16 @@ def backward(
     """dQ ``[Lq, Hq, D]`` (the sum over sequences), dK, dV ``[Tk, Hkv, D]``, in the inputs'
     dtypes. dK/dV are deterministic; dQ is when ``deterministic``."""
     dtypes = (q.dtype, k.dtype, v.dtype)
-    dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))
+    dq, delta = backward_dq(
+        dout, q, k, v, out, lse, kv_offsets, left=left, right=right, scale=scale,
+        deterministic=deterministic, backend=backend,
+    )
+    dout, q, k, v = (for_kernel(t, backend) for t in (dout, q, k, v))
     lse = lse.contiguous()
     lq, hq, dim = q.shape
     hkv = k.shape[1]
     batch = kv_offsets.numel() - 1
-    dk, dv, delta = (alloc_like(t) for t in (k, v, lse))
-    flags = {"GROUP": hq // hkv, "HEAD_DIM": dim, "BOUNDED_LEFT": left >= 0, "BOUNDED_RIGHT": right >= 0}
-    cfg = block_config(backend, dim, "dq")
-    common = (
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), out.stride(2), dout.stride(0), dout.stride(1), dout.stride(2),
-    )
-    if deterministic:
-        # Every element is written once by its (head, q-tile) program: no zero fill needed.
-        dq = alloc_like(q)
-        grid = (hq, triton.cdiv(lq, cfg["BLOCK_M"]))
-        if grid[0] > 0 and grid[1] > 0:
-            _dq_ordered_kernel[grid](
-                q, k, v, out, dout, dq, lse, delta, kv_offsets, *common, dq.stride(0), dq.stride(1),
-                batch, lq, hq, scale, left, right, **flags, **launch_options(cfg),
-            )
-    else:
-        # The atomics add into zeros: a sequence of length 0 adds nothing, and B = 0 gives 0.
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        grid = (batch * hq, triton.cdiv(lq, cfg["BLOCK_M"]))
-        if grid[0] > 0 and grid[1] > 0:
-            _dq_atomic_kernel[grid](
-                q, k, v, out, dout, dq, lse, delta, kv_offsets, *common, dq.stride(0), dq.stride(1),
-                lq, hq, scale, left, right, **flags, **launch_options(cfg),
-            )
+    dk, dv = alloc_like(k), alloc_like(v)
     cfg = block_config(backend, dim, "dkdv")
     grid = (batch * hkv, triton.cdiv(max_seqlen_kv, cfg["BLOCK_N"]))
     if grid[0] > 0 and grid[1] > 0:
@@ -259,6 +292,6 @@ def backward(
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             dout.stride(0), dout.stride(1), dout.stride(2),
             dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-            lq, hq, hkv, scale, left, right, **flags, **launch_options(cfg),
+            lq, hq, hkv, scale, left, right, **_flags(q, k, left, right), **launch_options(cfg),
         )
     return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])

@@ -60,6 +60,10 @@ def broadcast_q_fwd(
             qx, k, v, q_offsets, kv_offsets, causal=False, window=(left, right), scale=scale
         )
         return out.view(b, lq, hq, dim), lse.view(hq, b, lq).transpose(0, 1).contiguous()
+    if choice.name == "tlx-sm90":
+        from jagflash.variants.broadcast_q import kernels_tlx_sm90
+
+        return kernels_tlx_sm90.forward(q, k, v, kv_offsets, left=left, right=right, scale=scale)
     from jagflash.variants.broadcast_q import kernels_portable
 
     return kernels_portable.forward(
@@ -102,6 +106,13 @@ def broadcast_q_bwd(
             causal=False, window=(left, right), scale=scale,
         )
         return dqx.view(b, lq, hq, dim).sum(0).to(q.dtype), dk, dv
+    if choice.name == "tlx-sm90":
+        from jagflash.variants.broadcast_q import kernels_tlx_sm90
+
+        return kernels_tlx_sm90.backward(
+            dout, q, k, v, out, lse, kv_offsets, left=left, right=right, scale=scale,
+            deterministic=deterministic,
+        )
     from jagflash.variants.broadcast_q import kernels_portable
 
     return kernels_portable.backward(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jagflash.core.backend import portable_family
+from jagflash.core.backend import portable_family, tlx_sm90_backend
 from jagflash.core.capability import DEFAULT_ATOL, VariantSpec
 
 # The family's note says "deterministic backward" (true of the jagged and dense kernels); here
@@ -18,9 +18,15 @@ _PORTABLE_NOTES = "stock Triton; dQ summed over sequences by fp32 atomics, in or
 SPEC = VariantSpec(
     name="broadcast_q",
     layouts=frozenset({"broadcast_q"}),
-    backends=tuple(
-        dataclasses.replace(b, notes=_PORTABLE_NOTES) if b.name == "portable" else b
-        for b in portable_family(frozenset({"gqa", "lse"}))
+    backends=(
+        dataclasses.replace(
+            tlx_sm90_backend(frozenset({"gqa", "lse"})),
+            notes="TLX forward and dK/dV pass over the shared Q; dQ: the portable pass",
+        ),
+        *(
+            dataclasses.replace(b, notes=_PORTABLE_NOTES) if b.name == "portable" else b
+            for b in portable_family(frozenset({"gqa", "lse"}))
+        ),
     ),
     atol=DEFAULT_ATOL,
 )

@@ -99,10 +99,11 @@ def _default_plan(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool
     """The plan of a call without ``plan=``. A dense plan depends on shapes alone, so it is built
     once per (shapes, mask, tile sizes, device) and kept (the last ``_PLANS_KEPT``): a call then
     launches no plan-building kernels. Not kept while a CUDA graph is being captured (its
-    memory belongs to the graph) nor while tracing."""
-    blocks = call_plan_blocks(SPEC, "dense", q, k, causal=causal, backend=backend)
+    memory belongs to the graph). Traced by ``torch.compile``, a call passes no plan: the backend
+    is chosen inside the opaque op, so the forward and backward ops each lay out their own."""
     if torch.compiler.is_compiling():
-        return _build(q, k, causal=causal, blocks=blocks, backward=backward)
+        return None, None, None
+    blocks = call_plan_blocks(SPEC, "dense", q, k, causal=causal, backend=backend)
     key = (q.device, tuple(q.shape), tuple(k.shape), bool(causal), bool(backward), tuple(sorted(blocks.items())))
     hit = _PLANS.get(key)
     if hit is None:

@@ -193,7 +193,10 @@ def make_plan(
 
 def _own_plan(q, k, q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv, backward, backend):
     """The plan a call without ``plan=`` builds for itself: ints on the host, tensors by one
-    opaque op (so that ``torch.compile`` sees a single node)."""
+    opaque op. Laid out for the backend the call will pick; traced by ``torch.compile`` (which
+    cannot follow that choice), none: the forward and backward ops each build their own."""
+    if torch.compiler.is_compiling():
+        return None, None, None
     info = plan_info(
         batch=q_offsets.numel() - 1, total_q=q.shape[0], total_kv=k.shape[0], heads_q=q.shape[1],
         heads_kv=k.shape[1], causal=causal,

@@ -1,0 +1,74 @@
+"""Broadcast-Q on Hopper with TLX: the warp-specialised kernels of ``jagflash.core.tlx_attention``
+with ``q_shared``: sequence ``b``'s q-tiles read the one shared Q block and write rows
+``b * Lq + m`` of the output, LSE and dO, so the batch is the jagged problem whose sequence ``b``
+has Lq queries, laid out (and cost-sorted by its K/V length) by a Plan like any jagged batch.
+The backward runs the portable dQ pass (dQ summed over the sequences by atomics, or in order
+with ``deterministic``; it also computes delta) and then the TLX dK/dV pass."""
+
+from __future__ import annotations
+
+import torch
+
+from jagflash.core import tlx_attention
+from jagflash.core.backend import TLX_SM90_BLOCKS
+from jagflash.core.schedule import Plan, make_plan
+from jagflash.variants.broadcast_q import kernels_portable
+
+__all__ = ["backward", "compile_configs", "forward"]
+
+
+def _plan(q: torch.Tensor, k: torch.Tensor, kv_offsets: torch.Tensor, left: int, right: int, backward: bool) -> tuple[Plan, torch.Tensor]:
+    """The plan of one call and the offsets of its output rows (``arange(B + 1) * Lq``)."""
+    lq = q.shape[0]
+    q_offsets = torch.arange(kv_offsets.numel(), device=q.device, dtype=kv_offsets.dtype) * lq
+    (bm, bn), dkdv = TLX_SM90_BLOCKS["fwd"], TLX_SM90_BLOCKS["dkdv"]
+    plan = make_plan(
+        q_offsets, kv_offsets, total_q=(kv_offsets.numel() - 1) * lq, total_kv=k.shape[0],
+        heads_q=q.shape[1], heads_kv=k.shape[1], window=(left, right), block_m=bm, block_n=bn,
+        dkdv_blocks=dkdv, max_seqlen_q=lq, backward=backward,
+    )
+    return plan, q_offsets
+
+
+def forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_offsets: torch.Tensor, *, left: int,
+    right: int, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """O ``[B, Lq, Hq, D]`` and LSE ``[B, Hq, Lq]`` fp32."""
+    lq, hq, dim = q.shape
+    batch = kv_offsets.numel() - 1
+    plan, q_offsets = _plan(q, k, kv_offsets, left, right, backward=False)
+    out, lse = tlx_attention.forward(
+        q, k, v, q_offsets, kv_offsets, lq, left=left, right=right, scale=scale, plan=plan,
+        q_shared=True,
+    )
+    return out.view(batch, lq, hq, dim), lse.view(hq, batch, lq).transpose(0, 1).contiguous()
+
+
+def backward(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, kv_offsets: torch.Tensor, *, left: int, right: int, scale: float,
+    deterministic: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ ``[Lq, Hq, D]`` (summed over the sequences), dK, dV. dK/dV are deterministic; dQ is
+    when ``deterministic``."""
+    dq, delta = kernels_portable.backward_dq(
+        dout, q, k, v, out, lse, kv_offsets, left=left, right=right, scale=scale,
+        deterministic=deterministic, backend="portable",
+    )
+    lq, hq, dim = q.shape
+    batch = kv_offsets.numel() - 1
+    plan, q_offsets = _plan(q, k, kv_offsets, left, right, backward=True)
+
+    def heads_rows(t: torch.Tensor) -> torch.Tensor:  # [B, Hq, Lq] -> [Hq, B * Lq]
+        return t.transpose(0, 1).reshape(hq, batch * lq)
+
+    dk, dv = tlx_attention.backward_dkdv(
+        dout.reshape(batch * lq, hq, dim), q, k, v, heads_rows(lse), heads_rows(delta), q_offsets,
+        kv_offsets, left=left, right=right, scale=scale, plan=plan, q_shared=True,
+    )
+    return dq.to(q.dtype), dk, dv
+
+
+def compile_configs():
+    return tlx_attention.compile_configs()
