@@ -40,6 +40,7 @@ COLUMNS = (
     "ms_p80",
     "tflops",
     "flops",
+    "peak_mib",
     "rel_err",
     "note",
     "num_seqs",
@@ -77,7 +78,7 @@ _CELL = {
     "failed": "FAIL",
     "skipped": "skip",
 }
-_NUMERIC = ("ms_p20", "ms_p50", "ms_p80", "tflops", "rel_err")
+_NUMERIC = ("ms_p20", "ms_p50", "ms_p80", "tflops", "peak_mib", "rel_err")
 _INTS = (
     "flops",
     "num_seqs",
@@ -133,10 +134,12 @@ def _cell(row: dict | None) -> str:
     if row is None:
         return ""
     if row["status"] == "ok" and row.get("tflops") is not None:
+        peak = row.get("peak_mib")
+        mem = f"<br>{peak:.0f} MiB" if isinstance(peak, (int, float)) else ""
         return (
-            f"**{row['tflops']:.0f}**<br>{row['ms_p50']:.3g} ms"
+            f"**{row['tflops']:.0f}**<br>{row['ms_p50']:.3g} ms{mem}"
             if row["tflops"] >= 1
-            else (f"**{row['tflops']:.3g}**<br>{row['ms_p50']:.3g} ms")
+            else (f"**{row['tflops']:.3g}**<br>{row['ms_p50']:.3g} ms{mem}")
         )
     return _CELL.get(row["status"], row["status"])
 

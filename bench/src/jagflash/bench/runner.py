@@ -184,6 +184,22 @@ def _poison_free_memory(batch, device) -> None:
     del blocks
 
 
+def _peak_mib(fn, device) -> float | None:
+    """Memory one call of ``fn`` allocates on the GPU at its peak, above what was allocated
+    before it (MiB): the working memory a user pays for, e.g. the expanded Q of the expand-Q
+    baseline, or a training forward's saved tensors. ``None`` off CUDA."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
 def _context_broken(device) -> bool:
     import torch
 
@@ -353,10 +369,11 @@ class Worker:
                     with torch.set_grad_enabled(grad):
                         p.fwd()
 
+                peak = _peak_mib(functools.partial(fwd_fn, preps[0]), dev)
                 t = measure(
                     Rotator([functools.partial(fwd_fn, p) for p in preps]), dev, **timing_kw
                 )
-                self._emit_timed(state, prov.name, "fwd", t, err_fwd, notes_fwd, n_sets)
+                self._emit_timed(state, prov.name, "fwd", t, err_fwd, notes_fwd, n_sets, peak)
         if not want_bwd:
             return
         if no_bwd is not None:
@@ -406,10 +423,13 @@ class Worker:
             functools.partial(o.backward, p.dout, retain_graph=True) for o, p in zip(outs, preps)
         ]
         leaves = [x for p in preps for x in p.leaves]
+        peak = _peak_mib(fns[0], dev)
+        for x in leaves:
+            x.grad = None
         t = measure(Rotator(fns), dev, grad_to_none=leaves, **timing_kw)
-        self._emit_timed(state, prov.name, "bwd", t, errs[worst], notes, n_sets)
+        self._emit_timed(state, prov.name, "bwd", t, errs[worst], notes, n_sets, peak)
 
-    def _emit_timed(self, state, provider, direction, t, err, notes, n_sets) -> None:
+    def _emit_timed(self, state, provider, direction, t, err, notes, n_sets, peak=None) -> None:
         row = self._row(
             state,
             provider,
@@ -424,6 +444,7 @@ class Worker:
             runs=t.runs,
         )
         row["tflops"] = row["flops"] / (t.p50 * 1e-3) / 1e12 if t.p50 > 0 else None
+        row["peak_mib"] = peak
         if n_sets > 1:
             row["timer"] += f", {n_sets} input sets"
         self._emit_row(row)
