@@ -460,7 +460,7 @@ def forward(
         out.stride(0), out.stride(1), tq, triton.cdiv(lay.rows, programs), scale, left, right,
         GROUP=hq // hkv, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NUM_KV=NUM_KV,
         BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0, PIPELINE=pipeline,
-        ZIGZAG=plan.info.schedule_of("fwd") == "static" and lay.zigzag, Q_SHARED=q_shared,
+        ZIGZAG=plan.info.schedule_of("fwd") in ("static", "grouped") and lay.zigzag, Q_SHARED=q_shared,
         num_warps=4, num_stages=1,
     )
     return out, lse
@@ -516,7 +516,7 @@ def backward_dkdv(
         triton.cdiv(lay.rows, programs), scale, left, right,
         GROUP=hq // hkv, HEAD_DIM=dim, BLOCK_M=DKDV_BLOCK_M, BLOCK_N=DKDV_BLOCK_N, NUM_Q=NUM_Q,
         BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
-        ZIGZAG=plan.info.schedule_of("dkdv") == "static" and lay.zigzag, Q_SHARED=q_shared,
+        ZIGZAG=plan.info.schedule_of("dkdv") in ("static", "grouped") and lay.zigzag, Q_SHARED=q_shared,
         num_warps=4, num_stages=1,
     )
     return dk, dv
