@@ -110,11 +110,15 @@ def sort_kind(schedule: str) -> int:
     """How a schedule orders its table: 0 batch order, 1 by tile cost, 2 by sequence cost
     (``grouped``; a sequence's tiles stay together, in batch order)."""
     return {"none": 0, "static": 1, "dynamic": 1, "grouped": 2}[schedule]
+
+
 #: The schedules of a plan a call builds for itself (no ``plan=`` given): the forward's, and the
 #: backward passes' (``None``: the forward's). On the H200 a batch-order backward ("none") beat
 #: the persistent ones by ~15 % on causal lognormal batches and tied elsewhere (see the A/B in
-#: ``jagflash.variants.jagged.ab_schedules``).
-DEFAULT_SCHEDULE = "static"
+#: ``jagflash.variants.jagged.ab_schedules``). The forward's: in the 2026-11-30 A/B (TLX and
+#: portable kernels, bench/NOTES.md) ``grouped`` was within 0.5 % of static or faster on every
+#: batch (causal lognormal 2.12 ms vs 2.26), and within 3 % of the fastest order.
+DEFAULT_SCHEDULE = "grouped"
 DEFAULT_BACKWARD_SCHEDULE: str | None = "none"
 PASSES = ("fwd", "dq", "dkdv")
 #: Which side a pass tiles: q-tiles (forward, dQ) or kv-tiles (dK/dV).
@@ -700,7 +704,7 @@ def make_plan(
     max_seqlen_q: int | None = None,
     max_seqlen_kv: int | None = None,
     workers: int | None = None,
-    schedule: str = "static",
+    schedule: str = DEFAULT_SCHEDULE,
     backward_schedule: str | None = None,
     backward: bool = True,
 ) -> Plan:
@@ -722,8 +726,8 @@ def make_plan(
             table's size (never pass one below a length: tiles past the bound are dropped).
         workers: persistent programs per launch; ``None``: the device's SM count at launch
             (4 under the interpreter). Ignored by ``schedule="none"``.
-        schedule: ``"static"`` (cost-sorted, dealt zigzag / round-robin), ``"grouped"``
-            (sequences cost-sorted, their tiles together, dealt zigzag), ``"dynamic"``
+        schedule: ``"grouped"`` (default: sequences cost-sorted, their tiles together, dealt
+            zigzag), ``"static"`` (tiles cost-sorted, dealt zigzag / round-robin), ``"dynamic"``
             (cost-sorted, atomic tile counter) or ``"none"`` (batch order, one program a tile).
         backward_schedule: the backward passes' kind (default: ``schedule``'s).
         backward: also lay out the dQ and dK/dV passes (``False`` for inference only).
