@@ -453,6 +453,13 @@ def _flex_compiled():
     ):
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 256))
+    # The bench replays one backward graph many times (retain_graph=True); AOT autograd's
+    # donated buffers forbid that ("compiled with non-empty donated buffers", seen on the H200
+    # for most jagged workloads): keep every buffer alive instead.
+    import torch._functorch.config
+
+    if hasattr(torch._functorch.config, "donated_buffer"):
+        torch._functorch.config.donated_buffer = False
     return torch.compile(flex_attention, dynamic=False)
 
 
