@@ -11,6 +11,9 @@
 #   1. carry [".gpu/fa4.part00"]:            mkdir -p /tmp/stage && cp .gpu/fa4.part00 /tmp/stage/
 #   2. carry [".gpu/triton38-utlx.tar.xz"]:  bash bench/gpu.sh ceilings tests demo tlx-ab
 #   3. carry [".gpu/fa4.part01"]:            bash bench/gpu.sh bench   (reuses /tmp/tlx)
+# (add ".gpu/commit" to each carry so the results name the commit: see JAGFLASH_GIT_COMMIT).
+# Budget: a full bench of every workload and peer takes ~8 minutes of a 10-minute call; the
+# 2026-11-30 run had ~4.5 and skipped 44 of its 184 rows (bench/results/2026-11-30-h200).
 # Make the bundles first with ../shared/tools/gpu-bundle and ../shared/tools/fa4-bundle.
 #
 # Steps (default: ceilings tests demo bench, in this order): ceilings (versions + bf16 matmul and
@@ -113,6 +116,12 @@ export PYTHONPATH="$PP${PYTHONPATH:+:$PYTHONPATH}"
 export JAGFLASH_TLX_PATHS=/tmp/tlx
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
+# The device copy's .git may lag the working tree it was sent with: a commit written to
+# .gpu/commit here (`git describe --always --dirty --abbrev=12 > .gpu/commit`, carried along)
+# wins over what git says there.
+if [ -z "${JAGFLASH_GIT_COMMIT:-}" ] && [ -s .gpu/commit ]; then
+    JAGFLASH_GIT_COMMIT=$(head -c 64 .gpu/commit | tr -d '\n')
+fi
 if [ -z "${JAGFLASH_GIT_COMMIT:-}" ]; then
     JAGFLASH_GIT_COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 fi
