@@ -319,3 +319,15 @@ def test_gpu_build_is_sync_free_and_matches_cpu(schedule: str) -> None:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(gpu.tiles.cpu(), cpu.tiles)
     assert torch.equal(gpu.meta.cpu(), cpu.meta)
+
+
+def test_tlx_kernels_deal_the_sorted_static_tables_zigzag() -> None:
+    """The TLX kernels walk a plan without a tile counter: zigzag for grouped and static, in
+    order for batch order and for a dynamic plan (checked on the host side; no GPU needed)."""
+    tlx_attention = pytest.importorskip("jagflash.core.tlx_attention")
+    qo = torch.tensor([0, 5, 300], dtype=torch.int32)
+    want = {"grouped": True, "static": True, "none": False, "dynamic": False}
+    for schedule, zigzag in want.items():
+        plan = make_plan(qo, qo, total_q=300, total_kv=300, heads_q=2, heads_kv=2, block_m=128, block_n=128, schedule=schedule)
+        assert tlx_attention._zigzag(plan, "fwd") is zigzag, schedule
+        assert tlx_attention._zigzag(plan, "dkdv") is zigzag, schedule

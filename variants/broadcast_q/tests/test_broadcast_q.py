@@ -298,12 +298,33 @@ def test_refuses_causal_and_window_through_front_door() -> None:
         jc.attention(q, k, v, kv_offsets=ko, window=(8, 0))
 
 
-def test_has_no_causal_or_plan_argument() -> None:
-    """Causal has no meaning here, and plans wait for core.schedule: neither is accepted."""
+def test_has_no_causal_argument_and_checks_its_plan() -> None:
+    """Causal has no meaning here; a plan must be one."""
     with pytest.raises(TypeError, match="causal"):
         broadcast_q_attention(*_valid(), causal=True)
-    with pytest.raises(TypeError, match="plan"):
+    with pytest.raises(InvalidInput, match=r"plan must be a jagflash\.core\.schedule\.Plan"):
         broadcast_q_attention(*_valid(), plan=object())
+
+
+def test_a_shared_plan_runs_forward_and_backward(device: str) -> None:
+    """One plan (make_plan) for two calls on the same offsets, grads included; a plan built for
+    other offsets is refused."""
+    from jagflash.variants.broadcast_q import make_plan
+
+    case = Case(33, (0, 20, 65), hq=4, hkv=2, head_dim=32 if device == "cpu" else 64)
+    t = case.build(device)
+    plan = make_plan(t["q"], t["k"], t["kv_offsets"])
+    dout = t.pop("dout")
+    for _ in range(2):
+        check_against_reference(
+            _kernel(deterministic=False, plan=plan), _reference, t, atol=SPEC.atol[case.dtype], dout=dout
+        )
+    if device == "cpu":  # on a GPU other offsets' values fail the stream (torch._assert_async)
+        other = t["kv_offsets"].clone()
+        other[1] += 1
+        stale = make_plan(t["q"], t["k"], other)
+        with pytest.raises(InvalidInput, match="built for other offsets"):
+            broadcast_q_attention(t["q"], t["k"], t["v"], t["kv_offsets"], plan=stale)
 
 
 def test_refuses_unsupported_head_dim() -> None:

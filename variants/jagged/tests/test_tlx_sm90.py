@@ -1,6 +1,6 @@
 """The TLX (Hopper) kernels against the fp64 reference: the forward's two consumer versions
 under each schedule, the dK/dV pass, and the tlx-sm90 backend through the public functions
-(forward and backward, dense and jagged, bitwise-repeatable backward). Needs an sm_90 GPU and
+(forward and backward, bitwise-repeatable backward; dense: variants/dense/tests). Needs an sm_90 GPU and
 TLX."""
 
 from __future__ import annotations
@@ -88,26 +88,6 @@ def test_tlx_backend_is_the_default_forward_and_backward(causal) -> None:
 
     check_against_reference(kernel, _reference(causal), t, atol=SPEC.atol[torch.bfloat16], dout=dout)
     assert last_choice("jagged").name == "tlx-sm90"
-
-
-@pytest.mark.parametrize(("nq", "nk", "hq", "hkv", "head_dim", "causal"), [(300, 300, 4, 4, 128, True), (200, 333, 8, 2, 64, False), (333, 200, 4, 1, 128, True)])
-def test_dense_tlx_forward_and_backward(nq, nk, hq, hkv, head_dim, causal) -> None:
-    from jagflash.core.backend import last_choice
-    from jagflash.testing import dense_reference, make_dense
-    from jagflash.variants.dense import SPEC as DENSE
-    from jagflash.variants.dense import dense_attention
-
-    t = make_dense(2, nq, nk, hq, hkv, head_dim, torch.float16, "cuda", seed=nq + nk)
-    dout = t.pop("dout")
-
-    def kernel(q, k, v):
-        return dense_attention(q, k, v, causal=causal, return_lse=True)
-
-    def reference(q, k, v, dtype):
-        return dense_reference(q, k, v, causal=causal, dtype=dtype)
-
-    check_against_reference(kernel, reference, t, atol=DENSE.atol[torch.float16], dout=dout)
-    assert last_choice("dense").name == "tlx-sm90"
 
 
 def test_tlx_backward_is_bitwise_repeatable() -> None:

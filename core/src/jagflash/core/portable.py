@@ -330,6 +330,12 @@ def block_config(backend: str, head_dim: int, pass_: str) -> dict[str, int]:
     raise ValueError(f"unknown pass {pass_!r}")
 
 
+def kernel_flags(heads_q: int, heads_kv: int, head_dim: int, left: int, right: int) -> dict[str, object]:
+    """The compile-time flags every attention kernel takes: the GQA group, the head dim and
+    which sides of the mask are bounded (``jagflash.core.jagged.mask_bounds``)."""
+    return {"GROUP": heads_q // heads_kv, "HEAD_DIM": head_dim, "BOUNDED_LEFT": left >= 0, "BOUNDED_RIGHT": right >= 0}
+
+
 def launch_options(cfg: dict[str, int]) -> dict[str, int]:
     """The keyword arguments of a kernel launch from a :func:`block_config`."""
     return {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "num_warps", "num_stages")}

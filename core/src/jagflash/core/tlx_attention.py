@@ -1,15 +1,21 @@
-"""Attention forward for Hopper (sm_90a), warp-specialised with TLX, over jagged batches.
+"""Attention for Hopper (sm_90a), warp-specialised with TLX, over jagged batches: the forward
+and the dK/dV pass of the backward.
 
-The dense and jagged variants both launch it (dense is jagged with equal lengths); their
-``kernels_tlx_sm90`` modules are thin wrappers. One persistent program per SM. Each program walks its q-tiles (128 query rows of one head of
-one sequence) and splits the work over three warp roles:
+The dense, jagged and broadcast-Q variants all launch these kernels (dense is jagged with equal
+lengths; broadcast-Q is jagged with one shared Q block, ``q_shared``); their ``kernels_tlx_sm90``
+modules are thin wrappers. One persistent program per SM walks the forward (or dK/dV) section of
+a :class:`jagflash.core.schedule.Plan` (dealt zigzag for the grouped and static schedules,
+round-robin otherwise) and splits the work over three warp roles:
 
-- the producer (the default warpgroup) streams Q once per tile and K/V through a ring of
-  ``NUM_KV`` shared-memory slots with TMA, each slot guarded by a full/empty mbarrier pair;
-- two consumer warpgroups (``replicate=2``, 232 registers each) take 64 rows each and run
+- the producer (the default warpgroup, 24 registers) streams Q once per tile and K/V through a
+  ring of ``NUM_KV`` shared-memory slots with TMA, each slot guarded by a full/empty mbarrier
+  pair (``jagflash.core.pipeline``);
+- two consumer warpgroups (``replicate=2``, 240 registers each) take 64 rows each and run
   wgmma + the shared online-softmax step of ``jagflash.core.math``; they issue their QK^T
   wgmmas in turn (named barriers 9 and 10), so one's softmax overlaps the other's matmul
-  ("ping-pong");
+  ("ping-pong"). Version 2 of the consumer (``pipeline=True``) also keeps QK^T of tile j in
+  flight while P V of tile j-1 issues; the default picks the version that measured faster for
+  the mask (bench/NOTES.md);
 - the epilogue (in the consumers) normalises, and writes O and the LSE with masked stores that
   never cross the sequence boundary.
 
@@ -19,9 +25,9 @@ loop and ``[full_lo, full_hi)`` in the unmasked one (for causal attention that p
 diagonal tiles off the main loop). TMA reads past a sequence's end are harmless: see
 ``jagflash.core.pipeline``.
 
-Tiles are taken in a static order (worker ``w`` takes tiles ``w, w + W, ...``), each (sequence,
-head)'s q-tiles heaviest first. Cost-sorted schedules from ``jagflash.core.schedule`` replace
-this order once they exist.
+The dK/dV pass (:func:`backward_dkdv`) keeps a 128-row kv-tile's dK and dV in the two consumer
+warpgroups' registers and streams Q / dO of every q-tile that sees it; dQ and delta come from
+the portable dQ pass, which runs first.
 """
 
 from __future__ import annotations
@@ -52,7 +58,8 @@ from jagflash.core.pipeline import (
     rows_descriptor,
     tma_load,
 )
-from jagflash.core.schedule import PASSES, make_plan
+from jagflash.core.portable import kernel_flags
+from jagflash.core.schedule import PASSES, make_plan, sort_kind
 
 BLOCK_M, BLOCK_N = TLX_SM90_BLOCKS["fwd"]  # q-tile rows (each consumer warpgroup takes half), kv rows
 NUM_KV = 2  # K/V ring depth
@@ -402,6 +409,13 @@ def _dkdv_kernel(
                     tile_cnt += 1
 
 
+def _zigzag(plan, pass_: str) -> bool:
+    """Whether the kernel deals ``pass_``'s table zigzag: the sorted static schedules (grouped,
+    static) do; batch order and a dynamic plan's table are walked round-robin (the producer and
+    the consumers must agree on the order without talking, so there is no tile counter)."""
+    return sort_kind(plan.info.schedule_of(pass_)) != 0 and plan.info.schedule_of(pass_) != "dynamic" and plan.info.layout(pass_).zigzag
+
+
 def forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -458,9 +472,8 @@ def forward(
         rows_descriptor(v, BLOCK_N, dim), out, lse, q_offsets, kv_offsets,
         plan.section("fwd"), plan.meta[PASSES.index("fwd"):],
         out.stride(0), out.stride(1), tq, triton.cdiv(lay.rows, programs), scale, left, right,
-        GROUP=hq // hkv, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NUM_KV=NUM_KV,
-        BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0, PIPELINE=pipeline,
-        ZIGZAG=plan.info.schedule_of("fwd") in ("static", "grouped") and lay.zigzag, Q_SHARED=q_shared,
+        **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NUM_KV=NUM_KV,
+        PIPELINE=pipeline, ZIGZAG=_zigzag(plan, "fwd"), Q_SHARED=q_shared,
         num_warps=4, num_stages=1,
     )
     return out, lse
@@ -514,9 +527,8 @@ def backward_dkdv(
         plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):],
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), tq,
         triton.cdiv(lay.rows, programs), scale, left, right,
-        GROUP=hq // hkv, HEAD_DIM=dim, BLOCK_M=DKDV_BLOCK_M, BLOCK_N=DKDV_BLOCK_N, NUM_Q=NUM_Q,
-        BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
-        ZIGZAG=plan.info.schedule_of("dkdv") in ("static", "grouped") and lay.zigzag, Q_SHARED=q_shared,
+        **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=DKDV_BLOCK_M, BLOCK_N=DKDV_BLOCK_N,
+        NUM_Q=NUM_Q, ZIGZAG=_zigzag(plan, "dkdv"), Q_SHARED=q_shared,
         num_warps=4, num_stages=1,
     )
     return dk, dv

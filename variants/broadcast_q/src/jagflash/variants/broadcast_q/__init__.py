@@ -2,6 +2,11 @@
 
 >>> from jagflash.variants.broadcast_q import broadcast_q_attention
 >>> out = broadcast_q_attention(q, k, v, kv_offsets)   # q [Lq,Hq,D], k/v [Tk,Hkv,D] -> [B,Lq,Hq,D]
+
+Calls that share the K/V offsets and Lq (every layer of a model) can share one tile schedule:
+
+>>> plan = make_plan(q, k, kv_offsets)
+>>> out = broadcast_q_attention(q, k, v, kv_offsets, plan=plan)
 """
 
 from __future__ import annotations
@@ -9,12 +14,14 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.jagged import check_offsets
-from jagflash.core.ops import call_problem, check_qkv, default_scale, raise_if
+from jagflash.core.ops import call_plan_blocks, call_problem, check_qkv, default_scale, raise_if
 from jagflash.core.registry import Variant
+from jagflash.core.schedule import DEFAULT_BACKWARD_SCHEDULE, DEFAULT_SCHEDULE, Plan
+from jagflash.core.schedule import make_plan as _core_make_plan
 from jagflash.variants.broadcast_q import op
 from jagflash.variants.broadcast_q.spec import SPEC
 
-__all__ = ["SPEC", "VARIANT", "broadcast_q_attention"]
+__all__ = ["SPEC", "VARIANT", "broadcast_q_attention", "make_plan"]
 
 
 def broadcast_q_attention(
@@ -27,6 +34,7 @@ def broadcast_q_attention(
     max_seqlen_kv: int | None = None,
     return_lse: bool = False,
     deterministic: bool = False,
+    plan: Plan | None = None,
     backend: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of the same queries over every K/V sequence of a jagged batch.
@@ -53,6 +61,11 @@ def broadcast_q_attention(
             sequence's dQ; by default the kernels add the terms with fp32 atomics in whatever
             order they finish; with ``deterministic=True`` one program per (head, q-tile) adds
             them in sequence order (fewer programs, so slower when Hq * Lq is small).
+        plan: the tile schedule of these K/V offsets and this Lq (:func:`make_plan`), built
+            once and passed to every call that shares them; its backward reuses it. The TLX
+            kernels walk it (tiles ordered by K/V length); without one a TLX call lays out its
+            own, every call. The portable kernels take a plain grid: they check a plan given
+            to them and ignore it. A plan for other offsets, shapes or tile sizes is refused.
         backend: ``"tlx-sm90"``, ``"portable"``, ``"interpreter"``, ``"reference"``, or ``None``
             for the fastest that runs the problem (``JAGFLASH_BACKEND`` overrides ``None``).
             ``jagflash.core.backend.last_choice("broadcast_q")`` tells which ran and why.
@@ -62,8 +75,7 @@ def broadcast_q_attention(
         summed over the sequences, ``dk``, ``dv`` per sequence.
 
     There is no ``causal`` argument: the queries belong to no K/V sequence, so a causal mask
-    has no meaning here (``jagflash.core.attention(..., causal=True)`` is refused). There is no
-    ``plan`` argument yet: the grid is plain until ``jagflash.core.schedule`` exists.
+    has no meaning here (``jagflash.core.attention(..., causal=True)`` is refused).
     Inputs whose last dimension is not contiguous are copied. Invalid inputs raise
     :class:`~jagflash.core.capability.InvalidInput` and problems no backend implements raise
     :class:`~jagflash.core.capability.UnsupportedProblem`, each listing every reason.
@@ -73,12 +85,46 @@ def broadcast_q_attention(
     reasons += check_offsets(kv_offsets, k.shape[0], "kv_offsets", q.device, check_values=False)[0]
     if max_seqlen_kv is not None and int(max_seqlen_kv) < 0:
         reasons.append(f"max_seqlen_kv must be >= 0, got {max_seqlen_kv}")
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if plan is not None and not isinstance(plan, Plan):
+        reasons.append(f"plan must be a jagflash.core.schedule.Plan, got {type(plan).__name__}")
+    elif plan is not None and needs_grad and not plan.info.backward:
+        reasons.append("the plan has no backward passes: build it with backward=True")
     raise_if("broadcast_q_attention", reasons)
     out, lse = op.broadcast_q_fwd(
         q, k, v, kv_offsets, -1 if max_seqlen_kv is None else int(max_seqlen_kv),
         default_scale(scale, q.shape[-1]), bool(return_lse), bool(deterministic), backend or "",
+        *(plan.op_args() if plan is not None and backend != "reference" else (None, None, None)),
     )
     return (out, lse) if return_lse else out
+
+
+def make_plan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    *,
+    schedule: str = DEFAULT_SCHEDULE,
+    backward_schedule: str | None = DEFAULT_BACKWARD_SCHEDULE,
+    workers: int | None = None,
+    max_seqlen_kv: int | None = None,
+    backward: bool = True,
+    backend: str | None = None,
+) -> Plan:
+    """The load-balancing :class:`~jagflash.core.schedule.Plan` of a broadcast-Q batch: the
+    jagged problem whose sequence ``b`` has Lq queries (output rows ``b*Lq`` on) and the K/V of
+    sequence ``b``; no host sync. ``q`` ``[Lq, Hq, D]`` and ``k`` ``[Tk, Hkv, D]`` give only
+    shapes and device. The other arguments as for ``jagflash.variants.jagged.make_plan``
+    (``backend``: default the one a call with these shapes picks)."""
+    raise_if("jagflash.variants.broadcast_q.make_plan", check_qkv(q, k, k, rank=3, layout_doc="[rows, H, D]"))
+    blocks = call_plan_blocks(SPEC, "broadcast_q", q, k, causal=False, backend=backend)
+    return _core_make_plan(
+        op.output_offsets(q, kv_offsets), kv_offsets, total_q=(kv_offsets.numel() - 1) * q.shape[0],
+        total_kv=k.shape[0], heads_q=q.shape[1], heads_kv=k.shape[1], block_m=blocks["fwd"][0],
+        block_n=blocks["fwd"][1], dq_blocks=blocks["dq"], dkdv_blocks=blocks["dkdv"],
+        max_seqlen_q=q.shape[0], max_seqlen_kv=max_seqlen_kv, workers=workers, schedule=schedule,
+        backward_schedule=backward_schedule, backward=backward,
+    )
 
 
 VARIANT = Variant(spec=SPEC, problem=call_problem("broadcast_q"), run=broadcast_q_attention, priority=0)

@@ -31,6 +31,7 @@ from jagflash.core.portable import (
     attn_bwd_dq_acc,
     attn_fwd_tile,
     block_config,
+    kernel_flags,
     launch_options,
     locate_sequence,
 )
@@ -196,7 +197,7 @@ def forward(
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), out.stride(2),
             lq, hq, scale, left, right,
-            GROUP=hq // hkv, HEAD_DIM=dim, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
+            **kernel_flags(hq, hkv, dim, left, right),
             **launch_options(cfg),
         )
     return out.to(dtype), lse
@@ -237,7 +238,7 @@ def backward_dq(
         if grid[0] > 0 and grid[1] > 0:
             _dq_ordered_kernel[grid](
                 q, k, v, out, dout, dq, lse, delta, kv_offsets, *common, dq.stride(0), dq.stride(1),
-                batch, lq, hq, scale, left, right, **_flags(q, k, left, right), **launch_options(cfg),
+                batch, lq, hq, scale, left, right, **kernel_flags(q.shape[1], k.shape[1], q.shape[2], left, right), **launch_options(cfg),
             )
     else:
         # The atomics add into zeros: a sequence of length 0 adds nothing, and B = 0 gives 0.
@@ -246,13 +247,10 @@ def backward_dq(
         if grid[0] > 0 and grid[1] > 0:
             _dq_atomic_kernel[grid](
                 q, k, v, out, dout, dq, lse, delta, kv_offsets, *common, dq.stride(0), dq.stride(1),
-                lq, hq, scale, left, right, **_flags(q, k, left, right), **launch_options(cfg),
+                lq, hq, scale, left, right, **kernel_flags(q.shape[1], k.shape[1], q.shape[2], left, right), **launch_options(cfg),
             )
     return dq, delta
 
-
-def _flags(q: torch.Tensor, k: torch.Tensor, left: int, right: int) -> dict:
-    return {"GROUP": q.shape[1] // k.shape[1], "HEAD_DIM": q.shape[2], "BOUNDED_LEFT": left >= 0, "BOUNDED_RIGHT": right >= 0}
 
 
 def backward(
@@ -292,6 +290,6 @@ def backward(
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             dout.stride(0), dout.stride(1), dout.stride(2),
             dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-            lq, hq, hkv, scale, left, right, **_flags(q, k, left, right), **launch_options(cfg),
+            lq, hq, hkv, scale, left, right, **kernel_flags(q.shape[1], k.shape[1], q.shape[2], left, right), **launch_options(cfg),
         )
     return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])

@@ -13,14 +13,15 @@ from jagflash.core import tlx_attention
 from jagflash.core.backend import TLX_SM90_BLOCKS
 from jagflash.core.schedule import Plan, make_plan
 from jagflash.variants.broadcast_q import kernels_portable
+from jagflash.variants.broadcast_q.op import output_offsets
 
 __all__ = ["backward", "compile_configs", "forward"]
 
 
 def _plan(q: torch.Tensor, k: torch.Tensor, kv_offsets: torch.Tensor, left: int, right: int, backward: bool) -> tuple[Plan, torch.Tensor]:
-    """The plan of one call and the offsets of its output rows (``arange(B + 1) * Lq``)."""
+    """The plan of a call that passed none, and the offsets of its output rows."""
     lq = q.shape[0]
-    q_offsets = torch.arange(kv_offsets.numel(), device=q.device, dtype=kv_offsets.dtype) * lq
+    q_offsets = output_offsets(q, kv_offsets)
     (bm, bn), dkdv = TLX_SM90_BLOCKS["fwd"], TLX_SM90_BLOCKS["dkdv"]
     plan = make_plan(
         q_offsets, kv_offsets, total_q=(kv_offsets.numel() - 1) * lq, total_kv=k.shape[0],
@@ -30,14 +31,21 @@ def _plan(q: torch.Tensor, k: torch.Tensor, kv_offsets: torch.Tensor, left: int,
     return plan, q_offsets
 
 
+def _given(plan: Plan | None, q, k, kv_offsets, left, right, backward) -> tuple[Plan, torch.Tensor]:
+    if plan is None:
+        return _plan(q, k, kv_offsets, left, right, backward)
+    return plan, plan.q_offsets
+
+
 def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_offsets: torch.Tensor, *, left: int,
-    right: int, scale: float,
+    right: int, scale: float, plan: Plan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """O ``[B, Lq, Hq, D]`` and LSE ``[B, Hq, Lq]`` fp32."""
+    """O ``[B, Lq, Hq, D]`` and LSE ``[B, Hq, Lq]`` fp32; ``plan``: the call's (checked) Plan,
+    or ``None`` to lay one out here."""
     lq, hq, dim = q.shape
     batch = kv_offsets.numel() - 1
-    plan, q_offsets = _plan(q, k, kv_offsets, left, right, backward=False)
+    plan, q_offsets = _given(plan, q, k, kv_offsets, left, right, backward=False)
     out, lse = tlx_attention.forward(
         q, k, v, q_offsets, kv_offsets, lq, left=left, right=right, scale=scale, plan=plan,
         q_shared=True,
@@ -48,17 +56,17 @@ def forward(
 def backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     lse: torch.Tensor, kv_offsets: torch.Tensor, *, left: int, right: int, scale: float,
-    deterministic: bool,
+    deterministic: bool, plan: Plan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ ``[Lq, Hq, D]`` (summed over the sequences), dK, dV. dK/dV are deterministic; dQ is
-    when ``deterministic``."""
+    when ``deterministic``. ``plan`` as for :func:`forward` (its dK/dV pass is used)."""
     dq, delta = kernels_portable.backward_dq(
         dout, q, k, v, out, lse, kv_offsets, left=left, right=right, scale=scale,
         deterministic=deterministic, backend="portable",
     )
     lq, hq, dim = q.shape
     batch = kv_offsets.numel() - 1
-    plan, q_offsets = _plan(q, k, kv_offsets, left, right, backward=True)
+    plan, q_offsets = _given(plan, q, k, kv_offsets, left, right, backward=True)
 
     def heads_rows(t: torch.Tensor) -> torch.Tensor:  # [B, Hq, Lq] -> [Hq, B * Lq]
         return t.transpose(0, 1).reshape(hq, batch * lq)

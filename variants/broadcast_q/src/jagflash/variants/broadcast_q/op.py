@@ -28,13 +28,18 @@ def _max_seqlen_kv(kv_offsets: torch.Tensor, tk: int, max_seqlen_kv: int) -> int
     return longest
 
 
+def output_offsets(q: torch.Tensor, kv_offsets: torch.Tensor) -> torch.Tensor:
+    """Offsets of the output rows ``[B*Lq]``: sequence ``b`` owns rows ``b*Lq`` to ``(b+1)*Lq``
+    (as do its expanded queries, its LSE row block and its dO)."""
+    return torch.arange(kv_offsets.numel(), device=q.device, dtype=kv_offsets.dtype) * q.shape[0]
+
+
 def _expanded(q: torch.Tensor, kv_offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Q repeated once per K/V sequence as a jagged ``[B*Lq, Hq, D]`` and its offsets: the
     problem the reference backend solves (dQ is then the sum over the copies)."""
     b, lq = kv_offsets.numel() - 1, q.shape[0]
     qx = q.unsqueeze(0).expand(b, *q.shape).reshape(b * lq, *q.shape[1:])
-    q_offsets = torch.arange(b + 1, device=q.device, dtype=kv_offsets.dtype) * lq
-    return qx, q_offsets
+    return qx, output_offsets(q, kv_offsets)
 
 
 @torch.library.custom_op("jagflash::broadcast_q_fwd", mutates_args=())
@@ -48,6 +53,9 @@ def broadcast_q_fwd(
     return_lse: bool,
     deterministic: bool,
     backend: str,
+    plan_tiles: torch.Tensor | None = None,
+    plan_meta: torch.Tensor | None = None,
+    plan_info: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     _max_seqlen_kv(kv_offsets, k.shape[0], max_seqlen_kv)  # invalid input first, then backends
     problem = make_problem("broadcast_q", q, k, causal=False, return_lse=return_lse)
@@ -60,10 +68,11 @@ def broadcast_q_fwd(
             qx, k, v, q_offsets, kv_offsets, causal=False, window=(left, right), scale=scale
         )
         return out.view(b, lq, hq, dim), lse.view(hq, b, lq).transpose(0, 1).contiguous()
+    plan = _plan(plan_tiles, plan_meta, plan_info, q, k, kv_offsets, max_seqlen_kv, choice.name, ("fwd",))
     if choice.name == "tlx-sm90":
         from jagflash.variants.broadcast_q import kernels_tlx_sm90
 
-        return kernels_tlx_sm90.forward(q, k, v, kv_offsets, left=left, right=right, scale=scale)
+        return kernels_tlx_sm90.forward(q, k, v, kv_offsets, left=left, right=right, scale=scale, plan=plan)
     from jagflash.variants.broadcast_q import kernels_portable
 
     return kernels_portable.forward(
@@ -71,8 +80,26 @@ def broadcast_q_fwd(
     )
 
 
+def _plan(tiles, meta, info, q, k, kv_offsets, max_seqlen_kv, backend, passes):
+    """The Plan a call passed, checked against it (``None`` if it passed none: the TLX kernels
+    then lay out their own; the portable broadcast-Q kernels take a plain grid and no plan)."""
+    if tiles is None or meta is None or info is None:
+        return None
+    from jagflash.core.portable import plan_blocks
+    from jagflash.core.schedule import resolve_plan
+
+    left, right = mask_bounds(False)
+    return resolve_plan(
+        WHO, tiles, meta, info, q_offsets=output_offsets(q, kv_offsets), kv_offsets=kv_offsets,
+        check_offsets=True, total_q=(kv_offsets.numel() - 1) * q.shape[0], total_kv=k.shape[0],
+        heads_q=q.shape[1], heads_kv=k.shape[1], left=left, right=right,
+        blocks=plan_blocks(backend, q.shape[-1]), passes=passes, max_seqlen_q=q.shape[0],
+        max_seqlen_kv=None if max_seqlen_kv < 0 else max_seqlen_kv,
+    )
+
+
 @broadcast_q_fwd.register_fake
-def _(q, k, v, kv_offsets, max_seqlen_kv, scale, return_lse, deterministic, backend):
+def _(q, k, v, kv_offsets, max_seqlen_kv, scale, return_lse, deterministic, backend, plan_tiles=None, plan_meta=None, plan_info=None):
     b, (lq, hq, dim) = kv_offsets.shape[0] - 1, q.shape
     return q.new_empty((b, lq, hq, dim)), q.new_empty((b, hq, lq), dtype=torch.float32)
 
@@ -91,6 +118,9 @@ def broadcast_q_bwd(
     return_lse: bool,
     deterministic: bool,
     backend: str,
+    plan_tiles: torch.Tensor | None = None,
+    plan_meta: torch.Tensor | None = None,
+    plan_info: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     problem = make_problem(
         "broadcast_q", q, k, causal=False, backward=True, deterministic=deterministic
@@ -109,9 +139,10 @@ def broadcast_q_bwd(
     if choice.name == "tlx-sm90":
         from jagflash.variants.broadcast_q import kernels_tlx_sm90
 
+        plan = _plan(plan_tiles, plan_meta, plan_info, q, k, kv_offsets, max_k, choice.name, ("dkdv",))
         return kernels_tlx_sm90.backward(
             dout, q, k, v, out, lse, kv_offsets, left=left, right=right, scale=scale,
-            deterministic=deterministic,
+            deterministic=deterministic, plan=plan,
         )
     from jagflash.variants.broadcast_q import kernels_portable
 
@@ -122,7 +153,7 @@ def broadcast_q_bwd(
 
 
 @broadcast_q_bwd.register_fake
-def _(dout, q, k, v, out, lse, kv_offsets, max_seqlen_kv, scale, return_lse, deterministic, backend):
+def _(dout, q, k, v, out, lse, kv_offsets, max_seqlen_kv, scale, return_lse, deterministic, backend, plan_tiles=None, plan_meta=None, plan_info=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 

@@ -19,6 +19,7 @@ from jagflash.core.portable import (
     attn_bwd_dq_tile,
     attn_fwd_tile,
     block_config,
+    kernel_flags,
     launch_options,
     plan_next,
     plan_tile,
@@ -146,7 +147,7 @@ def forward(
     launch(
         _fwd_kernel, plan, "fwd", (q, k, v, out, lse),
         (*_strides(q, k, v, out), lq, lk, hq, scale, left, right),
-        GROUP=hq // hkv, HEAD_DIM=dim, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
+        **kernel_flags(hq, hkv, dim, left, right),
         **launch_options(block_config(backend, dim, "fwd")),
     )
     return out.to(dtype), lse
@@ -164,13 +165,10 @@ def backward_dq(
     launch(
         _dq_kernel, plan, "dq", (q, k, v, out, dout, dq, lse, delta),
         (*_strides(q, k, v, out, dout, dq), lq, k.shape[1], hq, scale, left, right),
-        **_flags(q, k, left, right), **launch_options(block_config(backend, dim, "dq")),
+        **kernel_flags(q.shape[2], k.shape[2], q.shape[3], left, right), **launch_options(block_config(backend, dim, "dq")),
     )
     return dq, delta
 
-
-def _flags(q: torch.Tensor, k: torch.Tensor, left: int, right: int) -> dict:
-    return {"GROUP": q.shape[2] // k.shape[2], "HEAD_DIM": q.shape[3], "BOUNDED_LEFT": left >= 0, "BOUNDED_RIGHT": right >= 0}
 
 
 def backward(
@@ -185,6 +183,6 @@ def backward(
     launch(
         _dkdv_kernel, plan, "dkdv", (q, k, v, dout, dk, dv, lse, delta),
         (*_strides(q, k, v, dout, dk, dv), q.shape[1], k.shape[1], k.shape[2], scale, left, right),
-        **_flags(q, k, left, right), **launch_options(block_config(backend, q.shape[3], "dkdv")),
+        **kernel_flags(q.shape[2], k.shape[2], q.shape[3], left, right), **launch_options(block_config(backend, q.shape[3], "dkdv")),
     )
     return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])

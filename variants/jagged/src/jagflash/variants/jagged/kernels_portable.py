@@ -24,6 +24,7 @@ from jagflash.core.portable import (
     attn_bwd_dq_tile,
     attn_fwd_tile,
     block_config,
+    kernel_flags,
     launch_options,
     locate_sequence,
     plan_next,
@@ -173,7 +174,7 @@ def forward(
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), tq, scale, left, right,
         ),
-        GROUP=hq // hkv, HEAD_DIM=dim, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
+        **kernel_flags(hq, hkv, dim, left, right),
         **launch_options(cfg),
     )
     return out.to(dtype), lse
@@ -207,13 +208,10 @@ def backward_dq(
             out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
             tq, scale, left, right,
         ),
-        **_flags(q, k, left, right), **launch_options(block_config(backend, dim, "dq")),
+        **kernel_flags(q.shape[1], k.shape[1], q.shape[2], left, right), **launch_options(block_config(backend, dim, "dq")),
     )
     return dq, delta
 
-
-def _flags(q: torch.Tensor, k: torch.Tensor, left: int, right: int) -> dict:
-    return {"GROUP": q.shape[1] // k.shape[1], "HEAD_DIM": q.shape[2], "BOUNDED_LEFT": left >= 0, "BOUNDED_RIGHT": right >= 0}
 
 
 def backward(
@@ -248,6 +246,6 @@ def backward(
             dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
             q.shape[0], scale, left, right,
         ),
-        **_flags(q, k, left, right), **launch_options(block_config(backend, q.shape[2], "dkdv")),
+        **kernel_flags(q.shape[1], k.shape[1], q.shape[2], left, right), **launch_options(block_config(backend, q.shape[2], "dkdv")),
     )
     return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])
