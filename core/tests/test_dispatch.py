@@ -124,3 +124,30 @@ def test_front_door_drops_neutral_flags_a_variant_does_not_take() -> None:
         backend="reference",
     )
     assert out.shape == d["q"].shape
+
+
+def test_a_forward_backend_and_the_backward_it_hands_on_to_share_the_plan() -> None:
+    """tlx-sm90 runs the forward of D 64 and hands the backward to portable: the call's plan is
+    laid out for tlx-sm90, so the two must agree on the backward passes' tile sizes."""
+    from jagflash.core.portable import plan_blocks
+
+    tlx = tlx_sm90_backend(frozenset())
+    for dim in sorted(tlx.head_dims_fwd - tlx.head_dims_bwd):
+        mine, theirs = plan_blocks("tlx-sm90", dim), plan_blocks("portable", dim)
+        assert (mine["dq"], mine["dkdv"]) == (theirs["dq"], theirs["dkdv"]), dim
+
+
+def test_a_requested_backend_hands_on_a_backward_it_lacks_for_this_head_dim() -> None:
+    """tlx-sm90 runs D 64 forward only: asked for by name, its D 64 backward goes to the fastest
+    backend that has one (and says why); a D 128 backward stays on it."""
+    cpu_tlx = dataclasses.replace(
+        tlx_sm90_backend(frozenset()), devices=frozenset({"cpu"}), dtypes=frozenset({torch.float32}),
+        min_capability=None, max_capability=None, available=lambda: [],
+    )
+    spec = VariantSpec("toy4", frozenset({"jagged"}), (cpu_tlx, *SPEC.backends))
+    bwd64 = _problem(device_type="cpu", dtype=torch.float32, head_dim=64, backward=True)
+    choice = select(spec, bwd64, torch.device("cpu"), "tlx-sm90", record=False)
+    assert choice.name != "tlx-sm90"
+    assert "tlx-sm90 has no backward for this problem (backward with head_dim 64 not in {128})" in choice.why
+    bwd128 = _problem(device_type="cpu", dtype=torch.float32, head_dim=128, backward=True)
+    assert select(spec, bwd128, torch.device("cpu"), "tlx-sm90", record=False).name == "tlx-sm90"
