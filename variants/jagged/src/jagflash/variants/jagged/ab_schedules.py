@@ -1,6 +1,7 @@
 """A/B of the portable jagged kernels' schedules on a GPU: ``none`` (batch order, one program a
-tile), ``static`` (cost-sorted, zigzag over persistent workers) and ``dynamic`` (cost-sorted,
-atomic tile counter), forward and backward, on the bench's skewed jagged workloads; and the
+tile), ``static`` (cost-sorted, zigzag over persistent workers), ``dynamic`` (cost-sorted,
+atomic tile counter) and ``grouped`` (sequences cost-sorted, their tiles together, zigzag),
+forward and backward, on the bench's skewed jagged workloads; and the
 jagged rate as a fraction of the dense rate (the same kernels on equal lengths) at equal FLOPs.
 
     python -m jagflash.variants.jagged.ab_schedules                       # every workload
