@@ -410,3 +410,23 @@ def test_gpu_tlx_is_the_default_on_hopper(lq: int, lens: tuple[int, ...]) -> Non
     case = Case(lq, lens, hq=8, hkv=2, head_dim=128, dtype=torch.bfloat16)
     _check(case, "cuda")
     assert last_choice("broadcast_q").name == "tlx-sm90"
+
+
+@pytest.mark.sm90
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_gpu_tlx_walks_a_given_plan(deterministic: bool) -> None:
+    """The TLX kernels on a plan from make_plan (forward and dK/dV pass), twice, as layers
+    sharing one plan would."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs sm_90")
+    from jagflash.variants.broadcast_q import make_plan
+
+    case = Case(130, _lognormal(24, 11), hq=8, hkv=2, head_dim=128, dtype=torch.bfloat16, deterministic=deterministic)
+    t = case.build("cuda")
+    plan = make_plan(t["q"], t["k"], t["kv_offsets"])
+    dout = t.pop("dout")
+    for _ in range(2):
+        check_against_reference(
+            _kernel(deterministic=deterministic, plan=plan), _reference, t, atol=SPEC.atol[case.dtype], dout=dout
+        )
+        assert last_choice("broadcast_q").name == "tlx-sm90"

@@ -183,6 +183,16 @@ def _jagflash_choice_note(variant: str, backend: str) -> Callable[[], str]:
     return note
 
 
+def _plan_once(make_plan: Callable | None, backend: str, grad: bool, *args: Any, **kw: Any) -> dict[str, Any]:
+    """``plan=`` for a jagflash call: the variant's tile schedule, built once here, outside the
+    timing, as a model builds it once per batch for all its layers (and as FlexAttention's
+    block mask is built outside the timing). Nothing for the reference backend or a variant
+    without ``make_plan``."""
+    if make_plan is None or backend == "reference":
+        return {}
+    return {"plan": make_plan(*args, **_kwargs_for(make_plan, backend=backend, backward=grad, **kw))}
+
+
 def _jagflash_prepare(backend: str) -> Callable[[Workload, Batch, bool], Prepared]:
     def prepare(w: Workload, batch: Batch, grad: bool) -> Prepared:
         q, k, v = (_leaf(t, grad) for t in (batch.q, batch.k, batch.v))
@@ -196,6 +206,8 @@ def _jagflash_prepare(backend: str) -> Callable[[Workload, Batch, bool], Prepare
             if w.causal and "causal" not in kw:
                 raise NotImplementedError("broadcast_q_attention takes no causal mask")
             ko = batch.kv_offsets
+            if "plan" in inspect.signature(fn).parameters:
+                kw.update(_plan_once(getattr(mod, "make_plan", None), backend, grad, q, k, ko, max_seqlen_kv=batch.max_kv))
             return Prepared(
                 fwd=lambda: _first(fn(q, k, v, ko, **kw)),
                 leaves=(q, k, v),
@@ -205,26 +217,30 @@ def _jagflash_prepare(backend: str) -> Callable[[Workload, Batch, bool], Prepare
         if w.kind == "dense":
             try:
                 from jagflash.variants.dense import dense_attention
+                from jagflash.variants.dense import make_plan as dense_plan
             except ImportError:
                 dense_attention = None
             if dense_attention is not None:
                 q4, k4, v4 = _dense_views(batch, q, k, v)
                 b, n = batch.dense_shape()
+                dkw = _plan_once(dense_plan, backend, grad, q4, k4, causal=w.causal)
                 return Prepared(
-                    fwd=lambda: dense_attention(q4, k4, v4, causal=w.causal, backend=backend),
+                    fwd=lambda: dense_attention(q4, k4, v4, causal=w.causal, backend=backend, **dkw),
                     leaves=(q, k, v),
                     dout=batch.dout.view(b, n, w.heads, w.head_dim),
                     out_canon=lambda o: o.reshape(batch.out_shape()),
                     note=_jagflash_choice_note("dense", backend),
                 )
         from jagflash.variants.jagged import jagged_attention
+        from jagflash.variants.jagged import make_plan as jagged_plan
 
         qo, ko, mq, mk = batch.q_offsets, batch.kv_offsets, batch.max_q, batch.max_kv
         via = " via jagged (jagflash-dense not installed)" if w.kind == "dense" else ""
         choice = _jagflash_choice_note("jagged", backend)
+        jkw = _plan_once(jagged_plan, backend, grad, q, k, qo, ko, causal=w.causal, max_seqlen_q=mq, max_seqlen_kv=mk)
         return Prepared(
             fwd=lambda: jagged_attention(
-                q, k, v, qo, ko, causal=w.causal, max_seqlen_q=mq, max_seqlen_kv=mk, backend=backend
+                q, k, v, qo, ko, causal=w.causal, max_seqlen_q=mq, max_seqlen_kv=mk, backend=backend, **jkw
             ),
             leaves=(q, k, v),
             dout=batch.dout,
