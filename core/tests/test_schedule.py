@@ -5,6 +5,7 @@ and dynamic schedules on every jagged workload of the bench with W = 132 workers
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -21,6 +22,7 @@ from jagflash.core.schedule import (
     check_plan,
     make_plan,
     section_costs,
+    sequences_in_flight,
     simulate,
     simulate_plan,
     workload_plan,
@@ -331,3 +333,16 @@ def test_tlx_kernels_deal_the_sorted_static_tables_zigzag() -> None:
         plan = make_plan(qo, qo, total_q=300, total_kv=300, heads_q=2, heads_kv=2, block_m=128, block_n=128, schedule=schedule)
         assert tlx_attention._zigzag(plan, "fwd") is zigzag, schedule
         assert tlx_attention._zigzag(plan, "dkdv") is zigzag, schedule
+
+
+def test_sequences_in_flight_counts_distinct_sequences_per_round() -> None:
+    assert sequences_in_flight(np.array([0, 0, 1, 2, 2, 2, 3]), 3) == pytest.approx((2 + 1 + 1) / 3)
+    assert np.isnan(sequences_in_flight(np.array([], dtype=np.int64), 3))
+
+
+def test_grouped_keeps_fewer_sequences_in_flight_than_static_on_causal_batches() -> None:
+    """The simulator's L2 proxy on the bench's causal lognormal batch: batch order < grouped <
+    static, the order of the forward times measured on the H200 (bench/NOTES.md)."""
+    w = BENCH_JAGGED["jagged-lognormal-causal-d128"]
+    flight = {s: simulate_plan(workload_plan(w, s), "fwd", workers=132).sequences_in_flight for s in ("none", "grouped", "static")}
+    assert flight["none"] < flight["grouped"] < flight["static"], flight

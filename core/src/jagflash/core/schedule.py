@@ -95,6 +95,7 @@ __all__ = [
     "plan_launch",
     "resolve_plan",
     "section_costs",
+    "sequences_in_flight",
     "simulate",
     "simulate_plan",
     "sort_kind",
@@ -951,12 +952,19 @@ def launch(kernel, plan: Plan, pass_: str, tensors: Sequence, scalars: Sequence,
 @dataclass(frozen=True)
 class Simulation:
     """A schedule replayed on W identical workers: the time the last one finishes, the lower
-    bound ``max(sum(cost) / W, max(cost))`` and their ratio (1.0 is perfect)."""
+    bound ``max(sum(cost) / W, max(cost))`` and their ratio (1.0 is perfect).
+
+    ``sequences_in_flight`` (from :func:`simulate_plan`): the mean number of distinct sequences
+    among W consecutive tiles of the table, the tiles that run at about the same time. The
+    simulator has no memory system; this is its proxy for L2 pressure (the tiles of one
+    sequence read the same K/V; on the H200 the order with fewer in flight won where balance
+    was equal: bench/NOTES.md, 2026-11-30)."""
 
     makespan: float
     lower_bound: float
     efficiency: float
     loads: np.ndarray
+    sequences_in_flight: float = float("nan")
 
 
 def simulate(
@@ -1031,7 +1039,7 @@ def section_costs(plan: Plan, pass_: str) -> tuple[torch.Tensor, torch.Tensor]:
 def simulate_plan(plan: Plan, pass_: str, workers: int = 132, overhead: float = 0.0) -> Simulation:
     """Replay a plan's pass on ``workers`` workers the way its kernel runs it; ``overhead`` adds
     a fixed cost per tile (prologue and epilogue, in kv-tile iterations)."""
-    _, costs = section_costs(plan, pass_)
+    rows, costs = section_costs(plan, pass_)
     costs = costs.double() + overhead
     kind = plan.info.schedule_of(pass_)
     if kind == "none":
@@ -1040,7 +1048,17 @@ def simulate_plan(plan: Plan, pass_: str, workers: int = 132, overhead: float = 
         rule = "dynamic"
     else:
         rule = "zigzag" if plan.info.layout(pass_).zigzag else "round-robin"
-    return simulate(costs, workers, rule)
+    sim = simulate(costs, workers, rule)
+    return dataclasses.replace(sim, sequences_in_flight=sequences_in_flight(rows[:, 0], workers))
+
+
+def sequences_in_flight(seq: torch.Tensor | np.ndarray, workers: int) -> float:
+    """Mean count of distinct values among each ``workers`` consecutive entries of ``seq``
+    (a table's sequence column, in table order); NaN for an empty table."""
+    a = np.asarray(seq.cpu() if isinstance(seq, torch.Tensor) else seq)
+    if a.size == 0 or workers <= 0:
+        return float("nan")
+    return float(np.mean([np.unique(a[i : i + workers]).size for i in range(0, a.size, workers)]))
 
 
 # --- the bench's jagged workloads, and a micro-benchmark ---------------------------------
@@ -1141,13 +1159,14 @@ def _bench(argv: Sequence[str] | None = None) -> None:
         parser.print_help()
         return
     if args.simulate:
-        print(f"simulated efficiency, W={args.workers} (fwd / dq / dkdv)")
+        print(f"simulated efficiency, W={args.workers} (fwd / dq / dkdv), and the forward's sequences in flight")
         for w in BENCH_JAGGED.values():
             cells = []
             for schedule in SCHEDULES:
                 plan = workload_plan(w, schedule)
-                effs = "/".join(f"{simulate_plan(plan, p, args.workers).efficiency:.3f}" for p in PASSES)
-                cells.append(f"{schedule} {effs}")
+                sims = [simulate_plan(plan, p, args.workers) for p in PASSES]
+                effs = "/".join(f"{x.efficiency:.3f}" for x in sims)
+                cells.append(f"{schedule} {effs} [{sims[0].sequences_in_flight:.0f}]")
             print(f"  {w.name:36s} " + "  ".join(cells))
     if not args.bench:
         return
