@@ -179,3 +179,15 @@ def test_triton_twins_match_torch(left: int, right: int) -> None:
     want_q = torch.stack(dkdv_q_ranges(starts, lqs, lks, 32, 32, left, right), 1)
     assert torch.equal(out_kv.long(), want_kv)
     assert torch.equal(out_q.long(), want_q)
+
+
+def test_lse_layouts_round_trip() -> None:
+    from jagflash.core.jagged import lse_by_head, lse_by_sequence
+
+    lse = torch.arange(2 * 3 * 5, dtype=torch.float32).view(2, 15)  # [H=2, B*L=3*5]
+    by_seq = lse_by_sequence(lse, 3)
+    assert by_seq.shape == (3, 2, 5)
+    assert by_seq.is_contiguous()
+    assert torch.equal(by_seq[1, 0], lse[0, 5:10])
+    assert torch.equal(lse_by_head(by_seq), lse)
+    assert lse_by_sequence(torch.empty(2, 0), 0).shape == (0, 2, 0)

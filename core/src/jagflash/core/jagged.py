@@ -25,6 +25,8 @@ __all__ = [
     "check_offsets",
     "dkdv_q_ranges",
     "kv_tile_ranges",
+    "lse_by_head",
+    "lse_by_sequence",
     "mask_bounds",
     "max_seqlen",
     "offsets_from_lengths",
@@ -259,3 +261,16 @@ def to_jagged(padded: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     pos = torch.arange(padded.shape[1], device=padded.device)
     valid = pos[None, :] < lengths[:, None]
     return padded[valid]
+
+
+def lse_by_sequence(lse: torch.Tensor, batch: int) -> torch.Tensor:
+    """LSE ``[H, B*L]`` (the jagged layout) of ``batch`` sequences of one length L as
+    ``[B, H, L]`` (the dense and broadcast-Q layout)."""
+    heads, rows = lse.shape
+    return lse.view(heads, batch, rows // batch if batch else 0).transpose(0, 1).contiguous()
+
+
+def lse_by_head(lse: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`lse_by_sequence`: ``[B, H, L]`` as ``[H, B*L]`` (also for delta)."""
+    batch, heads, length = lse.shape
+    return lse.transpose(0, 1).reshape(heads, batch * length)

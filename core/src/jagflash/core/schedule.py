@@ -22,10 +22,11 @@ device:
   The counter is a fresh zeroed int32 per launch, so concurrent launches of one Plan never
   share it and a CUDA graph replays it correctly.
 - **grouped** (``schedule="grouped"``): sequences sorted by cost (q-tiles x kv-tiles, largest
-  first, stable), each sequence's tiles kept together in batch order, dealt zigzag like static.
-  The tiles that run at once then share their sequence's K/V in L2: on the H200, batch order
-  beat the cost-sorted static table by 10-15 % on causal jagged batches (bench/NOTES.md), and
-  grouped keeps that locality while still starting the longest sequences first.
+  first), each sequence's tiles together and heaviest first (sequences of equal cost share a
+  group), dealt zigzag like static. The tiles that run at once then share their sequence's K/V
+  in L2: on the H200, batch order beat the cost-sorted static table by 9 % on causal jagged
+  batches (bench/NOTES.md), and grouped keeps most of that locality while still starting the
+  longest sequences first.
 - **none** (``schedule="none"``): the table in batch order (sequence, tile, head), one program
   per tile and the hardware's block scheduler: the classic varlen launch, the A/B baseline.
 
@@ -108,8 +109,8 @@ SCHEDULES = ("none", "static", "dynamic", "grouped")
 
 
 def sort_kind(schedule: str) -> int:
-    """How a schedule orders its table: 0 batch order, 1 by tile cost, 2 by sequence cost
-    (``grouped``; a sequence's tiles stay together, in batch order)."""
+    """How a schedule orders its table: 0 batch order, 1 by tile cost, 2 by sequence cost then
+    tile cost (``grouped``: a sequence's tiles stay together)."""
     return {"none": 0, "static": 1, "dynamic": 1, "grouped": 2}[schedule]
 
 
@@ -492,7 +493,7 @@ def _plan_slots_kernel(
     q_offsets, kv_offsets, PREFIX, KEYS, SEQ, START, ROWS, batch, search_steps, left, right,
     t0, t1, t2, h0, h1, h2, bm0, bm1, bm2, bn0, bn1, bn2, kb0, kb1, kb2, rb0, rb1, rb2, s0, s1, s2,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SLOTS: tl.constexpr,
-    HEADS: tl.constexpr,
+    HEADS: tl.constexpr, ROOM: tl.constexpr,
 ):
     """Slot j of pass ``program_id(1)``: its sequence (binary search in the pass's PREFIX),
     first row and cost (kv-tiles a q-tile visits, q-tiles a kv-tile visits; the vectorised
@@ -551,8 +552,8 @@ def _plan_slots_kernel(
         cost = tl.where(kv_side, kv_cost, q_cost).to(tl.int64)
         if _pick(p, s0, s1, s2) == 2:  # grouped: the sequence's cost, then the tile's (_seq_cost)
             seq_cost = ((lq + bm - 1) // bm).to(tl.int64) * ((lk + bn - 1) // bn).to(tl.int64)
-            seq_cost = tl.minimum(seq_cost, 2147483647 // 8192 - 1)
-            cost = seq_cost * 8192 + tl.minimum(cost, 8191)
+            seq_cost = tl.minimum(seq_cost, 2147483647 // ROOM - 1)
+            cost = seq_cost * ROOM + tl.minimum(cost, ROOM - 1)
         cost = tl.where(valid, cost, -1)
         kb = _pick(p, kb0, kb1, kb2).to(tl.int64)
         tl.store(KEYS + kb + jj, p.to(tl.int64) * 1152921504606846976 + (2147483647 - cost) * 268435456 + jj, mask=jm)
@@ -628,6 +629,7 @@ def _build_triton(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, info: PlanI
         info.left, info.right, *work, *(lay.heads for lay in lays), *(lay.block_m for lay in lays),
         *(lay.block_n for lay in lays), *kbase, *(lay.row0 for lay in lays), *sort,
         BOUNDED_LEFT=info.left >= 0, BOUNDED_RIGHT=info.right >= 0, SLOTS=slots, HEADS=heads_p2,
+        ROOM=_TILE_COST_ROOM,
     )
     if total:
         keys = torch.sort(keys).values

@@ -59,7 +59,7 @@ from jagflash.core.pipeline import (
     tma_load,
 )
 from jagflash.core.portable import kernel_flags
-from jagflash.core.schedule import PASSES, make_plan, sort_kind
+from jagflash.core.schedule import PASSES, make_plan
 
 BLOCK_M, BLOCK_N = TLX_SM90_BLOCKS["fwd"]  # q-tile rows (each consumer warpgroup takes half), kv rows
 NUM_KV = 2  # K/V ring depth
@@ -413,7 +413,7 @@ def _zigzag(plan, pass_: str) -> bool:
     """Whether the kernel deals ``pass_``'s table zigzag: the sorted static schedules (grouped,
     static) do; batch order and a dynamic plan's table are walked round-robin (the producer and
     the consumers must agree on the order without talking, so there is no tile counter)."""
-    return sort_kind(plan.info.schedule_of(pass_)) != 0 and plan.info.schedule_of(pass_) != "dynamic" and plan.info.layout(pass_).zigzag
+    return plan.info.schedule_of(pass_) in ("static", "grouped") and plan.info.layout(pass_).zigzag
 
 
 def forward(
@@ -437,14 +437,14 @@ def forward(
     ``q_offsets`` must then be ``arange(B + 1) * Lq`` and ``Tq = B * Lq`` (the output rows).
 
     ``plan``: a :class:`jagflash.core.schedule.Plan` whose forward pass has 128-row q-tiles
-    (built here, static, when not given): its cost-sorted table sets the tile order, dealt
-    zigzag for a static plan. A dynamic plan's table is walked statically all the same: the
-    producer and the consumers must agree on the order without talking.
+    (built here, with the default schedule, when not given): its table sets the tile order,
+    dealt zigzag for a grouped or static plan. A dynamic plan's table is walked statically all
+    the same: the producer and the consumers must agree on the order without talking.
 
     ``pipeline``: the consumer version. ``True``: version 2, software-pipelined (QK^T of tile j
     in flight while P V of tile j-1 issues); ``False``: version 1 (no overlap inside a
     warpgroup); ``None`` (default): whichever measured faster on the H200 for the mask, v2
-    without a right bound, v1 with one (causal v2 lost 3-26%: bench/NOTES.md)."""
+    without a right bound, v1 with one (causal v2 lost 3-6 %, kernels alone: bench/NOTES.md)."""
     q, k, v = (t.contiguous() for t in (q, k, v))
     _, hq, dim = q.shape
     tq = (q_offsets.numel() - 1) * q.shape[0] if q_shared else q.shape[0]
@@ -464,7 +464,7 @@ def forward(
         raise ValueError(f"the plan's forward tiles have {lay.block_m} rows; this kernel takes {BLOCK_M}")
     if tq == 0 or lay.rows == 0:
         return out, lse
-    if k.shape[0] == 0 or q.shape[0] == 0:  # no keys anywhere: every row sees nothing (no descriptor over 0 rows)
+    if k.shape[0] == 0:  # no keys anywhere: every row sees nothing (no descriptor over 0 rows)
         return out.zero_(), lse.fill_(float("-inf"))
     programs = min(num_workers(q.device), lay.rows)
     _fwd_kernel[(programs,)](
@@ -517,7 +517,7 @@ def backward_dkdv(
         )
     if k.shape[0] == 0 or lay.rows == 0:
         return dk, dv
-    if tq == 0 or q.shape[0] == 0:  # no queries anywhere: no gradient (and no descriptor over 0 rows)
+    if tq == 0:  # no queries anywhere: no gradient (and no descriptor over 0 rows)
         return dk.zero_(), dv.zero_()
     programs = min(num_workers(q.device), lay.rows)
     _dkdv_kernel[(programs,)](

@@ -226,6 +226,7 @@ def backward_dq(
     lq, hq, dim = q.shape
     batch = kv_offsets.numel() - 1
     delta = alloc_like(lse)
+    flags = kernel_flags(hq, k.shape[1], dim, left, right)
     cfg = block_config(backend, dim, "dq")
     common = (
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -238,7 +239,7 @@ def backward_dq(
         if grid[0] > 0 and grid[1] > 0:
             _dq_ordered_kernel[grid](
                 q, k, v, out, dout, dq, lse, delta, kv_offsets, *common, dq.stride(0), dq.stride(1),
-                batch, lq, hq, scale, left, right, **kernel_flags(q.shape[1], k.shape[1], q.shape[2], left, right), **launch_options(cfg),
+                batch, lq, hq, scale, left, right, **flags, **launch_options(cfg),
             )
     else:
         # The atomics add into zeros: a sequence of length 0 adds nothing, and B = 0 gives 0.
@@ -247,10 +248,9 @@ def backward_dq(
         if grid[0] > 0 and grid[1] > 0:
             _dq_atomic_kernel[grid](
                 q, k, v, out, dout, dq, lse, delta, kv_offsets, *common, dq.stride(0), dq.stride(1),
-                lq, hq, scale, left, right, **kernel_flags(q.shape[1], k.shape[1], q.shape[2], left, right), **launch_options(cfg),
+                lq, hq, scale, left, right, **flags, **launch_options(cfg),
             )
     return dq, delta
-
 
 
 def backward(
@@ -272,12 +272,12 @@ def backward(
     """dQ ``[Lq, Hq, D]`` (the sum over sequences), dK, dV ``[Tk, Hkv, D]``, in the inputs'
     dtypes. dK/dV are deterministic; dQ is when ``deterministic``."""
     dtypes = (q.dtype, k.dtype, v.dtype)
+    dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))  # once, for both passes
+    lse = lse.contiguous()
     dq, delta = backward_dq(
         dout, q, k, v, out, lse, kv_offsets, left=left, right=right, scale=scale,
         deterministic=deterministic, backend=backend,
     )
-    dout, q, k, v = (for_kernel(t, backend) for t in (dout, q, k, v))
-    lse = lse.contiguous()
     lq, hq, dim = q.shape
     hkv = k.shape[1]
     batch = kv_offsets.numel() - 1
@@ -290,6 +290,6 @@ def backward(
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             dout.stride(0), dout.stride(1), dout.stride(2),
             dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-            lq, hq, hkv, scale, left, right, **kernel_flags(q.shape[1], k.shape[1], q.shape[2], left, right), **launch_options(cfg),
+            lq, hq, hkv, scale, left, right, **kernel_flags(hq, hkv, dim, left, right), **launch_options(cfg),
         )
     return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])

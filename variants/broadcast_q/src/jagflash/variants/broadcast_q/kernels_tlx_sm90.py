@@ -11,6 +11,7 @@ import torch
 
 from jagflash.core import tlx_attention
 from jagflash.core.backend import TLX_SM90_BLOCKS
+from jagflash.core.jagged import lse_by_head, lse_by_sequence
 from jagflash.core.schedule import Plan, make_plan
 from jagflash.variants.broadcast_q import kernels_portable
 from jagflash.variants.broadcast_q.op import output_offsets
@@ -50,7 +51,7 @@ def forward(
         q, k, v, q_offsets, kv_offsets, lq, left=left, right=right, scale=scale, plan=plan,
         q_shared=True,
     )
-    return out.view(batch, lq, hq, dim), lse.view(hq, batch, lq).transpose(0, 1).contiguous()
+    return out.view(batch, lq, hq, dim), lse_by_sequence(lse, batch)
 
 
 def backward(
@@ -67,12 +68,8 @@ def backward(
     lq, hq, dim = q.shape
     batch = kv_offsets.numel() - 1
     plan, q_offsets = _given(plan, q, k, kv_offsets, left, right, backward=True)
-
-    def heads_rows(t: torch.Tensor) -> torch.Tensor:  # [B, Hq, Lq] -> [Hq, B * Lq]
-        return t.transpose(0, 1).reshape(hq, batch * lq)
-
     dk, dv = tlx_attention.backward_dkdv(
-        dout.reshape(batch * lq, hq, dim), q, k, v, heads_rows(lse), heads_rows(delta), q_offsets,
+        dout.reshape(batch * lq, hq, dim), q, k, v, lse_by_head(lse), lse_by_head(delta), q_offsets,
         kv_offsets, left=left, right=right, scale=scale, plan=plan, q_shared=True,
     )
     return dq.to(q.dtype), dk, dv

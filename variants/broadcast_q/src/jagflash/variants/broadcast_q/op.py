@@ -12,7 +12,7 @@ import torch
 
 from jagflash.core.backend import select
 from jagflash.core.capability import InvalidInput
-from jagflash.core.jagged import mask_bounds, resolve_max_seqlen
+from jagflash.core.jagged import lse_by_sequence, mask_bounds, resolve_max_seqlen
 from jagflash.core.ops import make_problem, register_autograd
 from jagflash.core.reference import reference_backward, reference_forward
 from jagflash.variants.broadcast_q.spec import SPEC
@@ -67,7 +67,7 @@ def broadcast_q_fwd(
         out, lse = reference_forward(
             qx, k, v, q_offsets, kv_offsets, causal=False, window=(left, right), scale=scale
         )
-        return out.view(b, lq, hq, dim), lse.view(hq, b, lq).transpose(0, 1).contiguous()
+        return out.view(b, lq, hq, dim), lse_by_sequence(lse, b)
     plan = _plan(plan_tiles, plan_meta, plan_info, q, k, kv_offsets, max_seqlen_kv, choice.name, ("fwd",))
     if choice.name == "tlx-sm90":
         from jagflash.variants.broadcast_q import kernels_tlx_sm90

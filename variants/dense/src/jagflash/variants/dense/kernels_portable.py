@@ -165,10 +165,9 @@ def backward_dq(
     launch(
         _dq_kernel, plan, "dq", (q, k, v, out, dout, dq, lse, delta),
         (*_strides(q, k, v, out, dout, dq), lq, k.shape[1], hq, scale, left, right),
-        **kernel_flags(q.shape[2], k.shape[2], q.shape[3], left, right), **launch_options(block_config(backend, dim, "dq")),
+        **kernel_flags(hq, k.shape[2], dim, left, right), **launch_options(block_config(backend, dim, "dq")),
     )
     return dq, delta
-
 
 
 def backward(
@@ -177,12 +176,14 @@ def backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV in the inputs' dtypes. Deterministic: no atomics on data."""
     dtypes = (q.dtype, k.dtype, v.dtype)
+    dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))  # once, for both passes
     dq, delta = backward_dq(dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale, backend=backend)
-    dout, q, k, v = (for_kernel(t, backend) for t in (dout, q, k, v))
+    _, lq, hq, dim = q.shape
+    lk, hkv = k.shape[1], k.shape[2]
     dk, dv = alloc_like(k), alloc_like(v)
     launch(
         _dkdv_kernel, plan, "dkdv", (q, k, v, dout, dk, dv, lse, delta),
-        (*_strides(q, k, v, dout, dk, dv), q.shape[1], k.shape[1], k.shape[2], scale, left, right),
-        **kernel_flags(q.shape[2], k.shape[2], q.shape[3], left, right), **launch_options(block_config(backend, q.shape[3], "dkdv")),
+        (*_strides(q, k, v, dout, dk, dv), lq, lk, hkv, scale, left, right),
+        **kernel_flags(hq, hkv, dim, left, right), **launch_options(block_config(backend, dim, "dkdv")),
     )
     return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])

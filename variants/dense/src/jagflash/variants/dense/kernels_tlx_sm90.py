@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from jagflash.core import tlx_attention
+from jagflash.core.jagged import lse_by_head, lse_by_sequence
 
 __all__ = ["backward", "compile_configs", "forward"]
 
@@ -16,14 +17,14 @@ def forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O ``[B, Nq, Hq, D]`` and LSE ``[B, Hq, Nq]`` fp32; ``plan``: the call's Plan (its forward
     pass sets the tile order)."""
-    batch, nq, hq, _ = q.shape
+    batch, nq = q.shape[:2]
     nk = k.shape[1]
     out, lse = tlx_attention.forward(
         q.reshape(batch * nq, *q.shape[2:]), k.reshape(batch * nk, *k.shape[2:]),
         v.reshape(batch * nk, *v.shape[2:]), plan.q_offsets, plan.kv_offsets, nq,
         left=left, right=right, scale=scale, plan=plan,
     )
-    return out.view(q.shape), lse.view(hq, batch, nq).transpose(0, 1).contiguous()
+    return out.view(q.shape), lse_by_sequence(lse, batch)
 
 
 def backward(
@@ -36,16 +37,12 @@ def backward(
     dq, delta = kernels_portable.backward_dq(
         dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale, backend="portable"
     )
-    batch, nq, hq, _ = q.shape
+    batch, nq = q.shape[:2]
     nk = k.shape[1]
-
-    def heads_rows(t: torch.Tensor) -> torch.Tensor:  # [B, Hq, Nq] -> [Hq, B * Nq]
-        return t.transpose(0, 1).reshape(hq, batch * nq)
-
     dk, dv = tlx_attention.backward_dkdv(
         dout.reshape(batch * nq, *dout.shape[2:]), q.reshape(batch * nq, *q.shape[2:]),
         k.reshape(batch * nk, *k.shape[2:]), v.reshape(batch * nk, *v.shape[2:]),
-        heads_rows(lse), heads_rows(delta), plan.q_offsets, plan.kv_offsets,
+        lse_by_head(lse), lse_by_head(delta), plan.q_offsets, plan.kv_offsets,
         left=left, right=right, scale=scale, plan=plan,
     )
     return dq, dk.view(k.shape), dv.view(v.shape)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.backend import select
-from jagflash.core.jagged import mask_bounds
+from jagflash.core.jagged import lse_by_sequence, mask_bounds
 from jagflash.core.ops import make_problem, register_autograd
 from jagflash.core.reference import reference_backward, reference_forward
 from jagflash.core.schedule import Plan, resolve_plan
@@ -32,9 +32,10 @@ def _plan(tiles, meta, info, q, k, left, right, backend, passes) -> Plan:
     from jagflash.core.portable import plan_blocks
 
     b, nq, nk = q.shape[0], q.shape[1], k.shape[1]
+    q_offsets, kv_offsets = _as_jagged(q, k)
     return resolve_plan(
-        "dense_attention", tiles, meta, info, q_offsets=_as_jagged(q, k)[0],
-        kv_offsets=_as_jagged(q, k)[1], check_offsets=False, total_q=b * nq, total_kv=b * nk,
+        "dense_attention", tiles, meta, info, q_offsets=q_offsets,
+        kv_offsets=kv_offsets, check_offsets=False, total_q=b * nq, total_kv=b * nk,
         heads_q=q.shape[2], heads_kv=k.shape[2], left=left, right=right,
         blocks=plan_blocks(backend, q.shape[-1]), passes=passes, max_seqlen_q=nq,
         max_seqlen_kv=nk,
@@ -58,12 +59,12 @@ def dense_fwd(
     choice = select(SPEC, problem, q.device, backend or None)
     left, right = mask_bounds(causal)
     if choice.name == "reference":
-        b, nq, hq, _ = q.shape
+        b = q.shape[0]
         out, lse = reference_forward(
             _flat(q), _flat(k), _flat(v), *_as_jagged(q, k), causal=causal,
             window=(left, right), scale=scale,
         )
-        return out.view(q.shape), lse.view(hq, b, nq).transpose(0, 1).contiguous()
+        return out.view(q.shape), lse_by_sequence(lse, b)
     plan = _plan(plan_tiles, plan_meta, plan_info, q, k, left, right, choice.name, ("fwd",))
     if choice.name == "tlx-sm90":
         from jagflash.variants.dense import kernels_tlx_sm90

@@ -199,7 +199,7 @@ def backward_dq(
     """The dQ pass: dQ (fp32 under the interpreter, else q's dtype) and delta = rowsum(dO * O)
     ``[Hq, Tq]`` fp32, which the dK/dV pass (portable or TLX) reads."""
     dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))
-    tq, _, dim = q.shape
+    tq, hq, dim = q.shape
     dq, delta = alloc_like(q), alloc_like(lse)
     launch(
         _dq_kernel, plan, "dq", (q, k, v, out, dout, dq, lse, delta, q_offsets, kv_offsets),
@@ -208,10 +208,9 @@ def backward_dq(
             out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
             tq, scale, left, right,
         ),
-        **kernel_flags(q.shape[1], k.shape[1], q.shape[2], left, right), **launch_options(block_config(backend, dim, "dq")),
+        **kernel_flags(hq, k.shape[1], dim, left, right), **launch_options(block_config(backend, dim, "dq")),
     )
     return dq, delta
-
 
 
 def backward(
@@ -233,19 +232,20 @@ def backward(
     """dQ, dK, dV in the inputs' dtypes. Deterministic: no atomics on data (a dynamic schedule
     changes which program runs a tile, never what the tile computes)."""
     dtypes = (q.dtype, k.dtype, v.dtype)
+    dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))  # once, for both passes
     dq, delta = backward_dq(
         dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
         backend=backend,
     )
-    dout, q, k, v = (for_kernel(t, backend) for t in (dout, q, k, v))
+    tq, hq, dim = q.shape
     dk, dv = alloc_like(k), alloc_like(v)
     launch(
         _dkdv_kernel, plan, "dkdv", (q, k, v, dout, dk, dv, lse, delta, q_offsets, kv_offsets),
         (
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-            q.shape[0], scale, left, right,
+            tq, scale, left, right,
         ),
-        **kernel_flags(q.shape[1], k.shape[1], q.shape[2], left, right), **launch_options(block_config(backend, q.shape[2], "dkdv")),
+        **kernel_flags(hq, k.shape[1], dim, left, right), **launch_options(block_config(backend, dim, "dkdv")),
     )
     return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])
