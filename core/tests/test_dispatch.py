@@ -22,6 +22,7 @@ from jagflash.core.capability import (
     VariantSpec,
     not_supported_reasons,
 )
+from jagflash.core.ops import call_problem
 from jagflash.testing import make_dense, make_jagged
 
 SPEC = VariantSpec("toy", frozenset({"jagged"}), portable_family(frozenset({"causal"})))
@@ -124,6 +125,17 @@ def test_front_door_drops_neutral_flags_a_variant_does_not_take() -> None:
         backend="reference",
     )
     assert out.shape == d["q"].shape
+
+
+def test_call_problem_reads_deterministic_for_a_backward_only() -> None:
+    """A front-door call poses ``deterministic`` when it will run a backward; a call without one
+    does not (no forward declares the feature, so it would be refused everywhere)."""
+    d = make_dense(1, 4, 4, 2, 2, 32, torch.float32, "cpu")
+    problem = call_problem("dense")
+    assert "deterministic" in problem(d["q"], d["k"], d["v"], deterministic=True).features
+    assert "deterministic" not in problem(d["q"], d["k"], d["v"]).features
+    plain = [d[n].detach() for n in ("q", "k", "v")]
+    assert "deterministic" not in problem(*plain, deterministic=True).features
 
 
 def test_a_forward_backend_and_the_backward_it_hands_on_to_share_the_plan() -> None:

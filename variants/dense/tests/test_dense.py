@@ -63,20 +63,45 @@ def test_matches_reference_property(batch, nq, nk, group, dim, causal, seed) -> 
     _check(batch, nq, nk, group, 1, dim, torch.float32, causal, device, seed)
 
 
-def test_opcheck(device: str) -> None:
+def test_deterministic_flag(device: str) -> None:
+    """deterministic=True is accepted; the portable backward is always deterministic, so its
+    gradients are bit for bit those of the default, run after run."""
+    t = make_dense(1, 20, 33, 2, 1, 16, FLOAT, device)
+    args = (t["q"], t["k"], t["v"])
+    grads = []
+    for det in (False, True, True):
+        out = dense_attention(*args, causal=True, deterministic=det)
+        grads.append(torch.autograd.grad(out, args, t["dout"]))
+        assert last_choice("dense").name in ("portable", "interpreter")
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other):
+            assert torch.equal(a, b)
+
+
+def _op_args(device: str, deterministic: bool = False):
     t = make_dense(2, 20, 33, 4, 2, 16, FLOAT, device)
-    args = (t["q"], t["k"], t["v"], True, 0.25, False, "")
+    return t, (t["q"], t["k"], t["v"], True, 0.25, False, deterministic, "")
+
+
+def test_opcheck_forward(device: str) -> None:
+    _, args = _op_args(device)
     torch.library.opcheck(dop.dense_fwd, args)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_opcheck_backward(device: str, deterministic: bool) -> None:
+    t, args = _op_args(device, deterministic)
     out, lse = dop.dense_fwd(*args)
-    bwd = (t["dout"], t["q"].detach(), t["k"].detach(), t["v"].detach(), out.detach(), lse, True, 0.25, False, "")
+    bwd = (t["dout"], t["q"].detach(), t["k"].detach(), t["v"].detach(), out.detach(), lse, *args[3:])
     torch.library.opcheck(dop.dense_bwd, bwd)
 
 
-def test_torch_compile_fullgraph(device: str) -> None:
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_torch_compile_fullgraph(device: str, deterministic: bool) -> None:
     t = make_dense(1, 30, 30, 2, 2, 32, FLOAT, device)
 
     def step(q, k, v):
-        return dense_attention(q, k, v, causal=True).square().sum()
+        return dense_attention(q, k, v, causal=True, deterministic=deterministic).square().sum()
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     args = (t["q"], t["k"], t["v"])

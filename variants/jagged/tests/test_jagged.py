@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given
 
+import jagflash.core as jc
 from jagflash.core.backend import FallbackWarning, last_choice
 from jagflash.core.capability import InvalidInput, UnsupportedProblem
 from jagflash.testing import JaggedCase, check_against_reference, jagged_reference, make_jagged
@@ -127,12 +128,42 @@ def test_deterministic_backward(device: str) -> None:
         assert torch.equal(a, b)
 
 
+def test_deterministic_flag(device: str) -> None:
+    """deterministic=True is accepted; the portable backward is always deterministic, so its
+    gradients are bit for bit those of the default, run after run."""
+    t = make_jagged((20, 0, 7), (17, 5, 30), 2, 1, 16, FLOAT, device)
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    grads = []
+    for det in (False, True, True):
+        out = jagged_attention(*args, causal=True, deterministic=det)
+        grads.append(torch.autograd.grad(out, args[:3], t["dout"]))
+        assert last_choice("jagged").name in ("portable", "interpreter")
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other):
+            assert torch.equal(a, b)
+
+
+def test_deterministic_through_the_front_door(device: str) -> None:
+    """jagflash.attention hands deterministic=True on, for a call with a backward and for one
+    without (a forward poses no deterministic feature: it has no reduction order to fix)."""
+    t = make_jagged((9, 4), (12, 4), 2, 1, 16, FLOAT, device)
+    args = (t["q"], t["k"], t["v"])
+    offs = {"q_offsets": t["q_offsets"], "kv_offsets": t["kv_offsets"]}
+    want = jagged_attention(*args, *offs.values(), causal=True)
+    got = jc.attention(*args, **offs, causal=True, deterministic=True)
+    assert torch.equal(got, want)
+    for a, b in zip(torch.autograd.grad(got, args, t["dout"]), torch.autograd.grad(want, args, t["dout"])):
+        assert torch.equal(a, b)
+    detached = [a.detach() for a in args]
+    assert torch.equal(jc.attention(*detached, **offs, causal=True, deterministic=True), want)
+
+
 # --- torch integration --------------------------------------------------------------------
 
 
 def _op_args(device: str):
     t = make_jagged((9, 0, 20), (12, 5, 20), 4, 2, 16, FLOAT, device)
-    return t, (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], 20, 20, True, 0.25, False, "")
+    return t, (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], 20, 20, True, 0.25, False, False, "")
 
 
 def test_opcheck_forward(device: str) -> None:
@@ -140,18 +171,23 @@ def test_opcheck_forward(device: str) -> None:
     torch.library.opcheck(jop.jagged_fwd, args)
 
 
-def test_opcheck_backward(device: str) -> None:
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_opcheck_backward(device: str, deterministic: bool) -> None:
     t, args = _op_args(device)
+    args = (*args[:-2], deterministic, "")
     out, lse = jop.jagged_fwd(*args)
     bwd_args = (t["dout"], *args[:3], out.detach(), lse, *args[3:])
     torch.library.opcheck(jop.jagged_bwd, tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in bwd_args))
 
 
-def test_torch_compile_fullgraph(device: str) -> None:
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_torch_compile_fullgraph(device: str, deterministic: bool) -> None:
     t = make_jagged((9, 30), (12, 30), 4, 2, 32, FLOAT, device)
 
     def step(q, k, v, qo, ko):
-        out = jagged_attention(q, k, v, qo, ko, causal=True, max_seqlen_q=30, max_seqlen_kv=30)
+        out = jagged_attention(
+            q, k, v, qo, ko, causal=True, max_seqlen_q=30, max_seqlen_kv=30, deterministic=deterministic
+        )
         return (out * out).sum()
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")

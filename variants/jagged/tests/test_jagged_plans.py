@@ -134,7 +134,7 @@ def test_opcheck_with_plan(device: str) -> None:
 
     t = make_jagged((9, 0, 20), (12, 5, 20), 2, 1, 16, _dtype(device), device)
     plan = make_plan(t["q"], t["k"], t["q_offsets"], t["kv_offsets"], causal=True, schedule="dynamic")
-    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], 20, 20, True, 0.25, False, "", *plan.op_args())
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], 20, 20, True, 0.25, False, False, "", *plan.op_args())
     torch.library.opcheck(jop.jagged_fwd, args)
 
 

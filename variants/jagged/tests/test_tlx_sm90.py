@@ -1,7 +1,8 @@
 """The TLX (Hopper) kernels against the fp64 reference: the forward's two consumer versions
-under each schedule, the dK/dV pass, and the tlx-sm90 backend through the public functions
-(forward and backward, bitwise-repeatable backward; dense: variants/dense/tests). Needs an sm_90 GPU and
-TLX."""
+under each schedule, the one-pass backward (dQ added from every kv-tile with atomics), the
+dK/dV pass of the two-pass backward, and the tlx-sm90 backend through the public functions
+(forward and backward, bitwise-repeatable backward; dense: variants/dense/tests). Needs an
+sm_90 GPU and TLX."""
 
 from __future__ import annotations
 
@@ -90,15 +91,16 @@ def test_tlx_backend_is_the_default_forward_and_backward(causal) -> None:
     assert last_choice("jagged").name == "tlx-sm90"
 
 
-def test_tlx_backward_is_bitwise_repeatable() -> None:
-    """100 backward runs of one causal GQA batch give the same bits (no atomics anywhere)."""
+def test_tlx_deterministic_backward_is_bitwise_repeatable() -> None:
+    """deterministic=True: 100 backward runs of one causal GQA batch give the same bits (no
+    atomics or reduce-adds anywhere)."""
     from jagflash.variants.jagged import jagged_attention, make_plan
 
     lens = _lognormal(12, 3)
     t = JaggedCase(lens, lens, hq=8, hkv=2, head_dim=128, dtype=torch.bfloat16, causal=True).build("cuda")
     q, k, v, qo, ko, dout = (t[n] for n in ("q", "k", "v", "q_offsets", "kv_offsets", "dout"))
     plan = make_plan(q, k, qo, ko, causal=True)
-    out = jagged_attention(q, k, v, qo, ko, causal=True, plan=plan)
+    out = jagged_attention(q, k, v, qo, ko, causal=True, plan=plan, deterministic=True)
     first = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
     for _ in range(99):
         again = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
@@ -131,3 +133,39 @@ def test_tlx_dkdv_matches_reference(name, causal, head_dim) -> None:
     left, right = mask_bounds(causal)
     dk, dv = tlx_attention.backward_dkdv(dout, q, k, v, lse32, delta, qo, ko, left=left, right=right, scale=scale)
     assert_close_all(["dk", "dv"], [dk, dv], grads[torch.float64], grads[torch.bfloat16], SPEC.atol[torch.bfloat16])
+
+
+def _reference_grads(t, causal):
+    """(LSE, dQ, dK, dV) of the fp64 reference and (dQ, dK, dV) of the bf16 one."""
+    q, k, v, qo, ko, dout = (t[n] for n in ("q", "k", "v", "q_offsets", "kv_offsets", "dout"))
+    grads = {}
+    for dtype in (torch.float64, torch.bfloat16):
+        leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+        out, lse = jagged_reference(*leaves, qo, ko, causal=causal, dtype=dtype)
+        grads[dtype] = torch.autograd.grad(out, leaves, dout.to(dtype))
+        if dtype == torch.float64:
+            ref_out, ref_lse = out.detach(), lse.float()
+    return ref_out, ref_lse, grads[torch.float64], grads[torch.bfloat16]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_lt_lk", "cross_lq_gt_lk", "lognormal"])
+def test_tlx_fused_backward_matches_reference(name, causal, head_dim) -> None:
+    """The one-pass TLX backward (delta preprocess, dK/dV with dQ reduce-added from every
+    kv-tile) against autograd through the reference, given the reference's O and LSE; GQA,
+    zero-length sequences, Lq != Lk, rows that see no key, tiles past a sequence's end."""
+    from jagflash.core import tlx_attention
+    from jagflash.core.tolerance import assert_close_all
+
+    q_lens, k_lens, hq, hkv = CASES[name]
+    case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=head_dim, dtype=torch.bfloat16, causal=causal)
+    t = case.build("cuda", requires_grad=False)
+    q, k, v, qo, ko, dout = (t[n] for n in ("q", "k", "v", "q_offsets", "kv_offsets", "dout"))
+    ref_out, lse32, exact, low = _reference_grads(t, causal)
+    left, right = mask_bounds(causal)
+    got = tlx_attention.backward(
+        dout, q, k, v, ref_out.to(q.dtype), lse32, qo, ko, left=left, right=right, scale=head_dim**-0.5
+    )
+    assert_close_all(["dq", "dk", "dv"], list(got), exact, low, SPEC.atol[torch.bfloat16])
+

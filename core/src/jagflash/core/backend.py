@@ -231,7 +231,9 @@ TLX_SM90_BLOCKS = {"fwd": (128, 128), "dkdv": (32, 128)}
 def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
     """The TLX warp-specialised kernels of ``jagflash.core.tlx_attention`` (Hopper only):
     forward, and a backward whose dK/dV pass is TLX and whose dQ pass is the portable one.
-    Neither uses atomics, so the backward is deterministic."""
+    Neither uses atomics (in the jagged and dense variants), so the backward is deterministic;
+    the one-pass backward with dQ added from every kv-tile is off
+    (``tlx_attention.ONE_PASS_BACKWARD``)."""
     return BackendSpec(
         name="tlx-sm90",
         devices=frozenset({"cuda"}),

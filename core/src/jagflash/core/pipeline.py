@@ -15,6 +15,10 @@ dropped, and every store into a jagged output is a masked store that never cross
 sequence boundary. Per-sequence device descriptors would cost a descriptor write and a fence
 per tile; the masked epilogue costs a predicated store, once per tile.
 
+dQ write-back. The backward adds each kv-tile's share of dQ into an fp32 accumulator with TMA
+reduce-adds (:func:`dq_reduce_add`). Tile rows past a sequence's end add exact zeros (their
+dS is 0), so they need no mask either.
+
 Importing this module needs the TLX plugin (``triton-utlx``); nothing imports it unless the TLX
 backend is selected.
 """
@@ -61,6 +65,27 @@ def ring_acquire(buffers, fulls, counter, NUM: tl.constexpr):
 def ring_release(empties, slot):
     """Consumer side: hand slot ``slot`` back to the producer."""
     tlx.barrier_arrive(empties[slot], 1)
+
+
+@triton.jit
+def dq_reduce_add(desc, stages, first, counter, value, row, col):
+    """Reduce-add the fp32 register tile ``value`` into global memory at ``(row, col)`` of
+    ``desc`` through a double-buffered shared-memory stage (``stages[first]`` and
+    ``stages[first + 1]``, alternating with ``counter``): wait until the TMA store that last read this stage has read it, write the tile
+    there, fence it for the async proxy, then one TMA ``cp.reduce.async.bulk`` add. The store
+    runs while the warpgroup goes on; the next wait on the same stage is two tiles later.
+
+    Called by all 128 threads of one warpgroup. One elected thread issues the stores, so only it
+    can wait for them; Triton's shared-memory barrier pass puts a warpgroup barrier after the
+    wait and after the fence (checked in the PTX: ``bar.sync <partition>, 128``), so no thread
+    writes a stage still being read, nor does the store start before every thread has written.
+    Before the kernel ends the caller waits for the last stores
+    (``tlx.async_descriptor_store_wait(0)``)."""
+    stage = stages[first + counter % 2]
+    tlx.async_descriptor_store_wait(1)
+    tlx.local_store(stage, value)
+    tlx.fence("async_shared")
+    tlx.async_descriptor_store(desc, stage, [row, col], store_reduce="add")
 
 
 # --- host side --------------------------------------------------------------------------------

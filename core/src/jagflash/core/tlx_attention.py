@@ -27,10 +27,16 @@ diagonal tiles off the main loop). TMA reads past a sequence's end are harmless:
 
 The dK/dV pass (:func:`backward_dkdv`) keeps a 128-row kv-tile's dK and dV in the two consumer
 warpgroups' registers and streams Q / dO of every q-tile that sees it; dQ and delta come from
-the portable dQ pass, which runs first.
+the portable dQ pass, which runs first (the variants' TLX backward: deterministic). The same
+kernel with ``FUSED_DQ`` is the one-pass backward (:func:`backward`): after a delta
+preprocess, each step also computes dQ^T = K^T dS^T from a dS^T tile in shared memory and adds
+it into an fp32 accumulator (atomics today; the staged TMA reduce-add traps, see
+:func:`backward`).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -50,6 +56,7 @@ from jagflash.core.math import (
 )
 from jagflash.core.ops import alloc, alloc_like
 from jagflash.core.pipeline import (
+    dq_reduce_add,
     num_workers,
     ring_acquire,
     ring_load,
@@ -67,6 +74,13 @@ NUM_KV = 2  # K/V ring depth
 DKDV_BLOCK_M, DKDV_BLOCK_N = TLX_SM90_BLOCKS["dkdv"]
 NUM_Q = 2  # Q/dO ring depth of the dK/dV pass
 HEAD_DIMS = (64, 128)
+# How the one-pass backward (:func:`backward`) adds dQ: the FUSED_DQ value of the kernel.
+DQ_WRITES = {"tma": 1, "atomic": 2}
+#: Whether the variants' TLX backward (deterministic=False) runs the one-pass :func:`backward`.
+#: Off: with atomic dQ it measured 29.7 ms against the two passes' 19.2 ms (jagged lognormal,
+#: bf16 D128 H16, H200; without any dQ write it ran 10.1 ms: the write-back is the whole gap),
+#: and the TMA reduce-add that should close it traps (bench/NOTES.md, 2026-12-01).
+ONE_PASS_BACKWARD = False
 
 
 @triton.jit
@@ -295,14 +309,20 @@ def _fwd_kernel(
 def _dkdv_steps(
     dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows,
     q_cnt, start, end, lq, lk, qk_scale2, left, right,
-    DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, NUM_Q: tl.constexpr,
+    desc_dq, ds_buf, dq_stages, dq_row, q_start, DQ, stride_acc,
+    CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, NUM_Q: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
+    FUSED_DQ: tl.constexpr, Q_SHARED: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
     """One consumer warpgroup's 64 kv rows against the q-tiles ``[start, end)`` of one query
-    head: S^T = K Q^T, dP^T = V dO^T on the tensor cores, then dV += P^T dO, dK += dS^T Q."""
+    head: S^T = K Q^T, dP^T = V dO^T on the tensor cores, then dV += P^T dO, dK += dS^T Q and,
+    with ``FUSED_DQ``, this warpgroup's share of dQ^T = K^T dS^T, added into the fp32
+    accumulator ``[Hq * D, Tq]`` (rows ``dq_row + d``): ``FUSED_DQ == 1`` through ``dq_stages``
+    and TMA reduce-adds to ``desc_dq``, ``FUSED_DQ == 2`` with fp32 atomics to ``DQ``."""
     for m0 in range(start, end, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
-        # Rows past lq load LSE -inf (-> +inf: P = 0) and delta 0: they add nothing.
+        # Rows past lq load LSE -inf (-> +inf: P = 0) and delta 0: they add nothing (to dQ
+        # either: their dS is exactly 0, so the reduce-add into the next sequence's rows adds 0).
         lse2 = lse_to_log2(tl.load(lse_h + rows, mask=rows < lq, other=float("-inf")))
         delta = tl.load(delta_h + rows, mask=rows < lq, other=0.0)
         q_buf, slot = ring_acquire(q_tiles, q_fulls, q_cnt, NUM_Q)
@@ -317,10 +337,28 @@ def _dkdv_steps(
         dpt = tlx.async_dot_wait(0, dpt)
         dv = tlx.async_dot(pt.to(DTYPE), do_buf, dv)
         dst = (pt * (dpt - delta[None, :])).to(DTYPE)
-        dk = tlx.async_dot(dst, q_buf, dk)
-        dk = tlx.async_dot_wait(0, dk)
-        dv = tlx.async_dot_wait(0, dv)
-        ring_release(q_empties, slot)
+        if FUSED_DQ > 0:
+            tlx.local_store(ds_buf, dst)
+            tlx.fence("async_shared")  # (Triton's barrier pass syncs the warpgroup here)
+            dk = tlx.async_dot(dst, q_buf, dk)
+            dqt = tlx.async_dot(tlx.local_trans(k_buf), ds_buf)
+            dqt = tlx.async_dot_wait(0, dqt)
+            dk = tlx.async_dot_wait(0, dk)
+            dv = tlx.async_dot_wait(0, dv)
+            ring_release(q_empties, slot)  # released before the dQ write-back
+            col0 = _q_row(q_start, m0, Q_SHARED)
+            if FUSED_DQ == 1:  # staged TMA reduce-add (traps on the H200 today: bench/NOTES.md)
+                dq_reduce_add(desc_dq, dq_stages, 2 * CID, q_cnt, dqt, dq_row, col0)
+            else:  # fp32 atomics from registers
+                offs_d = tl.arange(0, HEAD_DIM)
+                cols = col0 + tl.arange(0, BLOCK_M)
+                ptrs = DQ + (dq_row + offs_d).to(tl.int64)[:, None] * stride_acc + cols[None, :]
+                tl.atomic_add(ptrs, dqt, mask=(cols < stride_acc)[None, :], sem="relaxed")
+        else:
+            dk = tlx.async_dot(dst, q_buf, dk)
+            dk = tlx.async_dot_wait(0, dk)
+            dv = tlx.async_dot_wait(0, dv)
+            ring_release(q_empties, slot)
         q_cnt += 1
     return dk, dv, q_cnt
 
@@ -329,14 +367,17 @@ def _dkdv_steps(
 def _dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, DK, DV, LSE, DELTA, q_offsets, kv_offsets, TILES, COUNT,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, total_q, n_rounds, scale, left, right,
+    desc_dq, DQ, stride_acc,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_Q: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
-    ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False,
+    ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False, FUSED_DQ: tl.constexpr = 0,
 ):
     """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
-    the GQA group. A producer streams K/V once per tile and Q/dO through a ring of NUM_Q slots;
-    two consumer warpgroups take 64 kv rows each and share every Q/dO slot. dQ and delta come
-    from the portable dQ pass, which runs first."""
+    the GQA group, and with ``FUSED_DQ`` (1: TMA reduce-add, 2: atomics) each tile's share of
+    dQ, added into an fp32 accumulator (``FUSED_DQ == 0``: dQ and delta come from the portable
+    dQ pass, which runs first). A producer streams K/V once per tile and Q/dO through
+    a ring of NUM_Q slots; two consumer warpgroups take 64 kv rows each and share every Q/dO
+    slot."""
     HALF: tl.constexpr = BLOCK_N // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     ELEM: tl.constexpr = tlx.size_of(dtype)
@@ -347,6 +388,12 @@ def _dkdv_kernel(
     v_tiles = tlx.local_alloc((HALF, HEAD_DIM), dtype, 2)
     q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_Q)
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_Q)
+    if FUSED_DQ > 0:
+        ds_tiles = tlx.local_alloc((HALF, BLOCK_M), dtype, 2)  # dS^T, one per consumer
+        dq_stages = tlx.local_alloc((HEAD_DIM, BLOCK_M), tl.float32, 4)  # two per consumer
+    else:
+        ds_tiles = k_tiles  # unused
+        dq_stages = k_tiles
     kv_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
     kv_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
     q_fulls = tlx.alloc_barriers(num_barriers=NUM_Q, arrive_count=1)
@@ -382,11 +429,18 @@ def _dkdv_kernel(
             qk_scale2 = scale * LOG2E
             q_cnt = 0
             tile_cnt = 0
+            ds_buf = ds_tiles[cid]
             for r in range(0, n_rounds):
                 ok, b, hk, n0 = _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG)
                 q_start, lq, k_start, lk = _starts(q_offsets, kv_offsets, b)
                 if ok & (n0 < lk):
                     lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                    if FUSED_DQ > 0:  # noqa: SIM102 (a compile-time branch around a run-time one)
+                        if n0 + BLOCK_N > lk:
+                            # A tile past the sequence's end runs masked throughout: its rows past
+                            # lk hold the next sequence's keys, whose dS must not reach dQ.
+                            full_lo = lo
+                            full_hi = lo
                     kv_rows = n0 + cid * HALF + tl.arange(0, HALF)
                     tlx.barrier_wait(kv_fulls[cid], tile_cnt & 1)
                     k_buf = k_tiles[cid]
@@ -394,12 +448,14 @@ def _dkdv_kernel(
                     dk = tl.zeros([HALF, HEAD_DIM], tl.float32)
                     dv = tl.zeros([HALF, HEAD_DIM], tl.float32)
                     for g in range(GROUP):
-                        head_row = (hk * GROUP + g).to(tl.int64) * total_q + q_start
+                        head = hk * GROUP + g
+                        head_row = head.to(tl.int64) * total_q + q_start
                         lse_h = LSE + head_row
                         delta_h = DELTA + head_row
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, lo, full_lo, lq, lk, qk_scale2, left, right, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True)
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_lo, full_hi, lq, lk, qk_scale2, left, right, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False)
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_hi, hi, lq, lk, qk_scale2, left, right, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+                        dq_row = head * HEAD_DIM
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, lo, full_lo, lq, lk, qk_scale2, left, right, desc_dq, ds_buf, dq_stages, dq_row, q_start, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_lo, full_hi, lq, lk, qk_scale2, left, right, desc_dq, ds_buf, dq_stages, dq_row, q_start, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_hi, hi, lq, lk, qk_scale2, left, right, desc_dq, ds_buf, dq_stages, dq_row, q_start, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM)
                     tlx.barrier_arrive(kv_empties[cid], 1)
                     valid = kv_rows < lk
                     offs_d = tl.arange(0, HEAD_DIM)
@@ -407,6 +463,8 @@ def _dkdv_kernel(
                     tl.store(DK + out_rows[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :], (dk * scale).to(dtype), mask=valid[:, None])
                     tl.store(DV + out_rows[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :], dv.to(dtype), mask=valid[:, None])
                     tile_cnt += 1
+            if FUSED_DQ == 1:
+                tlx.async_descriptor_store_wait(0)  # the stages must outlive their last stores
 
 
 def _zigzag(plan, pass_: str) -> bool:
@@ -479,6 +537,79 @@ def forward(
     return out, lse
 
 
+@triton.jit
+def _delta_kernel(O, DO, DELTA, total_q, stride_ot, stride_oh, stride_dot, stride_doh,
+                  HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """delta ``[Hq, Tq]`` = rowsum(dO * O) in fp32: the backward's preprocess."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    h = tl.program_id(1)
+    offs_d = tl.arange(0, HEAD_DIM)
+    valid = rows < total_q
+    r64 = rows.to(tl.int64)[:, None]
+    o = tl.load(O + r64 * stride_ot + h * stride_oh + offs_d[None, :], mask=valid[:, None], other=0.0)
+    do = tl.load(DO + r64 * stride_dot + h * stride_doh + offs_d[None, :], mask=valid[:, None], other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + h.to(tl.int64) * total_q + rows, delta, mask=valid)
+
+
+def backward_delta(out: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
+    """delta ``[Hq, Tq]`` fp32 = rowsum(dO * O) of ``out``, ``dout`` ``[Tq, Hq, D]``."""
+    tq, hq, dim = out.shape
+    delta = alloc((hq, tq), torch.float32, out.device)
+    if tq:
+        block = 64
+        _delta_kernel[(triton.cdiv(tq, block), hq)](
+            out, dout, delta, tq, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1),
+            HEAD_DIM=dim, BLOCK=block, num_warps=4,
+        )
+    return delta
+
+
+def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, left, right):
+    if plan is None:
+        plan = make_plan(
+            q_offsets, kv_offsets, total_q=tq, total_kv=tk, heads_q=hq, heads_kv=hkv,
+            window=(left, right), block_m=BLOCK_M, block_n=BLOCK_N,
+            dkdv_blocks=(DKDV_BLOCK_M, DKDV_BLOCK_N), backward=True,
+        )
+    lay = plan.info.layout("dkdv")
+    if (lay.block_m, lay.block_n) != (DKDV_BLOCK_M, DKDV_BLOCK_N):
+        raise ValueError(
+            f"the plan's dK/dV tiles are {lay.block_m}x{lay.block_n}; this kernel takes "
+            f"{DKDV_BLOCK_M}x{DKDV_BLOCK_N}"
+        )
+    return plan, lay
+
+
+def _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, dq_acc,
+                 left, right, scale, q_shared, dq_write="atomic"):
+    """One launch of :func:`_dkdv_kernel`; ``dq_acc`` (fp32 ``[Hq * D, Tq']``) fuses dQ in."""
+    _, hq, dim = q.shape
+    hkv = k.shape[1]
+    programs = min(num_workers(q.device), lay.rows)
+    if dq_acc is None:
+        desc_dq = rows_descriptor(q, DKDV_BLOCK_M, dim)  # unused
+    else:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        desc_dq = TensorDescriptor(
+            dq_acc, shape=list(dq_acc.shape), strides=[dq_acc.stride(0), 1],
+            block_shape=[dim, DKDV_BLOCK_M],
+        )
+    _dkdv_kernel[(programs,)](
+        rows_descriptor(q, DKDV_BLOCK_M, dim), rows_descriptor(k, DKDV_BLOCK_N // 2, dim),
+        rows_descriptor(v, DKDV_BLOCK_N // 2, dim), rows_descriptor(dout, DKDV_BLOCK_M, dim),
+        dk, dv, lse, delta, q_offsets, kv_offsets,
+        plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):],
+        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dout.shape[0],
+        triton.cdiv(lay.rows, programs), scale, left, right, desc_dq,
+        dk if dq_acc is None else dq_acc, 0 if dq_acc is None else dq_acc.stride(0),
+        **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=DKDV_BLOCK_M, BLOCK_N=DKDV_BLOCK_N,
+        NUM_Q=NUM_Q, ZIGZAG=_zigzag(plan, "dkdv"), Q_SHARED=q_shared, FUSED_DQ=0 if dq_acc is None else DQ_WRITES[dq_write],
+        num_warps=4, num_stages=1,
+    )
+
+
 def backward_dkdv(
     dout: torch.Tensor,
     q: torch.Tensor,
@@ -496,42 +627,77 @@ def backward_dkdv(
     q_shared: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dK ``[Tk, Hkv, D]`` and dV of jagged attention, given LSE and delta = rowsum(dO * O)
-    (both ``[Hq, Tq]`` fp32; the portable dQ pass computes delta). ``q_shared``: broadcast-Q, as
-    for :func:`forward` (``dout`` then has the ``B * Lq`` rows)."""
+    (both ``[Hq, Tq]`` fp32; the portable dQ pass computes delta): the second pass of the
+    deterministic backward (no atomics, no reduce-adds). ``q_shared``: broadcast-Q, as for
+    :func:`forward` (``dout`` then has the ``B * Lq`` rows)."""
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
-    _, hq, dim = q.shape
     tq = dout.shape[0]  # the rows of dO, LSE and delta (B * Lq for broadcast-Q: see forward)
-    hkv = k.shape[1]
     dk, dv = alloc_like(k), alloc_like(v)
-    if plan is None:
-        plan = make_plan(
-            q_offsets, kv_offsets, total_q=tq, total_kv=k.shape[0], heads_q=hq, heads_kv=hkv,
-            window=(left, right), block_m=BLOCK_M, block_n=BLOCK_N,
-            dkdv_blocks=(DKDV_BLOCK_M, DKDV_BLOCK_N), backward=True,
-        )
-    lay = plan.info.layout("dkdv")
-    if (lay.block_m, lay.block_n) != (DKDV_BLOCK_M, DKDV_BLOCK_N):
-        raise ValueError(
-            f"the plan's dK/dV tiles are {lay.block_m}x{lay.block_n}; this kernel takes "
-            f"{DKDV_BLOCK_M}x{DKDV_BLOCK_N}"
-        )
+    plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], q.shape[1], k.shape[1], left, right)
     if k.shape[0] == 0 or lay.rows == 0:
         return dk, dv
     if tq == 0:  # no queries anywhere: no gradient (and no descriptor over 0 rows)
         return dk.zero_(), dv.zero_()
-    programs = min(num_workers(q.device), lay.rows)
-    _dkdv_kernel[(programs,)](
-        rows_descriptor(q, DKDV_BLOCK_M, dim), rows_descriptor(k, DKDV_BLOCK_N // 2, dim),
-        rows_descriptor(v, DKDV_BLOCK_N // 2, dim), rows_descriptor(dout, DKDV_BLOCK_M, dim),
-        dk, dv, lse, delta, q_offsets, kv_offsets,
-        plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):],
-        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), tq,
-        triton.cdiv(lay.rows, programs), scale, left, right,
-        **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=DKDV_BLOCK_M, BLOCK_N=DKDV_BLOCK_N,
-        NUM_Q=NUM_Q, ZIGZAG=_zigzag(plan, "dkdv"), Q_SHARED=q_shared,
-        num_warps=4, num_stages=1,
-    )
+    _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, None, left, right, scale, q_shared)
     return dk, dv
+
+
+def backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    *,
+    left: int,
+    right: int,
+    scale: float,
+    plan=None,
+    q_shared: bool = False,
+    dq_write: str = "atomic",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of jagged attention in one pass over the kv-tiles (after the delta
+    preprocess): dK/dV stay in registers and each tile adds its share of dQ into an fp32
+    accumulator, so dQ's summation order varies from run to run. ``out``, ``dout``:
+    ``[Tq, Hq, D]``; ``lse`` ``[Hq, Tq]``. ``q_shared`` (broadcast-Q, as for :func:`forward`):
+    dQ ``[Lq, Hq, D]`` is summed over the sequences by the same adds.
+
+    ``dq_write``: ``"atomic"`` (fp32 atomics from registers) or ``"tma"`` (the staged TMA
+    reduce-add of :func:`jagflash.core.pipeline.dq_reduce_add`), which is refused: on the H200
+    with triton 3.8.0 + triton-utlx 3.8.0.post16 it stops the kernel with an illegal
+    instruction (so does Triton's own ``desc.atomic_add``; bench/NOTES.md). Not the default
+    backward of any variant (:data:`ONE_PASS_BACKWARD`): with atomics it measured slower than
+    the two passes (:func:`backward_dkdv` after the portable dQ pass)."""
+    if dq_write not in DQ_WRITES:
+        raise ValueError(f"dq_write must be one of {sorted(DQ_WRITES)}, got {dq_write!r}")
+    if dq_write == "tma" and os.environ.get("JAGFLASH_EXPERIMENTAL_TMA_REDUCE") != "1":
+        raise RuntimeError(
+            "dq_write='tma' is refused: the TMA reduce-add stops the kernel with an illegal "
+            "instruction on the H200 (triton 3.8.0 + triton-utlx 3.8.0.post16); set "
+            "JAGFLASH_EXPERIMENTAL_TMA_REDUCE=1 to run it anyway while debugging it"
+        )
+    q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
+    lq, hq, dim = q.shape
+    tq = dout.shape[0]
+    dk, dv = alloc_like(k), alloc_like(v)
+    plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], hq, k.shape[1], left, right)
+    # The accumulator is dQ^T per head, [Hq * D, rows] (the consumers compute dQ^T = K^T dS^T:
+    # a wgmma needs 64 rows and a step has 32 queries), rows padded to 4 for TMA's 16-byte
+    # strides; it is zeroed, so rows that no tile reaches get dQ = 0.
+    rows = lq if q_shared else tq
+    acc = torch.zeros((hq * dim, (rows + 3) // 4 * 4), dtype=torch.float32, device=q.device)
+    if k.shape[0] and lay.rows and tq:
+        delta = backward_delta(out.contiguous(), dout)
+        _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, acc, left, right, scale, q_shared, dq_write)
+    else:
+        dk.zero_()
+        dv.zero_()
+    dq = torch.empty_like(q)
+    torch.mul(acc.view(hq, dim, -1)[:, :, :rows].permute(2, 0, 1), scale, out=dq)
+    return dq, dk, dv
 
 
 def compile_configs():
@@ -564,7 +730,10 @@ def compile_configs():
                     _fwd_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
                 ))
-            for causal, shared in ((False, False), (True, False), (False, True)):
+            for causal, shared, fused in (
+                (False, False, True), (True, False, True), (False, True, True),
+                (False, False, False), (True, False, False), (False, True, False),
+            ):
                 signature = {
                     "desc_q": f"tensordesc<{dtype}[{DKDV_BLOCK_M},{dim}]>",
                     "desc_k": f"tensordesc<{dtype}[{DKDV_BLOCK_N // 2},{dim}]>",
@@ -574,19 +743,23 @@ def compile_configs():
                     "q_offsets": "*i32", "kv_offsets": "*i32", "TILES": "*i32", "COUNT": "*i64",
                     "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32",
                     "total_q": "i32", "n_rounds": "i32", "scale": "fp32", "left": "i32", "right": "i32",
+                    "desc_dq": f"tensordesc<fp32[{dim},{DKDV_BLOCK_M}]>" if fused else f"tensordesc<{dtype}[{DKDV_BLOCK_M},{dim}]>",
+                    "DQ": "*fp32", "stride_acc": "i32",
                 }
                 constexprs = {
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": DKDV_BLOCK_M, "BLOCK_N": DKDV_BLOCK_N,
                     "NUM_Q": NUM_Q, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal, "ZIGZAG": True,
-                    "Q_SHARED": shared,
+                    "Q_SHARED": shared, "FUSED_DQ": DQ_WRITES["atomic"] if fused else 0,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
-                # Known spills of this first dK/dV version (dK and dV of 64 x D fp32 each stay
-                # in registers beside the S^T / dP^T tiles): bench/NOTES.md.
-                known_spill = {64: 32, 128: 512}[dim]
+                # Known spills of the dK/dV kernel (dK and dV of 64 x D fp32 each stay in
+                # registers beside the S^T / dP^T tiles, and with the one-pass dQ its dQ^T tile
+                # and the atomics' 64-bit addresses):
+                # bench/NOTES.md.
+                known_spill = ({64: 48, 128: 1884} if fused else {64: 32, 128: 512})[dim]
                 configs.append((
-                    f"tlx_dkdv{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
+                    f"tlx_{'bwd' if fused else 'dkdv'}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1}, known_spill,
                 ))
     return configs

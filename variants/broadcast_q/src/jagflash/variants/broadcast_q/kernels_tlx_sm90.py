@@ -3,7 +3,8 @@ with ``q_shared``: sequence ``b``'s q-tiles read the one shared Q block and writ
 ``b * Lq + m`` of the output, LSE and dO, so the batch is the jagged problem whose sequence ``b``
 has Lq queries, laid out (and cost-sorted by its K/V length) by a Plan like any jagged batch.
 The backward runs the portable dQ pass (dQ summed over the sequences by atomics, or in order
-with ``deterministic``; it also computes delta) and then the TLX dK/dV pass."""
+with ``deterministic``; it also computes delta) and then the TLX dK/dV pass (the one-pass
+``tlx_attention.backward`` only with ``tlx_attention.ONE_PASS_BACKWARD`` on)."""
 
 from __future__ import annotations
 
@@ -61,13 +62,19 @@ def backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ ``[Lq, Hq, D]`` (summed over the sequences), dK, dV. dK/dV are deterministic; dQ is
     when ``deterministic``. ``plan`` as for :func:`forward` (its dK/dV pass is used)."""
+    lq, hq, dim = q.shape
+    batch = kv_offsets.numel() - 1
+    plan, q_offsets = _given(plan, q, k, kv_offsets, left, right, backward=True)
+    if not deterministic and tlx_attention.ONE_PASS_BACKWARD:
+        return tlx_attention.backward(
+            dout.reshape(batch * lq, hq, dim), q, k, v, out.reshape(batch * lq, hq, dim),
+            lse_by_head(lse), q_offsets, kv_offsets, left=left, right=right, scale=scale,
+            plan=plan, q_shared=True,
+        )
     dq, delta = kernels_portable.backward_dq(
         dout, q, k, v, out, lse, kv_offsets, left=left, right=right, scale=scale,
         deterministic=deterministic, backend="portable",
     )
-    lq, hq, dim = q.shape
-    batch = kv_offsets.numel() - 1
-    plan, q_offsets = _given(plan, q, k, kv_offsets, left, right, backward=True)
     dk, dv = tlx_attention.backward_dkdv(
         dout.reshape(batch * lq, hq, dim), q, k, v, lse_by_head(lse), lse_by_head(delta), q_offsets,
         kv_offsets, left=left, right=right, scale=scale, plan=plan, q_shared=True,

@@ -38,6 +38,7 @@ def dense_attention(
     causal: bool = False,
     scale: float | None = None,
     return_lse: bool = False,
+    deterministic: bool = False,
     backend: str | None = None,
     plan: Plan | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -57,6 +58,10 @@ def dense_attention(
             A query that sees no key (Nq > Nk) outputs 0 with LSE -inf and zero gradients.
         scale: softmax scale, default ``1/sqrt(D)``.
         return_lse: also return LSE ``[B, Hq, Nq]`` fp32, natural log (no gradient).
+        deterministic: make the backward bitwise repeatable. Every backend's backward is today
+            (the portable one and the TLX one both run two passes without atomics); with
+            ``False`` a backend may sum dQ in a varying order when that is faster (the TLX
+            one-pass backward, ``jagflash.core.tlx_attention.ONE_PASS_BACKWARD``, is not yet).
         backend: ``"tlx-sm90"``, ``"portable"``, ``"interpreter"``, ``"reference"`` or ``None``
             for the fastest that runs the problem; ``jagflash.core.backend.last_choice("dense")``
             tells which ran.
@@ -85,8 +90,8 @@ def dense_attention(
     else:
         plan_args = _default_plan(q, k, causal, needs_grad, backend)
     out, lse = op.dense_fwd(
-        q, k, v, bool(causal), default_scale(scale, q.shape[-1]), bool(return_lse), backend or "",
-        *plan_args,
+        q, k, v, bool(causal), default_scale(scale, q.shape[-1]), bool(return_lse),
+        bool(deterministic), backend or "", *plan_args,
     )
     return (out, lse) if return_lse else out
 

@@ -1,6 +1,7 @@
 """Dense attention on Hopper with TLX: ``[B, N, H, D]`` seen as a jagged batch of B sequences of
 N rows, run by the warp-specialised kernels of ``jagflash.core.tlx_attention``. The backward runs
-the portable dQ pass (which also computes delta) and then the TLX dK/dV pass."""
+the portable dQ pass (which also computes delta) and then the TLX dK/dV pass: deterministic (the
+one-pass backward only with ``tlx_attention.ONE_PASS_BACKWARD`` on, as in the jagged variant)."""
 
 from __future__ import annotations
 
@@ -29,16 +30,25 @@ def forward(
 
 def backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-    lse: torch.Tensor, plan, *, left: int, right: int, scale: float,
+    lse: torch.Tensor, plan, *, left: int, right: int, scale: float, deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV (``lse`` ``[B, Hq, Nq]``). Deterministic: neither pass uses atomics."""
+    """dQ, dK, dV (``lse`` ``[B, Hq, Nq]``). Bitwise repeatable (two passes without atomics)
+    unless ``deterministic`` is False and ``tlx_attention.ONE_PASS_BACKWARD`` is on."""
     from jagflash.variants.dense import kernels_portable
 
+    batch, nq = q.shape[:2]
+    nk = k.shape[1]
+    if not deterministic and tlx_attention.ONE_PASS_BACKWARD:
+        dq, dk, dv = tlx_attention.backward(
+            dout.reshape(batch * nq, *dout.shape[2:]), q.reshape(batch * nq, *q.shape[2:]),
+            k.reshape(batch * nk, *k.shape[2:]), v.reshape(batch * nk, *v.shape[2:]),
+            out.reshape(batch * nq, *out.shape[2:]), lse_by_head(lse), plan.q_offsets,
+            plan.kv_offsets, left=left, right=right, scale=scale, plan=plan,
+        )
+        return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
     dq, delta = kernels_portable.backward_dq(
         dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale, backend="portable"
     )
-    batch, nq = q.shape[:2]
-    nk = k.shape[1]
     dk, dv = tlx_attention.backward_dkdv(
         dout.reshape(batch * nq, *dout.shape[2:]), q.reshape(batch * nq, *q.shape[2:]),
         k.reshape(batch * nk, *k.shape[2:]), v.reshape(batch * nk, *v.shape[2:]),

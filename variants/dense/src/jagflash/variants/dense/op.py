@@ -2,7 +2,10 @@
 
 The Plan (``jagflash.core.schedule``) crosses the ops as ``plan_tiles``, ``plan_meta`` and
 ``plan_info``; the backward runs on the plan the forward saved. Called without one (only code
-that calls an op directly does), an op builds one for the passes it runs.
+that calls an op directly does), an op builds one for the passes it runs. ``deterministic`` is
+saved the same way and matters to the backward alone: the TLX backward takes it (ordered two
+passes instead of dQ reduce-adds); the portable and reference backwards are always
+deterministic and do not need it.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ def dense_fwd(
     causal: bool,
     scale: float,
     return_lse: bool,
+    deterministic: bool,
     backend: str,
     plan_tiles: torch.Tensor | None = None,
     plan_meta: torch.Tensor | None = None,
@@ -76,7 +80,7 @@ def dense_fwd(
 
 
 @dense_fwd.register_fake
-def _(q, k, v, causal, scale, return_lse, backend, plan_tiles=None, plan_meta=None, plan_info=None):
+def _(q, k, v, causal, scale, return_lse, deterministic, backend, plan_tiles=None, plan_meta=None, plan_info=None):
     b, nq, hq, _ = q.shape
     return torch.empty_like(q), q.new_empty((b, hq, nq), dtype=torch.float32)
 
@@ -92,12 +96,13 @@ def dense_bwd(
     causal: bool,
     scale: float,
     return_lse: bool,
+    deterministic: bool,
     backend: str,
     plan_tiles: torch.Tensor | None = None,
     plan_meta: torch.Tensor | None = None,
     plan_info: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    problem = make_problem("dense", q, k, causal=causal, backward=True)
+    problem = make_problem("dense", q, k, causal=causal, backward=True, deterministic=deterministic)
     choice = select(SPEC, problem, q.device, backend or None)
     left, right = mask_bounds(causal)
     if choice.name == "reference":
@@ -110,16 +115,20 @@ def dense_bwd(
     if choice.name == "tlx-sm90":
         from jagflash.variants.dense import kernels_tlx_sm90
 
-        return kernels_tlx_sm90.backward(dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale)
+        return kernels_tlx_sm90.backward(
+            dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale,
+            deterministic=deterministic,
+        )
     from jagflash.variants.dense import kernels_portable
 
+    # Always deterministic (no atomics): ``deterministic`` asks nothing more of it.
     return kernels_portable.backward(
         dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale, backend=choice.name
     )
 
 
 @dense_bwd.register_fake
-def _(dout, q, k, v, out, lse, causal, scale, return_lse, backend, plan_tiles=None, plan_meta=None, plan_info=None):
+def _(dout, q, k, v, out, lse, causal, scale, return_lse, deterministic, backend, plan_tiles=None, plan_meta=None, plan_info=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 

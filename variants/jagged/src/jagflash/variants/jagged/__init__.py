@@ -54,6 +54,7 @@ def jagged_attention(
     max_seqlen_q: int | None = None,
     max_seqlen_kv: int | None = None,
     return_lse: bool = False,
+    deterministic: bool = False,
     backend: str | None = None,
     plan: Plan | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -84,6 +85,10 @@ def jagged_attention(
             them one synchronisation reads them and validates the offsets.
         return_lse: also return LSE ``[Hq, Tq]`` fp32, natural log, for merging partial
             attentions. It carries no gradient.
+        deterministic: make the backward bitwise repeatable. Every backend's backward is today
+            (the portable one and the TLX one both run two passes without atomics); with
+            ``False`` a backend may sum dQ in a varying order when that is faster (the TLX
+            one-pass backward, ``jagflash.core.tlx_attention.ONE_PASS_BACKWARD``, is not yet).
         backend: ``"tlx-sm90"``, ``"portable"``, ``"interpreter"``, ``"reference"``, or ``None`` for the fastest
             that runs the problem (``JAGFLASH_BACKEND`` overrides ``None``).
             ``jagflash.core.backend.last_choice("jagged")`` tells which ran and why.
@@ -135,8 +140,8 @@ def jagged_attention(
         q, k, v, q_offsets, kv_offsets,
         -1 if max_seqlen_q is None else int(max_seqlen_q),
         -1 if max_seqlen_kv is None else int(max_seqlen_kv),
-        bool(causal), default_scale(scale, q.shape[-1]), bool(return_lse), backend or "",
-        *plan_args,
+        bool(causal), default_scale(scale, q.shape[-1]), bool(return_lse), bool(deterministic),
+        backend or "", *plan_args,
     )
     if nested:
         out = torch.nested.nested_tensor_from_jagged(out, offsets=nested_offsets)

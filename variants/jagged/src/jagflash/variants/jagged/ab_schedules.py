@@ -82,7 +82,7 @@ def measure(
         workers=workers, max_seqlen_q=longest, max_seqlen_kv=longest,
     )
     scale = w.head_dim ** -0.5
-    extras = (offsets, offsets, longest, longest, w.causal, scale, False, "portable", *plan.op_args())
+    extras = (offsets, offsets, longest, longest, w.causal, scale, False, False, "portable", *plan.op_args())
     out, lse = jop.jagged_fwd(q, k, v, *extras)
     fwd_ms = _time_ms(lambda: jop.jagged_fwd(q, k, v, *extras), reps)
     bwd_ms = _time_ms(lambda: jop.jagged_bwd(t["dout"], q, k, v, out, lse, *extras), reps)

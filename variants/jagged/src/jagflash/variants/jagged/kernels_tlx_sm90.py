@@ -1,6 +1,8 @@
 """Jagged attention on Hopper with TLX: the warp-specialised kernels of
 ``jagflash.core.tlx_attention`` on the jagged tensors as they are. The backward runs the
-portable dQ pass (which also computes delta) and then the TLX dK/dV pass."""
+portable dQ pass (which also computes delta) and then the TLX dK/dV pass: deterministic. The
+one-pass ``tlx_attention.backward`` (dQ added from every kv-tile) runs instead, without
+``deterministic``, once ``tlx_attention.ONE_PASS_BACKWARD`` is on (off: slower today)."""
 
 from __future__ import annotations
 
@@ -28,8 +30,14 @@ def backward(
     left: int,
     right: int,
     scale: float,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV. Deterministic: neither pass uses atomics."""
+    """dQ, dK, dV; bitwise repeatable (two passes without atomics) unless ``deterministic`` is
+    False and ``tlx_attention.ONE_PASS_BACKWARD`` is on."""
+    if not deterministic and tlx_attention.ONE_PASS_BACKWARD:
+        return tlx_attention.backward(
+            dout, q, k, v, out, lse, q_offsets, kv_offsets, left=left, right=right, scale=scale, plan=plan
+        )
     dq, delta = kernels_portable.backward_dq(
         dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
         backend="portable",

@@ -8,7 +8,9 @@ synchronisation on a GPU, which also validates the offsets' values).
 The Plan (``jagflash.core.schedule``) crosses the ops as ``plan_tiles``, ``plan_meta`` and
 ``plan_info``; the forward's autograd context saves them, so the backward runs on the plan the
 forward ran on. Called without a plan (only code that calls an op directly does), an op builds
-one for the passes it runs.
+one for the passes it runs. ``deterministic`` is saved the same way and matters to the backward
+alone: the TLX backward takes it (ordered two passes instead of dQ reduce-adds); the portable
+and reference backwards are always deterministic and do not need it.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def jagged_fwd(
     causal: bool,
     scale: float,
     return_lse: bool,
+    deterministic: bool,
     backend: str,
     plan_tiles: torch.Tensor | None = None,
     plan_meta: torch.Tensor | None = None,
@@ -101,7 +104,7 @@ def _plan(tiles, meta, info, q, k, q_offsets, kv_offsets, max_q, max_k, left, ri
 
 
 @jagged_fwd.register_fake
-def _(q, k, v, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, causal, scale, return_lse, backend, plan_tiles=None, plan_meta=None, plan_info=None):
+def _(q, k, v, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, causal, scale, return_lse, deterministic, backend, plan_tiles=None, plan_meta=None, plan_info=None):
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -120,13 +123,14 @@ def jagged_bwd(
     causal: bool,
     scale: float,
     return_lse: bool,
+    deterministic: bool,
     backend: str,
     plan_tiles: torch.Tensor | None = None,
     plan_meta: torch.Tensor | None = None,
     plan_info: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     max_q, max_k = _lengths(q_offsets, kv_offsets, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_kv)
-    problem = make_problem("jagged", q, k, causal=causal, backward=True)
+    problem = make_problem("jagged", q, k, causal=causal, backward=True, deterministic=deterministic)
     choice = select(SPEC, problem, q.device, backend or None)
     left, right = mask_bounds(causal)
     if choice.name == "reference":
@@ -138,10 +142,12 @@ def jagged_bwd(
         from jagflash.variants.jagged import kernels_tlx_sm90
 
         return kernels_tlx_sm90.backward(
-            dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale
+            dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
+            deterministic=deterministic,
         )
     from jagflash.variants.jagged import kernels_portable
 
+    # Always deterministic (no atomics): ``deterministic`` asks nothing more of it.
     return kernels_portable.backward(
         dout, q, k, v, out, lse, q_offsets, kv_offsets, plan,
         left=left, right=right, scale=scale, backend=choice.name,
@@ -149,7 +155,7 @@ def jagged_bwd(
 
 
 @jagged_bwd.register_fake
-def _(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, causal, scale, return_lse, backend, plan_tiles=None, plan_meta=None, plan_info=None):
+def _(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, causal, scale, return_lse, deterministic, backend, plan_tiles=None, plan_meta=None, plan_info=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 

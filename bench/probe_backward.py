@@ -1,0 +1,94 @@
+"""Probe (H200): the TLX one-pass backward (dQ reduce-added from every kv-tile) against the
+deterministic two-pass one (portable dQ pass + TLX dK/dV pass), kernels alone, on the bench's jagged lognormal batch and dense 4 x 4096 (bf16, H16, D128).
+
+Run on the GPU: ``python bench/probe_backward.py`` (gpu.sh: ``PROBE=bench/probe_backward.py``).
+Prints ms (median of do_bench) and TFLOP/s with the FlashAttention convention (backward = 2.5 x
+the forward's 4 * sum(Lq * Lk) * D * H over visible pairs), and the largest difference between
+the two modes' gradients."""
+
+from __future__ import annotations
+
+import torch
+from triton.testing import do_bench
+
+from jagflash.core import tlx_attention
+from jagflash.core.jagged import offsets_from_lengths, visible_pairs
+from jagflash.variants.jagged import jagged_attention, kernels_portable, make_plan
+
+
+def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 128) -> None:
+    total = sum(lens)
+    q, k, v = (
+        torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    dout = torch.randn_like(q)
+    offs = offsets_from_lengths(lens, "cuda")
+    lt = torch.tensor(lens)
+    right = 0 if causal else -1
+    scale = dim**-0.5
+    flops = 2.5 * 4 * int(visible_pairs(lt, lt, -1, right).sum()) * dim * heads
+    plan = make_plan(q, k, offs, offs, causal=causal)
+    out, lse = jagged_attention(q, k, v, offs, offs, causal=causal, plan=plan, return_lse=True)
+    qd, kd, vd, od = (t.detach() for t in (q, k, v, out))
+
+    def fused():
+        return tlx_attention.backward(
+            dout, qd, kd, vd, od, lse, offs, offs, left=-1, right=right, scale=scale, plan=plan
+        )
+
+    def split():
+        dq, delta = kernels_portable.backward_dq(
+            dout,
+            qd,
+            kd,
+            vd,
+            od,
+            lse,
+            offs,
+            offs,
+            plan,
+            left=-1,
+            right=right,
+            scale=scale,
+            backend="portable",
+        )
+        dk, dv = tlx_attention.backward_dkdv(
+            dout, qd, kd, vd, lse, delta, offs, offs, left=-1, right=right, scale=scale, plan=plan
+        )
+        return dq, dk, dv
+
+    ref = split()
+    runs = {
+        "kernels: one pass (fused dQ)": fused,
+        "kernels: two pass (determ.)": split,
+    }
+    for mode, run in runs.items():
+        got = run()
+        diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, ref))
+        ms = do_bench(run, warmup=10, rep=200, return_mode="median")
+        f = flops * (1.4 if mode.startswith("public") else 1.0)  # fwd + bwd = 3.5 x fwd
+        print(
+            f"{name:14s} {causal!s:6s} {mode:30s} {ms:8.3f} {f / ms / 1e9:8.1f} {diff:10.2e}",
+            flush=True,
+        )
+
+
+def main() -> None:
+    gen = torch.Generator().manual_seed(0)
+    lognormal = (
+        torch.clamp((torch.exp(torch.randn(128, generator=gen)) * 512).round(), 1, 4096)
+        .long()
+        .tolist()
+    )
+    print(
+        f"{'batch':14s} {'causal':6s} {'mode':30s} {'ms':>8s} {'TFLOP/s':>8s} {'max|diff|':>10s}",
+        flush=True,
+    )
+    for name, lens in {"lognormal128": lognormal, "dense4x4096": [4096] * 4}.items():
+        for causal in (False, True):
+            _case(name, lens, causal)
+    _case("lognormal d64", lognormal, False, dim=64)
+
+if __name__ == "__main__":
+    main()
