@@ -111,6 +111,8 @@ for d in "$ROOT"/variants/*/src; do [ -d "$d" ] && SRC="$SRC:$d"; done
 SRC="$SRC:$ROOT/bench/src"
 PP="$SRC"
 [ -n "$FA4_DIR" ] && PP="$FA4_DIR:$PP"
+# The CUTLASS DSL (module `cutlass`, which flash_attn.cute imports) sits one level down.
+[ -n "$FA4_DIR" ] && [ -d "$FA4_DIR/nvidia_cutlass_dsl/dsl_packages" ] && PP="$FA4_DIR/nvidia_cutlass_dsl/dsl_packages:$PP"
 [ -n "$TLX_DIR" ] && PP="$TLX_DIR:$PP"
 export PYTHONPATH="$PP${PYTHONPATH:+:$PYTHONPATH}"
 export JAGFLASH_TLX_PATHS=/tmp/tlx
