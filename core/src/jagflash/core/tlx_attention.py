@@ -309,7 +309,7 @@ def _fwd_kernel(
 def _dkdv_steps(
     dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows,
     q_cnt, start, end, lq, lk, qk_scale2, left, right,
-    desc_dq, ds_buf, dq_stages, dq_row, q_start, DQ, stride_acc,
+    desc_dq, ds_buf, dq_stages, dq_row, acc_start, DQ, stride_acc,
     CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, NUM_Q: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
     FUSED_DQ: tl.constexpr, Q_SHARED: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -317,7 +317,7 @@ def _dkdv_steps(
     """One consumer warpgroup's 64 kv rows against the q-tiles ``[start, end)`` of one query
     head: S^T = K Q^T, dP^T = V dO^T on the tensor cores, then dV += P^T dO, dK += dS^T Q and,
     with ``FUSED_DQ``, this warpgroup's share of dQ^T = K^T dS^T, added into the fp32
-    accumulator ``[Hq * D, Tq]`` (rows ``dq_row + d``): ``FUSED_DQ == 1`` through ``dq_stages``
+    accumulator ``[Hq * D, columns]`` (rows ``dq_row + d``, columns from ``acc_start``): ``FUSED_DQ == 1`` through ``dq_stages``
     and TMA reduce-adds to ``desc_dq``, ``FUSED_DQ == 2`` with fp32 atomics to ``DQ``."""
     for m0 in range(start, end, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
@@ -346,7 +346,7 @@ def _dkdv_steps(
             dk = tlx.async_dot_wait(0, dk)
             dv = tlx.async_dot_wait(0, dv)
             ring_release(q_empties, slot)  # released before the dQ write-back
-            col0 = _q_row(q_start, m0, Q_SHARED)
+            col0 = acc_start + m0  # the accumulator column of the tile's first query
             if FUSED_DQ == 1:  # staged TMA reduce-add (traps on the H200 today: bench/NOTES.md)
                 dq_reduce_add(desc_dq, dq_stages, 2 * CID, q_cnt, dqt, dq_row, col0)
             else:  # fp32 atomics from registers
@@ -367,7 +367,7 @@ def _dkdv_steps(
 def _dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, DK, DV, LSE, DELTA, q_offsets, kv_offsets, TILES, COUNT,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, total_q, n_rounds, scale, left, right,
-    desc_dq, DQ, stride_acc,
+    desc_dq, DQ, stride_acc, ACC_COLS,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_Q: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False, FUSED_DQ: tl.constexpr = 0,
@@ -453,9 +453,12 @@ def _dkdv_kernel(
                         lse_h = LSE + head_row
                         delta_h = DELTA + head_row
                         dq_row = head * HEAD_DIM
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, lo, full_lo, lq, lk, qk_scale2, left, right, desc_dq, ds_buf, dq_stages, dq_row, q_start, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM)
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_lo, full_hi, lq, lk, qk_scale2, left, right, desc_dq, ds_buf, dq_stages, dq_row, q_start, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM)
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_hi, hi, lq, lk, qk_scale2, left, right, desc_dq, ds_buf, dq_stages, dq_row, q_start, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM)
+                        acc_start = 0  # broadcast-Q: the shared block's columns
+                        if not Q_SHARED:
+                            acc_start = tl.load(ACC_COLS + b).to(tl.int32)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, lo, full_lo, lq, lk, qk_scale2, left, right, desc_dq, ds_buf, dq_stages, dq_row, acc_start, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_lo, full_hi, lq, lk, qk_scale2, left, right, desc_dq, ds_buf, dq_stages, dq_row, acc_start, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_hi, hi, lq, lk, qk_scale2, left, right, desc_dq, ds_buf, dq_stages, dq_row, acc_start, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM)
                     tlx.barrier_arrive(kv_empties[cid], 1)
                     valid = kv_rows < lk
                     offs_d = tl.arange(0, HEAD_DIM)
@@ -582,7 +585,7 @@ def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, left, right):
 
 
 def _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, dq_acc,
-                 left, right, scale, q_shared, dq_write="atomic"):
+                 left, right, scale, q_shared, dq_write="atomic", acc_cols=None):
     """One launch of :func:`_dkdv_kernel`; ``dq_acc`` (fp32 ``[Hq * D, Tq']``) fuses dQ in."""
     _, hq, dim = q.shape
     hkv = k.shape[1]
@@ -604,6 +607,7 @@ def _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dout.shape[0],
         triton.cdiv(lay.rows, programs), scale, left, right, desc_dq,
         dk if dq_acc is None else dq_acc, 0 if dq_acc is None else dq_acc.stride(0),
+        q_offsets if acc_cols is None else acc_cols,
         **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=DKDV_BLOCK_M, BLOCK_N=DKDV_BLOCK_N,
         NUM_Q=NUM_Q, ZIGZAG=_zigzag(plan, "dkdv"), Q_SHARED=q_shared, FUSED_DQ=0 if dq_acc is None else DQ_WRITES[dq_write],
         num_warps=4, num_stages=1,
@@ -684,19 +688,35 @@ def backward(
     tq = dout.shape[0]
     dk, dv = alloc_like(k), alloc_like(v)
     plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], hq, k.shape[1], left, right)
-    # The accumulator is dQ^T per head, [Hq * D, rows] (the consumers compute dQ^T = K^T dS^T:
-    # a wgmma needs 64 rows and a step has 32 queries), rows padded to 4 for TMA's 16-byte
-    # strides; it is zeroed, so rows that no tile reaches get dQ = 0.
-    rows = lq if q_shared else tq
-    acc = torch.zeros((hq * dim, (rows + 3) // 4 * 4), dtype=torch.float32, device=q.device)
+    # The accumulator is dQ^T per head, [Hq * D, columns] (the consumers compute dQ^T = K^T dS^T:
+    # a wgmma needs 64 rows and a step has 32 queries), so a tile's queries run along its
+    # contiguous dimension, where a TMA box must start 16-byte aligned (an unaligned start traps
+    # with an illegal instruction: bench/NOTES.md). Sequence b's queries therefore start at
+    # column acc_cols[b], its start in a layout whose sequences are padded to 4 queries; the
+    # tile rows past a sequence's end add exact zeros into the next one's columns. Zeroed, so
+    # rows that no tile reaches get dQ = 0.
+    if q_shared:
+        acc_cols, width = None, (lq + 3) // 4 * 4
+    else:
+        lens = q_offsets[1:] - q_offsets[:-1]
+        acc_cols = torch.zeros_like(q_offsets)
+        torch.cumsum((lens + 3) // 4 * 4, 0, dtype=acc_cols.dtype, out=acc_cols[1:])
+        width = (tq + 3 * lens.numel() + 3) // 4 * 4  # >= acc_cols[-1], known without a sync
+    acc = torch.zeros((hq * dim, width), dtype=torch.float32, device=q.device)
     if k.shape[0] and lay.rows and tq:
         delta = backward_delta(out.contiguous(), dout)
-        _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, acc, left, right, scale, q_shared, dq_write)
+        _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, acc, left, right, scale, q_shared, dq_write, acc_cols)
     else:
         dk.zero_()
         dv.zero_()
     dq = torch.empty_like(q)
-    torch.mul(acc.view(hq, dim, -1)[:, :, :rows].permute(2, 0, 1), scale, out=dq)
+    per_head = acc.view(hq, dim, width)
+    if q_shared:
+        per_head = per_head[:, :, :lq]
+    else:  # token t of sequence b sits at column t - q_offsets[b] + acc_cols[b]
+        shift = torch.repeat_interleave(acc_cols[:-1] - q_offsets[:-1], lens, output_size=tq)
+        per_head = per_head[:, :, torch.arange(tq, device=q.device) + shift]
+    torch.mul(per_head.permute(2, 0, 1), scale, out=dq)
     return dq, dk, dv
 
 
@@ -744,7 +764,7 @@ def compile_configs():
                     "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32",
                     "total_q": "i32", "n_rounds": "i32", "scale": "fp32", "left": "i32", "right": "i32",
                     "desc_dq": f"tensordesc<fp32[{dim},{DKDV_BLOCK_M}]>" if fused else f"tensordesc<{dtype}[{DKDV_BLOCK_M},{dim}]>",
-                    "DQ": "*fp32", "stride_acc": "i32",
+                    "DQ": "*fp32", "stride_acc": "i32", "ACC_COLS": "*i32",
                 }
                 constexprs = {
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": DKDV_BLOCK_M, "BLOCK_N": DKDV_BLOCK_N,
