@@ -1,7 +1,10 @@
-"""Probe (H200): the TLX one-pass backward (dQ reduce-added from every kv-tile) against the
-deterministic two-pass one (portable dQ pass + TLX dK/dV pass), kernels alone, on the bench's jagged lognormal batch and dense 4 x 4096 (bf16, H16, D128).
+"""Probe (H200): the TLX one-pass backward (dQ added from every kv-tile, by fp32 atomics or by
+staged TMA reduce-adds) against the deterministic two-pass one (portable dQ pass + TLX dK/dV
+pass), kernels alone, on the bench's jagged lognormal batch and dense 4 x 4096 (bf16, H16, D128,
+causal and not) and the lognormal batch at D64.
 
-Run on the GPU: ``python bench/probe_backward.py`` (gpu.sh: ``PROBE=bench/probe_backward.py``).
+Run on the GPU: ``python bench/probe_backward.py [--quick]`` (gpu.sh:
+``PROBE=bench/probe_backward.py``); ``--quick``: the lognormal batch only.
 Prints ms (median of do_bench) and TFLOP/s with the FlashAttention convention (backward = 2.5 x
 the forward's 4 * sum(Lq * Lk) * D * H over visible pairs), and the largest difference between
 the two modes' gradients."""
@@ -9,7 +12,6 @@ the two modes' gradients."""
 from __future__ import annotations
 
 import functools
-import os
 import sys
 
 import torch
@@ -36,7 +38,7 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
     out, lse = jagged_attention(q, k, v, offs, offs, causal=causal, plan=plan, return_lse=True)
     qd, kd, vd, od = (t.detach() for t in (q, k, v, out))
 
-    def fused(dq_write="atomic"):
+    def fused(dq_write):
         return tlx_attention.backward(
             dout, qd, kd, vd, od, lse, offs, offs, left=-1, right=right, scale=scale, plan=plan, dq_write=dq_write
         )
@@ -64,11 +66,10 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
 
     ref = split()
     runs = {
-        "kernels: one pass (fused dQ)": fused,
+        "kernels: one pass (fused dQ)": functools.partial(fused, "atomic"),
         "kernels: two pass (determ.)": split,
+        "kernels: one pass, TMA dQ": functools.partial(fused, "tma"),
     }
-    if os.environ.get("JAGFLASH_EXPERIMENTAL_TMA_REDUCE") == "1":
-        runs["kernels: one pass, TMA dQ"] = functools.partial(fused, "tma")
     for mode, run in runs.items():
         got = run()
         diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, ref))

@@ -1,13 +1,14 @@
-"""Probe (H200): the one-pass TLX backward with dq_write="tma" (the staged TMA reduce-add) on
-small batches, each in its own process, to find which shapes trap (an illegal instruction on the
-lognormal batch, 2026-12-01) while the same reduce-add alone works (bench/probe_tma_reduce.py).
+"""Probe (H200): the one-pass TLX backward with dq_write="tma" (the staged TMA reduce-add) against
+dq_write="atomic" on small batches, each in its own process. It found the trap of 2026-12-01:
+only batches whose sequences start at a query index that is not a multiple of 4 stopped with an
+illegal instruction (a TMA box's contiguous start must be 16-byte aligned); all pass since the
+accumulator's sequences are padded to 4 columns.
 Prints per batch: ok (dQ within 2e-2 of the atomic version), WRONG, or the error.
 
 Run on the GPU: ``PROBE=bench/probe_one_pass_tma.py bash bench/gpu.sh probe``."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -46,10 +47,9 @@ def main() -> None:
     if len(sys.argv) > 1:
         print(run(sys.argv[1]))
         return
-    env = dict(os.environ, JAGFLASH_EXPERIMENTAL_TMA_REDUCE="1")
     for name in BATCHES:
         try:
-            p = subprocess.run([sys.executable, __file__, name], capture_output=True, text=True, timeout=100, env=env)
+            p = subprocess.run([sys.executable, __file__, name], capture_output=True, text=True, timeout=100)
             lines = (p.stdout + p.stderr).strip().splitlines()
             err = [ln for ln in lines if "Error" in ln]
             msg = lines[-1] if p.returncode == 0 and lines else (err[-1] if err else f"exit {p.returncode}")

@@ -1,4 +1,5 @@
-"""Refusals of the TLX kernels' host functions that need no GPU (they come before any launch)."""
+"""Refusals of the TLX kernels' host functions that need no GPU (they come before any launch),
+and the policy that picks the one-pass backward."""
 
 from __future__ import annotations
 
@@ -8,19 +9,20 @@ import torch
 tlx_attention = pytest.importorskip("jagflash.core.tlx_attention", reason="needs triton-utlx")
 
 
-def _args():
+def test_one_pass_backward_refuses_an_unknown_write() -> None:
     q = torch.zeros(4, 1, 64, dtype=torch.float16)
     offs = torch.tensor([0, 4], dtype=torch.int32)
-    return (q, q, q, q, q, torch.zeros(1, 4), offs, offs)
-
-
-def test_one_pass_backward_refuses_the_trapping_tma_write(monkeypatch) -> None:
-    monkeypatch.delenv("JAGFLASH_EXPERIMENTAL_TMA_REDUCE", raising=False)
-    with pytest.raises(RuntimeError, match="illegal instruction"):
-        tlx_attention.backward(*_args(), left=-1, right=-1, scale=0.125, dq_write="tma")
-
-
-def test_one_pass_backward_refuses_an_unknown_write() -> None:
     with pytest.raises(ValueError, match="dq_write must be one of"):
-        tlx_attention.backward(*_args(), left=-1, right=-1, scale=0.125, dq_write="scatter")
+        tlx_attention.backward(q, q, q, q, q, torch.zeros(1, 4), offs, offs, left=-1, right=-1, scale=0.125, dq_write="scatter")
 
+
+def test_one_pass_only_where_it_measured_faster(monkeypatch) -> None:
+    """When on: unmasked D 128 only, never for a deterministic call; off: never."""
+    monkeypatch.setattr(tlx_attention, "ONE_PASS_BACKWARD", True)
+    assert tlx_attention.use_one_pass(False, -1, -1, 128)
+    assert not tlx_attention.use_one_pass(True, -1, -1, 128)
+    assert not tlx_attention.use_one_pass(False, -1, 0, 128)  # causal
+    assert not tlx_attention.use_one_pass(False, 64, -1, 128)  # window
+    assert not tlx_attention.use_one_pass(False, -1, -1, 64)
+    monkeypatch.setattr(tlx_attention, "ONE_PASS_BACKWARD", False)
+    assert not tlx_attention.use_one_pass(False, -1, -1, 128)

@@ -430,3 +430,35 @@ def test_gpu_tlx_walks_a_given_plan(deterministic: bool) -> None:
             _kernel(deterministic=deterministic, plan=plan), _reference, t, atol=SPEC.atol[case.dtype], dout=dout
         )
         assert last_choice("broadcast_q").name == "tlx-sm90"
+
+
+@pytest.mark.sm90
+@pytest.mark.parametrize("dq_write", ["tma", "atomic"])
+def test_gpu_tlx_one_pass_backward(dq_write: str) -> None:
+    """The one-pass TLX backward with the shared Q block (``q_shared``): dQ summed over the
+    sequences by the kv-tiles' reduce-adds (TMA or atomics), dK/dV per sequence, against
+    autograd through the reference given its O and LSE; GQA, an empty sequence, Lq not a
+    multiple of the tile."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs sm_90")
+    from jagflash.core import tlx_attention
+    from jagflash.core.jagged import lse_by_head
+    from jagflash.core.tolerance import assert_close_all
+
+    case = Case(130, (0, *_lognormal(12, 13)), hq=8, hkv=2, head_dim=128, dtype=torch.bfloat16)
+    t = case.build("cuda", requires_grad=False)
+    q, k, v, kv_offsets, dout = (t[n] for n in ("q", "k", "v", "kv_offsets", "dout"))
+    grads = {}
+    for dtype in (torch.float64, torch.bfloat16):
+        leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+        out, lse = _reference(*leaves, kv_offsets, dtype)
+        grads[dtype] = torch.autograd.grad(out, leaves, dout.to(dtype))
+        if dtype == torch.float64:
+            ref_out, ref_lse = out.detach(), lse.float()
+    batch, (lq, hq, dim) = kv_offsets.numel() - 1, q.shape
+    got = tlx_attention.backward(
+        dout.reshape(batch * lq, hq, dim), q, k, v, ref_out.to(q.dtype).reshape(batch * lq, hq, dim),
+        lse_by_head(ref_lse), bop.output_offsets(q, kv_offsets), kv_offsets, left=-1, right=-1,
+        scale=dim**-0.5, q_shared=True, dq_write=dq_write,
+    )
+    assert_close_all(["dq", "dk", "dv"], list(got), grads[torch.float64], grads[torch.bfloat16], SPEC.atol[case.dtype])

@@ -1,5 +1,5 @@
 """The TLX (Hopper) kernels against the fp64 reference: the forward's two consumer versions
-under each schedule, the one-pass backward (dQ added from every kv-tile with atomics), the
+under each schedule, the one-pass backward (dQ added from every kv-tile by TMA reduce-adds or atomics), the
 dK/dV pass of the two-pass backward, and the tlx-sm90 backend through the public functions
 (forward and backward, bitwise-repeatable backward; dense: variants/dense/tests). Needs an
 sm_90 GPU and TLX."""
@@ -148,10 +148,11 @@ def _reference_grads(t, causal):
     return ref_out, ref_lse, grads[torch.float64], grads[torch.bfloat16]
 
 
+@pytest.mark.parametrize("dq_write", ["tma", "atomic"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_lt_lk", "cross_lq_gt_lk", "lognormal"])
-def test_tlx_fused_backward_matches_reference(name, causal, head_dim) -> None:
+def test_tlx_fused_backward_matches_reference(name, causal, head_dim, dq_write) -> None:
     """The one-pass TLX backward (delta preprocess, dK/dV with dQ reduce-added from every
     kv-tile) against autograd through the reference, given the reference's O and LSE; GQA,
     zero-length sequences, Lq != Lk, rows that see no key, tiles past a sequence's end."""
@@ -165,7 +166,8 @@ def test_tlx_fused_backward_matches_reference(name, causal, head_dim) -> None:
     ref_out, lse32, exact, low = _reference_grads(t, causal)
     left, right = mask_bounds(causal)
     got = tlx_attention.backward(
-        dout, q, k, v, ref_out.to(q.dtype), lse32, qo, ko, left=left, right=right, scale=head_dim**-0.5
+        dout, q, k, v, ref_out.to(q.dtype), lse32, qo, ko, left=left, right=right, scale=head_dim**-0.5,
+        dq_write=dq_write,
     )
     assert_close_all(["dq", "dk", "dv"], list(got), exact, low, SPEC.atol[torch.bfloat16])
 

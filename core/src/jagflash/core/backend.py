@@ -233,7 +233,7 @@ def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
     forward, and a backward whose dK/dV pass is TLX and whose dQ pass is the portable one.
     Neither uses atomics (in the jagged and dense variants), so the backward is deterministic;
     the one-pass backward with dQ added from every kv-tile is off
-    (``tlx_attention.ONE_PASS_BACKWARD``)."""
+    (``tlx_attention.use_one_pass``)."""
     return BackendSpec(
         name="tlx-sm90",
         devices=frozenset({"cuda"}),

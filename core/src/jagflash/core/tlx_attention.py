@@ -30,13 +30,11 @@ warpgroups' registers and streams Q / dO of every q-tile that sees it; dQ and de
 the portable dQ pass, which runs first (the variants' TLX backward: deterministic). The same
 kernel with ``FUSED_DQ`` is the one-pass backward (:func:`backward`): after a delta
 preprocess, each step also computes dQ^T = K^T dS^T from a dS^T tile in shared memory and adds
-it into an fp32 accumulator (atomics today; the staged TMA reduce-add traps, see
-:func:`backward`).
+it into an fp32 accumulator with staged TMA reduce-adds (:func:`use_one_pass` says when the
+variants run it).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -76,11 +74,20 @@ NUM_Q = 2  # Q/dO ring depth of the dK/dV pass
 HEAD_DIMS = (64, 128)
 # How the one-pass backward (:func:`backward`) adds dQ: the FUSED_DQ value of the kernel.
 DQ_WRITES = {"tma": 1, "atomic": 2}
-#: Whether the variants' TLX backward (deterministic=False) runs the one-pass :func:`backward`.
-#: Off: with atomic dQ it measured 29.7 ms against the two passes' 19.2 ms (jagged lognormal,
-#: bf16 D128 H16, H200; without any dQ write it ran 10.1 ms: the write-back is the whole gap),
-#: and the TMA reduce-add that should close it traps (bench/NOTES.md, 2026-12-01).
+#: Whether the variants' TLX backward may run the one-pass :func:`backward` (see
+#: :func:`use_one_pass`). Off until its TMA dQ write has passed the GPU test matrix (GQA, causal,
+#: Lq != Lk, broadcast-Q): so far it matched the atomic write on 7 MHA non-causal batches
+#: (bench/probe_one_pass_tma.py). Measured on the H200, kernels alone, bf16 H16 (bench/NOTES.md,
+#: 2026-12-01): non-causal D128 lognormal 16.6 ms vs the two passes' 19.4, dense 4x4096 4.39 vs
+#: 6.75; causal D128 11.4 vs 10.2 (lognormal), 3.28 vs 3.36 (dense); D64 lognormal 9.6 vs 8.3.
 ONE_PASS_BACKWARD = False
+
+
+def use_one_pass(deterministic: bool, left: int, right: int, head_dim: int) -> bool:
+    """Whether a variant's TLX backward runs the one-pass :func:`backward` (dQ order varies)
+    rather than the two passes: only where it measured faster (no window, D 128) and the call
+    does not ask for a deterministic backward, and only once :data:`ONE_PASS_BACKWARD` is on."""
+    return ONE_PASS_BACKWARD and not deterministic and left < 0 and right < 0 and head_dim == 128
 
 
 @triton.jit
@@ -347,7 +354,7 @@ def _dkdv_steps(
             dv = tlx.async_dot_wait(0, dv)
             ring_release(q_empties, slot)  # released before the dQ write-back
             col0 = acc_start + m0  # the accumulator column of the tile's first query
-            if FUSED_DQ == 1:  # staged TMA reduce-add (traps on the H200 today: bench/NOTES.md)
+            if FUSED_DQ == 1:  # staged TMA reduce-add
                 dq_reduce_add(desc_dq, dq_stages, 2 * CID, q_cnt, dqt, dq_row, col0)
             else:  # fp32 atomics from registers
                 offs_d = tl.arange(0, HEAD_DIM)
@@ -661,7 +668,7 @@ def backward(
     scale: float,
     plan=None,
     q_shared: bool = False,
-    dq_write: str = "atomic",
+    dq_write: str = "tma",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of jagged attention in one pass over the kv-tiles (after the delta
     preprocess): dK/dV stay in registers and each tile adds its share of dQ into an fp32
@@ -669,20 +676,11 @@ def backward(
     ``[Tq, Hq, D]``; ``lse`` ``[Hq, Tq]``. ``q_shared`` (broadcast-Q, as for :func:`forward`):
     dQ ``[Lq, Hq, D]`` is summed over the sequences by the same adds.
 
-    ``dq_write``: ``"atomic"`` (fp32 atomics from registers) or ``"tma"`` (the staged TMA
-    reduce-add of :func:`jagflash.core.pipeline.dq_reduce_add`), which is refused: on the H200
-    with triton 3.8.0 + triton-utlx 3.8.0.post16 it stops the kernel with an illegal
-    instruction (so does Triton's own ``desc.atomic_add``; bench/NOTES.md). Not the default
-    backward of any variant (:data:`ONE_PASS_BACKWARD`): with atomics it measured slower than
-    the two passes (:func:`backward_dkdv` after the portable dQ pass)."""
+    ``dq_write``: ``"tma"`` (the staged TMA reduce-add of
+    :func:`jagflash.core.pipeline.dq_reduce_add`) or ``"atomic"`` (fp32 atomics from
+    registers: 1.9x slower on the H200, kept as the plainest reference of the same sum)."""
     if dq_write not in DQ_WRITES:
         raise ValueError(f"dq_write must be one of {sorted(DQ_WRITES)}, got {dq_write!r}")
-    if dq_write == "tma" and os.environ.get("JAGFLASH_EXPERIMENTAL_TMA_REDUCE") != "1":
-        raise RuntimeError(
-            "dq_write='tma' is refused: the TMA reduce-add stops the kernel with an illegal "
-            "instruction on the H200 (triton 3.8.0 + triton-utlx 3.8.0.post16); set "
-            "JAGFLASH_EXPERIMENTAL_TMA_REDUCE=1 to run it anyway while debugging it"
-        )
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     lq, hq, dim = q.shape
     tq = dout.shape[0]
@@ -769,15 +767,16 @@ def compile_configs():
                 constexprs = {
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": DKDV_BLOCK_M, "BLOCK_N": DKDV_BLOCK_N,
                     "NUM_Q": NUM_Q, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal, "ZIGZAG": True,
-                    "Q_SHARED": shared, "FUSED_DQ": DQ_WRITES["atomic"] if fused else 0,
+                    "Q_SHARED": shared, "FUSED_DQ": DQ_WRITES["tma"] if fused else 0,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
                 # Known spills of the dK/dV kernel (dK and dV of 64 x D fp32 each stay in
-                # registers beside the S^T / dP^T tiles, and with the one-pass dQ its dQ^T tile
-                # and the atomics' 64-bit addresses):
+                # registers beside the S^T / dP^T tiles, and with the one-pass dQ its dQ^T tile;
+                # the configurations compile its default TMA write, the atomic one spills up to
+                # 1884 B at D 128):
                 # bench/NOTES.md.
-                known_spill = ({64: 48, 128: 1884} if fused else {64: 32, 128: 512})[dim]
+                known_spill = ({64: 72, 128: 696} if fused else {64: 32, 128: 512})[dim]
                 configs.append((
                     f"tlx_{'bwd' if fused else 'dkdv'}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1}, known_spill,

@@ -4,7 +4,7 @@ with ``q_shared``: sequence ``b``'s q-tiles read the one shared Q block and writ
 has Lq queries, laid out (and cost-sorted by its K/V length) by a Plan like any jagged batch.
 The backward runs the portable dQ pass (dQ summed over the sequences by atomics, or in order
 with ``deterministic``; it also computes delta) and then the TLX dK/dV pass (the one-pass
-``tlx_attention.backward`` only with ``tlx_attention.ONE_PASS_BACKWARD`` on)."""
+``tlx_attention.backward`` only where ``tlx_attention.use_one_pass`` says so)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def backward(
     lq, hq, dim = q.shape
     batch = kv_offsets.numel() - 1
     plan, q_offsets = _given(plan, q, k, kv_offsets, left, right, backward=True)
-    if not deterministic and tlx_attention.ONE_PASS_BACKWARD:
+    if tlx_attention.use_one_pass(deterministic, left, right, dim):
         return tlx_attention.backward(
             dout.reshape(batch * lq, hq, dim), q, k, v, out.reshape(batch * lq, hq, dim),
             lse_by_head(lse), q_offsets, kv_offsets, left=left, right=right, scale=scale,

@@ -61,7 +61,7 @@ def dense_attention(
         deterministic: make the backward bitwise repeatable. Every backend's backward is today
             (the portable one and the TLX one both run two passes without atomics); with
             ``False`` a backend may sum dQ in a varying order when that is faster (the TLX
-            one-pass backward, ``jagflash.core.tlx_attention.ONE_PASS_BACKWARD``, is not yet).
+            one-pass backward, ``jagflash.core.tlx_attention.use_one_pass``, is not yet on).
         backend: ``"tlx-sm90"``, ``"portable"``, ``"interpreter"``, ``"reference"`` or ``None``
             for the fastest that runs the problem; ``jagflash.core.backend.last_choice("dense")``
             tells which ran.

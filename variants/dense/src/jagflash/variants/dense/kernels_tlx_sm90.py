@@ -1,7 +1,7 @@
 """Dense attention on Hopper with TLX: ``[B, N, H, D]`` seen as a jagged batch of B sequences of
 N rows, run by the warp-specialised kernels of ``jagflash.core.tlx_attention``. The backward runs
 the portable dQ pass (which also computes delta) and then the TLX dK/dV pass: deterministic (the
-one-pass backward only with ``tlx_attention.ONE_PASS_BACKWARD`` on, as in the jagged variant)."""
+one-pass backward only where ``tlx_attention.use_one_pass`` says so, as in the jagged variant)."""
 
 from __future__ import annotations
 
@@ -33,12 +33,12 @@ def backward(
     lse: torch.Tensor, plan, *, left: int, right: int, scale: float, deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV (``lse`` ``[B, Hq, Nq]``). Bitwise repeatable (two passes without atomics)
-    unless ``deterministic`` is False and ``tlx_attention.ONE_PASS_BACKWARD`` is on."""
+    unless ``deterministic`` is False and ``tlx_attention.use_one_pass`` picks the one-pass backward."""
     from jagflash.variants.dense import kernels_portable
 
     batch, nq = q.shape[:2]
     nk = k.shape[1]
-    if not deterministic and tlx_attention.ONE_PASS_BACKWARD:
+    if tlx_attention.use_one_pass(deterministic, left, right, q.shape[-1]):
         dq, dk, dv = tlx_attention.backward(
             dout.reshape(batch * nq, *dout.shape[2:]), q.reshape(batch * nq, *q.shape[2:]),
             k.reshape(batch * nk, *k.shape[2:]), v.reshape(batch * nk, *v.shape[2:]),

@@ -2,7 +2,7 @@
 ``jagflash.core.tlx_attention`` on the jagged tensors as they are. The backward runs the
 portable dQ pass (which also computes delta) and then the TLX dK/dV pass: deterministic. The
 one-pass ``tlx_attention.backward`` (dQ added from every kv-tile) runs instead, without
-``deterministic``, once ``tlx_attention.ONE_PASS_BACKWARD`` is on (off: slower today)."""
+``deterministic``, where ``tlx_attention.use_one_pass`` says so (nowhere yet: see there)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def backward(
     deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV; bitwise repeatable (two passes without atomics) unless ``deterministic`` is
-    False and ``tlx_attention.ONE_PASS_BACKWARD`` is on."""
-    if not deterministic and tlx_attention.ONE_PASS_BACKWARD:
+    False and ``tlx_attention.use_one_pass`` picks the one-pass backward."""
+    if tlx_attention.use_one_pass(deterministic, left, right, q.shape[-1]):
         return tlx_attention.backward(
             dout, q, k, v, out, lse, q_offsets, kv_offsets, left=left, right=right, scale=scale, plan=plan
         )
