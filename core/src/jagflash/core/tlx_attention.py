@@ -653,6 +653,19 @@ def backward_dkdv(
     return dk, dv
 
 
+def dq_columns(q_offsets: torch.Tensor, total_q: int) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """Where the one-pass backward's dQ^T accumulator keeps each query: ``(acc_cols, width,
+    token_cols)``. Sequence ``b``'s queries take the columns ``acc_cols[b]`` on, a multiple of 4
+    (a TMA box along the contiguous dimension must start 16-byte aligned); ``width`` bounds them
+    without reading the offsets on the host; query ``t`` sits at column ``token_cols[t]``."""
+    lens = q_offsets[1:] - q_offsets[:-1]
+    acc_cols = torch.zeros_like(q_offsets)
+    torch.cumsum((lens + 3) // 4 * 4, 0, dtype=acc_cols.dtype, out=acc_cols[1:])
+    width = (total_q + 3 * lens.numel() + 3) // 4 * 4
+    shift = torch.repeat_interleave(acc_cols[:-1] - q_offsets[:-1], lens, output_size=total_q)
+    return acc_cols, width, torch.arange(total_q, device=q_offsets.device) + shift
+
+
 def backward(
     dout: torch.Tensor,
     q: torch.Tensor,
@@ -694,12 +707,9 @@ def backward(
     # tile rows past a sequence's end add exact zeros into the next one's columns. Zeroed, so
     # rows that no tile reaches get dQ = 0.
     if q_shared:
-        acc_cols, width = None, (lq + 3) // 4 * 4
+        acc_cols, width, token_cols = None, (lq + 3) // 4 * 4, None
     else:
-        lens = q_offsets[1:] - q_offsets[:-1]
-        acc_cols = torch.zeros_like(q_offsets)
-        torch.cumsum((lens + 3) // 4 * 4, 0, dtype=acc_cols.dtype, out=acc_cols[1:])
-        width = (tq + 3 * lens.numel() + 3) // 4 * 4  # >= acc_cols[-1], known without a sync
+        acc_cols, width, token_cols = dq_columns(q_offsets, tq)
     acc = torch.zeros((hq * dim, width), dtype=torch.float32, device=q.device)
     if k.shape[0] and lay.rows and tq:
         delta = backward_delta(out.contiguous(), dout)
@@ -711,9 +721,8 @@ def backward(
     per_head = acc.view(hq, dim, width)
     if q_shared:
         per_head = per_head[:, :, :lq]
-    else:  # token t of sequence b sits at column t - q_offsets[b] + acc_cols[b]
-        shift = torch.repeat_interleave(acc_cols[:-1] - q_offsets[:-1], lens, output_size=tq)
-        per_head = per_head[:, :, torch.arange(tq, device=q.device) + shift]
+    else:
+        per_head = per_head[:, :, token_cols]
     torch.mul(per_head.permute(2, 0, 1), scale, out=dq)
     return dq, dk, dv
 
