@@ -173,6 +173,12 @@ def _kernel_env(session: nox.Session, *, tests: bool) -> None:
 
 
 def _py(session: nox.Session, *args: str) -> None:
+    # triton-utlx's .pth appends its plugin library to TRITON_PLUGIN_PATHS in every Python it
+    # starts; a nox run from another venv with uTLX (an activated dev venv) would hand its own
+    # library down, and Triton then registers the TLX dialect twice and aborts ("Trying to
+    # register different dialects for the same namespace: tlx"). Each session's Python adds
+    # its own.
+    session.env["TRITON_PLUGIN_PATHS"] = ""
     session.run(str(PYTHON), *args, external=True)
 
 
