@@ -80,7 +80,12 @@ def dq_reduce_add(desc, stages, first, counter, value, row, col):
     wait and after the fence (checked in the PTX: ``bar.sync <partition>, 128``), so no thread
     writes a stage still being read, nor does the store start before every thread has written.
     Before the kernel ends the caller waits for the last stores
-    (``tlx.async_descriptor_store_wait(0)``)."""
+    (``tlx.async_descriptor_store_wait(0)``).
+
+    ``col`` (the coordinate along the descriptor's contiguous dimension) must be a multiple of
+    16 bytes' worth of elements: an unaligned box start stops the kernel with an illegal
+    instruction on the H200 (loads only ever offset the outer dimension, so they never meet
+    this)."""
     stage = stages[first + counter % 2]
     tlx.async_descriptor_store_wait(1)
     tlx.local_store(stage, value)

@@ -592,7 +592,7 @@ def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, left, right):
 
 
 def _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, dq_acc,
-                 left, right, scale, q_shared, dq_write="atomic", acc_cols=None):
+                 left, right, scale, q_shared, dq_write="tma", acc_cols=None):
     """One launch of :func:`_dkdv_kernel`; ``dq_acc`` (fp32 ``[Hq * D, Tq']``) fuses dQ in."""
     _, hq, dim = q.shape
     hkv = k.shape[1]
