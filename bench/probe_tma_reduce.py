@@ -27,14 +27,31 @@ CASES = [c + dt + shp for c in "ABCDE" for dt in ("f32", "bf16") for shp in ("",
 
 
 @triton.jit
-def _stock(desc, X, R: tl.constexpr, C: tl.constexpr, REDUCE: tl.constexpr):
+def _tile(X, R: tl.constexpr, C: tl.constexpr):
     rows = tl.arange(0, R)
     cols = tl.arange(0, C)
-    x = tl.load(X + rows[:, None] * C + cols[None, :])
+    return tl.load(X + rows[:, None] * C + cols[None, :])
+
+
+@triton.jit
+def _stock(desc, X, R: tl.constexpr, C: tl.constexpr, REDUCE: tl.constexpr):
+    x = _tile(X, R, C)
     if REDUCE:
         desc.atomic_add([0, 0], x)
     else:
         desc.store([0, 0], x)
+
+
+@triton.jit
+def _tlx_store(desc, buf, X, R: tl.constexpr, C: tl.constexpr, REDUCE: tl.constexpr):
+    """Stage the tile in ``buf``, then one TMA store (or reduce-add) and wait for it."""
+    tlx.local_store(buf, _tile(X, R, C))
+    tlx.fence("async_shared")
+    if REDUCE:
+        tlx.async_descriptor_store(desc, buf, [0, 0], store_reduce="add")
+    else:
+        tlx.async_descriptor_store(desc, buf, [0, 0])
+    tlx.async_descriptor_store_wait(0)
 
 
 @triton.jit
@@ -45,27 +62,9 @@ def _tlx(desc, X, R: tl.constexpr, C: tl.constexpr, REDUCE: tl.constexpr, WS: tl
             with tlx.async_task("default", registers=24):
                 pass
             with tlx.async_task(num_warps=4, registers=240, replicate=1):
-                rows = tl.arange(0, R)
-                cols = tl.arange(0, C)
-                x = tl.load(X + rows[:, None] * C + cols[None, :])
-                tlx.local_store(buf[0], x)
-                tlx.fence("async_shared")
-                if REDUCE:
-                    tlx.async_descriptor_store(desc, buf[0], [0, 0], store_reduce="add")
-                else:
-                    tlx.async_descriptor_store(desc, buf[0], [0, 0])
-                tlx.async_descriptor_store_wait(0)
+                _tlx_store(desc, buf[0], X, R, C, REDUCE)
     else:
-        rows = tl.arange(0, R)
-        cols = tl.arange(0, C)
-        x = tl.load(X + rows[:, None] * C + cols[None, :])
-        tlx.local_store(buf[0], x)
-        tlx.fence("async_shared")
-        if REDUCE:
-            tlx.async_descriptor_store(desc, buf[0], [0, 0], store_reduce="add")
-        else:
-            tlx.async_descriptor_store(desc, buf[0], [0, 0])
-        tlx.async_descriptor_store_wait(0)
+        _tlx_store(desc, buf[0], X, R, C, REDUCE)
 
 
 def run(case: str) -> str:
