@@ -15,9 +15,10 @@ dropped, and every store into a jagged output is a masked store that never cross
 sequence boundary. Per-sequence device descriptors would cost a descriptor write and a fence
 per tile; the masked epilogue costs a predicated store, once per tile.
 
-dQ write-back. The backward adds each kv-tile's share of dQ into an fp32 accumulator with TMA
-reduce-adds (:func:`dq_reduce_add`). Tile rows past a sequence's end add exact zeros (their
-dS is 0), so they need no mask either.
+dQ write-back. The one-pass backward adds each kv-tile's share of dQ into an fp32 accumulator
+with TMA reduce-adds (:func:`dq_reduce_add`). Tile rows past a sequence's end add exact zeros
+(their dS is 0), so they need no mask either; a box's start along the contiguous dimension
+must be 16-byte aligned, though (see there).
 
 Importing this module needs the TLX plugin (``triton-utlx``); nothing imports it unless the TLX
 backend is selected.
@@ -71,9 +72,10 @@ def ring_release(empties, slot):
 def dq_reduce_add(desc, stages, first, counter, value, row, col):
     """Reduce-add the fp32 register tile ``value`` into global memory at ``(row, col)`` of
     ``desc`` through a double-buffered shared-memory stage (``stages[first]`` and
-    ``stages[first + 1]``, alternating with ``counter``): wait until the TMA store that last read this stage has read it, write the tile
-    there, fence it for the async proxy, then one TMA ``cp.reduce.async.bulk`` add. The store
-    runs while the warpgroup goes on; the next wait on the same stage is two tiles later.
+    ``stages[first + 1]``, alternating with ``counter``): wait until the TMA store that last
+    read this stage has read it, write the tile there, fence it for the async proxy, then one
+    TMA ``cp.reduce.async.bulk`` add. The store runs while the warpgroup goes on; the next wait
+    on the same stage is two tiles later.
 
     Called by all 128 threads of one warpgroup. One elected thread issues the stores, so only it
     can wait for them; Triton's shared-memory barrier pass puts a warpgroup barrier after the

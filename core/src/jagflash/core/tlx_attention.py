@@ -324,8 +324,9 @@ def _dkdv_steps(
     """One consumer warpgroup's 64 kv rows against the q-tiles ``[start, end)`` of one query
     head: S^T = K Q^T, dP^T = V dO^T on the tensor cores, then dV += P^T dO, dK += dS^T Q and,
     with ``FUSED_DQ``, this warpgroup's share of dQ^T = K^T dS^T, added into the fp32
-    accumulator ``[Hq * D, columns]`` (rows ``dq_row + d``, columns from ``acc_start``): ``FUSED_DQ == 1`` through ``dq_stages``
-    and TMA reduce-adds to ``desc_dq``, ``FUSED_DQ == 2`` with fp32 atomics to ``DQ``."""
+    accumulator ``[Hq * D, columns]`` (rows ``dq_row + d``, columns from ``acc_start``):
+    ``FUSED_DQ == 1`` through ``dq_stages`` and TMA reduce-adds to ``desc_dq``,
+    ``FUSED_DQ == 2`` with fp32 atomics to ``DQ``."""
     for m0 in range(start, end, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         # Rows past lq load LSE -inf (-> +inf: P = 0) and delta 0: they add nothing (to dQ
@@ -382,9 +383,8 @@ def _dkdv_kernel(
     """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
     the GQA group, and with ``FUSED_DQ`` (1: TMA reduce-add, 2: atomics) each tile's share of
     dQ, added into an fp32 accumulator (``FUSED_DQ == 0``: dQ and delta come from the portable
-    dQ pass, which runs first). A producer streams K/V once per tile and Q/dO through
-    a ring of NUM_Q slots; two consumer warpgroups take 64 kv rows each and share every Q/dO
-    slot."""
+    dQ pass, which runs first). A producer streams K/V once per tile and Q/dO through a ring
+    of NUM_Q slots; two consumer warpgroups take 64 kv rows each and share every Q/dO slot."""
     HALF: tl.constexpr = BLOCK_N // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     ELEM: tl.constexpr = tlx.size_of(dtype)

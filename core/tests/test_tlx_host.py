@@ -1,5 +1,5 @@
-"""Refusals of the TLX kernels' host functions that need no GPU (they come before any launch),
-and the policy that picks the one-pass backward."""
+"""The TLX kernels' host side that needs no GPU: refusals (they come before any launch),
+the policy that picks the one-pass backward, and where its dQ accumulator keeps each query."""
 
 from __future__ import annotations
 
