@@ -35,7 +35,6 @@ from jagflash.core.capability import BackendSpec, Problem, UnsupportedProblem, V
 __all__ = [
     "BACKENDS",
     "PORTABLE_HEAD_DIMS",
-    "TLX_SM90_BLOCKS",
     "BackendChoice",
     "FallbackWarning",
     "device_capability",
@@ -47,6 +46,7 @@ __all__ = [
     "select",
     "tlx_reasons",
     "tlx_sm90_backend",
+    "tlx_sm90_blocks",
 ]
 
 BACKENDS = ("tlx-sm90", "portable", "interpreter", "reference")
@@ -222,18 +222,27 @@ def plan_backend(spec: VariantSpec, problem: Problem, device: torch.device, requ
 PORTABLE_HEAD_DIMS = frozenset({16, 32, 64, 96, 128, 256})
 
 
-#: Tile sizes ``(block_m, block_n)`` of the TLX kernels' passes (``jagflash.core.tlx_attention``),
-#: here so that plans can be laid out for them without importing TLX. Their dQ pass is the
-#: portable one (its tile sizes: ``jagflash.core.portable.block_config``).
-TLX_SM90_BLOCKS = {"fwd": (128, 128), "dkdv": (32, 128)}
+def tlx_sm90_blocks(head_dim: int, bounded: bool) -> dict[str, tuple[int, int]]:
+    """Tile sizes ``(block_m, block_n)`` of the TLX kernels' forward and dK/dV passes
+    (``jagflash.core.tlx_attention``), here so that plans can be laid out for them without
+    importing TLX; their dQ pass is the portable one (``jagflash.core.portable.block_config``).
+    ``bounded``: the mask has a causal or window bound.
+
+    The dK/dV pass steps 64 queries at a time at D 128 with an unbounded mask (the one-pass
+    backward needs 64: its dQ tile is a wgmma's 64 rows; the two passes measured faster too)
+    and 32 where the mask is bounded (64 measured 15-50 % slower there: its masked steps spill)
+    or at D 64 (whose backward the portable kernels run, on the same plan: bench/NOTES.md,
+    2026-12-01 session 4)."""
+    dkdv_m = 64 if head_dim == 128 and not bounded else 32
+    return {"fwd": (128, 128), "dkdv": (dkdv_m, 128)}
 
 
 def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
     """The TLX warp-specialised kernels of ``jagflash.core.tlx_attention`` (Hopper only):
-    forward, and a backward whose dK/dV pass is TLX and whose dQ pass is the portable one.
-    Neither uses atomics (in the jagged and dense variants), so the backward is deterministic;
-    the one-pass backward with dQ added from every kv-tile is off
-    (``tlx_attention.use_one_pass``)."""
+    forward, and a backward that runs in one pass with dQ reduce-added from every kv-tile where
+    ``tlx_attention.use_one_pass`` says so (D 128, no mask bound, not ``deterministic``), and
+    otherwise as a portable dQ pass and a TLX dK/dV pass, without atomics in the jagged and
+    dense variants: deterministic."""
     return BackendSpec(
         name="tlx-sm90",
         devices=frozenset({"cuda"}),
@@ -248,7 +257,7 @@ def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
         features_fwd=features,
         features_bwd=features | {"deterministic"},
         available=tlx_reasons,
-        notes="TMA producer + two ping-pong wgmma consumer warpgroups; dQ pass portable",
+        notes="TMA producer + two ping-pong wgmma consumer warpgroups; one-pass backward with TMA dQ reduce-adds unless causal/windowed/deterministic",
     )
 
 

@@ -69,13 +69,14 @@ def ring_release(empties, slot):
 
 
 @triton.jit
-def dq_reduce_add(desc, stages, first, counter, value, row, col):
+def dq_reduce_add(desc, stages, first, NUM: tl.constexpr, counter, value, row, col):
     """Reduce-add the fp32 register tile ``value`` into global memory at ``(row, col)`` of
-    ``desc`` through a double-buffered shared-memory stage (``stages[first]`` and
-    ``stages[first + 1]``, alternating with ``counter``): wait until the TMA store that last
-    read this stage has read it, write the tile there, fence it for the async proxy, then one
-    TMA ``cp.reduce.async.bulk`` add. The store runs while the warpgroup goes on; the next wait
-    on the same stage is two tiles later.
+    ``desc`` through a ring of ``NUM`` shared-memory stages (``stages[first]`` to
+    ``stages[first + NUM - 1]``, taken in turn with ``counter``): wait until the TMA store that
+    last read this stage has read it, write the tile there, fence it for the async proxy, then
+    one TMA ``cp.reduce.async.bulk`` add. The store runs while the warpgroup goes on; the next
+    wait on the same stage is ``NUM`` tiles later (one stage: the next tile waits for this
+    store; two: double-buffered).
 
     Called by all 128 threads of one warpgroup. One elected thread issues the stores, so only it
     can wait for them; Triton's shared-memory barrier pass puts a warpgroup barrier after the
@@ -88,8 +89,8 @@ def dq_reduce_add(desc, stages, first, counter, value, row, col):
     16 bytes' worth of elements: an unaligned box start stops the kernel with an illegal
     instruction on the H200 (loads only ever offset the outer dimension, so they never meet
     this)."""
-    stage = stages[first + counter % 2]
-    tlx.async_descriptor_store_wait(1)
+    stage = stages[first + counter % NUM]
+    tlx.async_descriptor_store_wait(NUM - 1)
     tlx.local_store(stage, value)
     tlx.fence("async_shared")
     tlx.async_descriptor_store(desc, stage, [row, col], store_reduce="add")

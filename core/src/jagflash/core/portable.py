@@ -341,9 +341,11 @@ def launch_options(cfg: dict[str, int]) -> dict[str, int]:
     return {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "num_warps", "num_stages")}
 
 
-def plan_blocks(backend: str, head_dim: int) -> dict[str, tuple[int, int]]:
+def plan_blocks(backend: str, head_dim: int, *, bounded: bool) -> dict[str, tuple[int, int]]:
     """``(block_m, block_n)`` of every pass of ``backend``'s kernels: what a Plan for them holds.
-    ``tlx-sm90`` runs its own forward and dK/dV passes and the portable dQ pass."""
+    ``tlx-sm90`` runs its own forward and dK/dV passes and the portable dQ pass; its dK/dV tiles
+    depend on whether the mask is ``bounded`` (causal or a window: see
+    ``jagflash.core.backend.tlx_sm90_blocks``)."""
     tlx = backend == "tlx-sm90"
     blocks = {
         p: (cfg["BLOCK_M"], cfg["BLOCK_N"])
@@ -351,7 +353,7 @@ def plan_blocks(backend: str, head_dim: int) -> dict[str, tuple[int, int]]:
         for cfg in (block_config("portable" if tlx else backend, head_dim, p),)
     }
     if tlx:
-        from jagflash.core.backend import TLX_SM90_BLOCKS
+        from jagflash.core.backend import tlx_sm90_blocks
 
-        blocks.update(TLX_SM90_BLOCKS)
+        blocks.update(tlx_sm90_blocks(head_dim, bounded))
     return blocks

@@ -1,5 +1,5 @@
-"""Attention for Hopper (sm_90a), warp-specialised with TLX, over jagged batches: the forward
-and the dK/dV pass of the backward.
+"""Attention for Hopper (sm_90a), warp-specialised with TLX, over jagged batches: the forward,
+the one-pass backward and the dK/dV pass of the two-pass one.
 
 The dense, jagged and broadcast-Q variants all launch these kernels (dense is jagged with equal
 lengths; broadcast-Q is jagged with one shared Q block, ``q_shared``); their ``kernels_tlx_sm90``
@@ -26,12 +26,13 @@ diagonal tiles off the main loop). TMA reads past a sequence's end are harmless:
 ``jagflash.core.pipeline``.
 
 The dK/dV pass (:func:`backward_dkdv`) keeps a 128-row kv-tile's dK and dV in the two consumer
-warpgroups' registers and streams Q / dO of every q-tile that sees it; dQ and delta come from
-the portable dQ pass, which runs first (the variants' TLX backward: deterministic). The same
-kernel with ``FUSED_DQ`` is the one-pass backward (:func:`backward`): after a delta
-preprocess, each step also computes dQ^T = K^T dS^T from a dS^T tile in shared memory and adds
-it into an fp32 accumulator with staged TMA reduce-adds (:func:`use_one_pass` says when the
-variants run it).
+warpgroups' registers and streams Q / dO of every q-tile that sees it, 64 or 32 queries a step
+(``jagflash.core.backend.tlx_sm90_blocks``); dQ and delta come from the portable dQ pass, which
+runs first (deterministic). The same kernel with ``FUSED_DQ`` is the one-pass backward
+(:func:`backward`, the variants' default where :func:`use_one_pass` says so): after a delta
+preprocess, each 64-query step also computes dQ = dS K, both warpgroups' dS^T meeting in shared
+memory, each warpgroup taking half of the head dim, and adds it into an fp32 accumulator with
+staged TMA reduce-adds (``jagflash.core.pipeline.dq_reduce_add``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from jagflash.core.backend import TLX_SM90_BLOCKS
+from jagflash.core.backend import tlx_sm90_blocks
 from jagflash.core.math import (
     LOG2E,
     band_bounds,
@@ -66,28 +67,33 @@ from jagflash.core.pipeline import (
 from jagflash.core.portable import kernel_flags
 from jagflash.core.schedule import PASSES, make_plan
 
-BLOCK_M, BLOCK_N = TLX_SM90_BLOCKS["fwd"]  # q-tile rows (each consumer warpgroup takes half), kv rows
+# q-tile rows (each consumer warpgroup takes half), kv rows: the same at every head dim and mask
+BLOCK_M, BLOCK_N = tlx_sm90_blocks(128, False)["fwd"]
 NUM_KV = 2  # K/V ring depth
-# dK/dV pass: q rows per step (64 spills at D 128), kv rows of a tile (each consumer takes half)
-DKDV_BLOCK_M, DKDV_BLOCK_N = TLX_SM90_BLOCKS["dkdv"]
+# The dK/dV pass's q rows per step and kv rows per tile (each consumer takes half) come from
+# tlx_sm90_blocks (by head dim and mask); the one-pass backward always steps 64 queries.
+ONE_PASS_BLOCK_M = 64
 NUM_Q = 2  # Q/dO ring depth of the dK/dV pass
 HEAD_DIMS = (64, 128)
+ONE_PASS_HEAD_DIMS = (128,)  # the one-pass backward's: each consumer's dQ columns are D / 2 = 64
 # How the one-pass backward (:func:`backward`) adds dQ: the FUSED_DQ value of the kernel.
 DQ_WRITES = {"tma": 1, "atomic": 2}
+# Shared-memory stages of each consumer's dQ write-back (two do not fit beside K/V, the Q/dO
+# ring and dS^T at D 128: 240 KB with Triton's scratch, over the 227 KB a block may take)
+DQ_STAGES = 1
 #: Whether the variants' TLX backward may run the one-pass :func:`backward` (see
-#: :func:`use_one_pass`). Off until its TMA dQ write has passed the GPU test matrix (GQA, causal,
-#: Lq != Lk, broadcast-Q): so far it matched the atomic write on 7 MHA non-causal batches
-#: (bench/probe_one_pass_tma.py). Measured on the H200, kernels alone, bf16 H16 (bench/NOTES.md,
-#: 2026-12-01): non-causal D128 lognormal 16.6 ms vs the two passes' 19.4, dense 4x4096 4.39 vs
-#: 6.75; causal D128 11.4 vs 10.2 (lognormal), 3.28 vs 3.36 (dense); D64 lognormal 9.6 vs 8.3.
-ONE_PASS_BACKWARD = False
+#: :func:`use_one_pass`): a switch to go back to the two passes everywhere. Measured on the H200,
+#: kernels alone, bf16 H16 D128 (bench/NOTES.md, 2026-12-01 session 4): non-causal lognormal
+#: 13.6 ms vs the two passes' 17.9, dense 4x4096 3.89 vs 6.22; causal 15.1 vs 11.9 (lognormal),
+#: 4.92 vs 3.89 (dense), with 64-query steps in both; the two causal passes step 32 queries.
+ONE_PASS_BACKWARD = True
 
 
 def use_one_pass(deterministic: bool, left: int, right: int, head_dim: int) -> bool:
     """Whether a variant's TLX backward runs the one-pass :func:`backward` (dQ order varies)
     rather than the two passes: only where it measured faster (no window, D 128) and the call
     does not ask for a deterministic backward, and only once :data:`ONE_PASS_BACKWARD` is on."""
-    return ONE_PASS_BACKWARD and not deterministic and left < 0 and right < 0 and head_dim == 128
+    return ONE_PASS_BACKWARD and not deterministic and left < 0 and right < 0 and head_dim in ONE_PASS_HEAD_DIMS
 
 
 @triton.jit
@@ -314,19 +320,28 @@ def _fwd_kernel(
 
 @triton.jit
 def _dkdv_steps(
-    dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows,
+    dk, dv, k_tiles, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows,
     q_cnt, start, end, lq, lk, qk_scale2, left, right,
-    desc_dq, ds_buf, dq_stages, dq_row, acc_start, DQ, stride_acc,
+    desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc,
     CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, NUM_Q: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
-    FUSED_DQ: tl.constexpr, Q_SHARED: tl.constexpr, HEAD_DIM: tl.constexpr,
+    FUSED_DQ: tl.constexpr, Q_SHARED: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+    DQ_STAGES: tl.constexpr,
 ):
-    """One consumer warpgroup's 64 kv rows against the q-tiles ``[start, end)`` of one query
-    head: S^T = K Q^T, dP^T = V dO^T on the tensor cores, then dV += P^T dO, dK += dS^T Q and,
-    with ``FUSED_DQ``, this warpgroup's share of dQ^T = K^T dS^T, added into the fp32
-    accumulator ``[Hq * D, columns]`` (rows ``dq_row + d``, columns from ``acc_start``):
-    ``FUSED_DQ == 1`` through ``dq_stages`` and TMA reduce-adds to ``desc_dq``,
-    ``FUSED_DQ == 2`` with fp32 atomics to ``DQ``."""
+    """One consumer warpgroup's HALF kv rows (``k_tiles[CID]``, ``v_buf``) against the q-tiles
+    ``[start, end)`` of one query head: S^T = K Q^T and dP^T = V dO^T on the tensor cores, then
+    dV += P^T dO (P^T from registers) and dK += dS^T Q (dS^T through shared memory).
+
+    With ``FUSED_DQ`` the step also computes this warpgroup's half of the q-tile's dQ: both
+    warpgroups store their dS^T (64 kv rows each) into the step's pair of ``ds_tiles`` (double
+    buffered by step parity), meet at named barrier 11, and warpgroup ``CID`` multiplies the
+    whole dS (128 kv rows) by the columns ``[CID * D/2, (CID + 1) * D/2)`` of K: dQ[:, half] =
+    dS K[:, half], a 64 x D/2 fp32 tile that no other warpgroup of the program adds to. It goes
+    into the fp32 accumulator ``[rows, Hq * D]`` at row ``q_start + m0`` (broadcast-Q: ``m0``),
+    column ``dq_col + CID * D/2``: ``FUSED_DQ == 1`` through ``dq_stages`` and a TMA
+    reduce-add to ``desc_dq``, ``FUSED_DQ == 2`` with fp32 atomics to ``DQ``."""
+    HALF_D: tl.constexpr = HEAD_DIM // 2
+    k_buf = k_tiles[CID]
     for m0 in range(start, end, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         # Rows past lq load LSE -inf (-> +inf: P = 0) and delta 0: they add nothing (to dQ
@@ -346,24 +361,36 @@ def _dkdv_steps(
         dv = tlx.async_dot(pt.to(DTYPE), do_buf, dv)
         dst = (pt * (dpt - delta[None, :])).to(DTYPE)
         if FUSED_DQ > 0:
-            tlx.local_store(ds_buf, dst)
-            tlx.fence("async_shared")  # (Triton's barrier pass syncs the warpgroup here)
-            dk = tlx.async_dot(dst, q_buf, dk)
-            dqt = tlx.async_dot(tlx.local_trans(k_buf), ds_buf)
-            dqt = tlx.async_dot_wait(0, dqt)
+            pair = 2 * (q_cnt % 2)
+            ds_buf = ds_tiles[pair + CID]
+        else:
+            ds_buf = ds_tiles[CID]
+        tlx.local_store(ds_buf, dst)
+        tlx.fence("async_shared")  # (Triton's barrier pass syncs the warpgroup here)
+        dk = tlx.async_dot(ds_buf, q_buf, dk)
+        if FUSED_DQ > 0:
+            # Both halves of dS^T are in shared memory once both warpgroups pass here; the
+            # other pair of buffers is free: both finished the previous step's dQ before it.
+            tlx.named_barrier_wait(11, 256)
+            dq = tlx.async_dot(
+                tlx.local_trans(ds_tiles[pair]), tlx.local_slice(k_tiles[0], [0, CID * HALF_D], [HALF, HALF_D])
+            )
+            dq = tlx.async_dot(
+                tlx.local_trans(ds_tiles[pair + 1]), tlx.local_slice(k_tiles[1], [0, CID * HALF_D], [HALF, HALF_D]), dq
+            )
+            dq = tlx.async_dot_wait(0, dq)
             dk = tlx.async_dot_wait(0, dk)
             dv = tlx.async_dot_wait(0, dv)
             ring_release(q_empties, slot)  # released before the dQ write-back
-            col0 = acc_start + m0  # the accumulator column of the tile's first query
+            col = dq_col + CID * HALF_D
             if FUSED_DQ == 1:  # staged TMA reduce-add
-                dq_reduce_add(desc_dq, dq_stages, 2 * CID, q_cnt, dqt, dq_row, col0)
+                dq_reduce_add(desc_dq, dq_stages, DQ_STAGES * CID, DQ_STAGES, q_cnt, dq, _q_row(q_start, m0, Q_SHARED), col)
             else:  # fp32 atomics from registers
-                offs_d = tl.arange(0, HEAD_DIM)
-                cols = col0 + tl.arange(0, BLOCK_M)
-                ptrs = DQ + (dq_row + offs_d).to(tl.int64)[:, None] * stride_acc + cols[None, :]
-                tl.atomic_add(ptrs, dqt, mask=(cols < stride_acc)[None, :], sem="relaxed")
+                cols = col + tl.arange(0, HALF_D)
+                acc_rows = _q_row(q_start, m0, Q_SHARED) + tl.arange(0, BLOCK_M)
+                ptrs = DQ + acc_rows.to(tl.int64)[:, None] * stride_acc + cols[None, :]
+                tl.atomic_add(ptrs, dq, mask=(rows < lq)[:, None], sem="relaxed")
         else:
-            dk = tlx.async_dot(dst, q_buf, dk)
             dk = tlx.async_dot_wait(0, dk)
             dv = tlx.async_dot_wait(0, dv)
             ring_release(q_empties, slot)
@@ -375,10 +402,11 @@ def _dkdv_steps(
 def _dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, DK, DV, LSE, DELTA, q_offsets, kv_offsets, TILES, COUNT,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, total_q, n_rounds, scale, left, right,
-    desc_dq, DQ, stride_acc, ACC_COLS,
+    desc_dq, DQ, stride_acc,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_Q: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False, FUSED_DQ: tl.constexpr = 0,
+    DQ_STAGES: tl.constexpr = 1,
 ):
     """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
     the GQA group, and with ``FUSED_DQ`` (1: TMA reduce-add, 2: atomics) each tile's share of
@@ -396,11 +424,12 @@ def _dkdv_kernel(
     q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_Q)
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_Q)
     if FUSED_DQ > 0:
-        ds_tiles = tlx.local_alloc((HALF, BLOCK_M), dtype, 2)  # dS^T, one per consumer
-        dq_stages = tlx.local_alloc((HEAD_DIM, BLOCK_M), tl.float32, 4)  # two per consumer
+        # dS^T, one per consumer, double-buffered by step (the dQ product reads both)
+        ds_tiles = tlx.local_alloc((HALF, BLOCK_M), dtype, 4)
+        dq_stages = tlx.local_alloc((BLOCK_M, HEAD_DIM // 2), tl.float32, 2 * DQ_STAGES)  # per consumer
     else:
-        ds_tiles = k_tiles  # unused
-        dq_stages = k_tiles
+        ds_tiles = tlx.local_alloc((HALF, BLOCK_M), dtype, 2)  # dS^T, one per consumer
+        dq_stages = k_tiles  # unused
     kv_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
     kv_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
     q_fulls = tlx.alloc_barriers(num_barriers=NUM_Q, arrive_count=1)
@@ -436,7 +465,6 @@ def _dkdv_kernel(
             qk_scale2 = scale * LOG2E
             q_cnt = 0
             tile_cnt = 0
-            ds_buf = ds_tiles[cid]
             for r in range(0, n_rounds):
                 ok, b, hk, n0 = _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG)
                 q_start, lq, k_start, lk = _starts(q_offsets, kv_offsets, b)
@@ -450,7 +478,6 @@ def _dkdv_kernel(
                             full_hi = lo
                     kv_rows = n0 + cid * HALF + tl.arange(0, HALF)
                     tlx.barrier_wait(kv_fulls[cid], tile_cnt & 1)
-                    k_buf = k_tiles[cid]
                     v_buf = v_tiles[cid]
                     dk = tl.zeros([HALF, HEAD_DIM], tl.float32)
                     dv = tl.zeros([HALF, HEAD_DIM], tl.float32)
@@ -459,13 +486,10 @@ def _dkdv_kernel(
                         head_row = head.to(tl.int64) * total_q + q_start
                         lse_h = LSE + head_row
                         delta_h = DELTA + head_row
-                        dq_row = head * HEAD_DIM
-                        acc_start = 0  # broadcast-Q: the shared block's columns
-                        if not Q_SHARED:
-                            acc_start = tl.load(ACC_COLS + b).to(tl.int32)
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, lo, full_lo, lq, lk, qk_scale2, left, right, desc_dq, ds_buf, dq_stages, dq_row, acc_start, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM)
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_lo, full_hi, lq, lk, qk_scale2, left, right, desc_dq, ds_buf, dq_stages, dq_row, acc_start, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM)
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_buf, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_hi, hi, lq, lk, qk_scale2, left, right, desc_dq, ds_buf, dq_stages, dq_row, acc_start, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM)
+                        dq_col = head * HEAD_DIM
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, lo, full_lo, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_lo, full_hi, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_hi, hi, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES)
                     tlx.barrier_arrive(kv_empties[cid], 1)
                     valid = kv_rows < lk
                     offs_d = tl.arange(0, HEAD_DIM)
@@ -575,49 +599,49 @@ def backward_delta(out: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
     return delta
 
 
-def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, left, right):
+def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, left, right, blocks, who):
+    """The plan (made if none was given) and its dK/dV layout, whose tiles must be ``blocks``."""
     if plan is None:
         plan = make_plan(
             q_offsets, kv_offsets, total_q=tq, total_kv=tk, heads_q=hq, heads_kv=hkv,
-            window=(left, right), block_m=BLOCK_M, block_n=BLOCK_N,
-            dkdv_blocks=(DKDV_BLOCK_M, DKDV_BLOCK_N), backward=True,
+            window=(left, right), block_m=BLOCK_M, block_n=BLOCK_N, dkdv_blocks=blocks, backward=True,
         )
     lay = plan.info.layout("dkdv")
-    if (lay.block_m, lay.block_n) != (DKDV_BLOCK_M, DKDV_BLOCK_N):
+    if (lay.block_m, lay.block_n) != tuple(blocks):
         raise ValueError(
-            f"the plan's dK/dV tiles are {lay.block_m}x{lay.block_n}; this kernel takes "
-            f"{DKDV_BLOCK_M}x{DKDV_BLOCK_N}"
+            f"the plan's dK/dV tiles are {lay.block_m}x{lay.block_n}; {who} takes "
+            f"{blocks[0]}x{blocks[1]}"
         )
     return plan, lay
 
 
 def _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, dq_acc,
-                 left, right, scale, q_shared, dq_write="tma", acc_cols=None):
-    """One launch of :func:`_dkdv_kernel`; ``dq_acc`` (fp32 ``[Hq * D, Tq']``) fuses dQ in."""
+                 left, right, scale, q_shared, dq_write="tma"):
+    """One launch of :func:`_dkdv_kernel`; ``dq_acc`` (fp32 ``[rows, Hq * D]``) fuses dQ in."""
     _, hq, dim = q.shape
     hkv = k.shape[1]
     programs = min(num_workers(q.device), lay.rows)
+    block_m, block_n = lay.block_m, lay.block_n
     if dq_acc is None:
-        desc_dq = rows_descriptor(q, DKDV_BLOCK_M, dim)  # unused
+        desc_dq = rows_descriptor(q, block_m, dim)  # unused
     else:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         desc_dq = TensorDescriptor(
             dq_acc, shape=list(dq_acc.shape), strides=[dq_acc.stride(0), 1],
-            block_shape=[dim, DKDV_BLOCK_M],
+            block_shape=[block_m, dim // 2],
         )
     _dkdv_kernel[(programs,)](
-        rows_descriptor(q, DKDV_BLOCK_M, dim), rows_descriptor(k, DKDV_BLOCK_N // 2, dim),
-        rows_descriptor(v, DKDV_BLOCK_N // 2, dim), rows_descriptor(dout, DKDV_BLOCK_M, dim),
+        rows_descriptor(q, block_m, dim), rows_descriptor(k, block_n // 2, dim),
+        rows_descriptor(v, block_n // 2, dim), rows_descriptor(dout, block_m, dim),
         dk, dv, lse, delta, q_offsets, kv_offsets,
         plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):],
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dout.shape[0],
         triton.cdiv(lay.rows, programs), scale, left, right, desc_dq,
         dk if dq_acc is None else dq_acc, 0 if dq_acc is None else dq_acc.stride(0),
-        q_offsets if acc_cols is None else acc_cols,
-        **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=DKDV_BLOCK_M, BLOCK_N=DKDV_BLOCK_N,
+        **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=block_m, BLOCK_N=block_n,
         NUM_Q=NUM_Q, ZIGZAG=_zigzag(plan, "dkdv"), Q_SHARED=q_shared, FUSED_DQ=0 if dq_acc is None else DQ_WRITES[dq_write],
-        num_warps=4, num_stages=1,
+        DQ_STAGES=DQ_STAGES, num_warps=4, num_stages=1,
     )
 
 
@@ -644,26 +668,14 @@ def backward_dkdv(
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     tq = dout.shape[0]  # the rows of dO, LSE and delta (B * Lq for broadcast-Q: see forward)
     dk, dv = alloc_like(k), alloc_like(v)
-    plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], q.shape[1], k.shape[1], left, right)
+    blocks = tlx_sm90_blocks(q.shape[-1], left >= 0 or right >= 0)["dkdv"]
+    plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], q.shape[1], k.shape[1], left, right, blocks, "the dK/dV pass")
     if k.shape[0] == 0 or lay.rows == 0:
         return dk, dv
     if tq == 0:  # no queries anywhere: no gradient (and no descriptor over 0 rows)
         return dk.zero_(), dv.zero_()
     _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, None, left, right, scale, q_shared)
     return dk, dv
-
-
-def dq_columns(q_offsets: torch.Tensor, total_q: int) -> tuple[torch.Tensor, int, torch.Tensor]:
-    """Where the one-pass backward's dQ^T accumulator keeps each query: ``(acc_cols, width,
-    token_cols)``. Sequence ``b``'s queries take the columns ``acc_cols[b]`` on, a multiple of 4
-    (a TMA box along the contiguous dimension must start 16-byte aligned); ``width`` bounds them
-    without reading the offsets on the host; query ``t`` sits at column ``token_cols[t]``."""
-    lens = q_offsets[1:] - q_offsets[:-1]
-    acc_cols = torch.zeros_like(q_offsets)
-    torch.cumsum((lens + 3) // 4 * 4, 0, dtype=acc_cols.dtype, out=acc_cols[1:])
-    width = (total_q + 3 * lens.numel() + 3) // 4 * 4
-    shift = torch.repeat_interleave(acc_cols[:-1] - q_offsets[:-1], lens, output_size=total_q)
-    return acc_cols, width, torch.arange(total_q, device=q_offsets.device) + shift
 
 
 def backward(
@@ -692,38 +704,35 @@ def backward(
     ``dq_write``: ``"tma"`` (the staged TMA reduce-add of
     :func:`jagflash.core.pipeline.dq_reduce_add`) or ``"atomic"`` (fp32 atomics from
     registers: 1.9x slower on the H200, kept as the plainest reference of the same sum)."""
+    reasons = []
     if dq_write not in DQ_WRITES:
-        raise ValueError(f"dq_write must be one of {sorted(DQ_WRITES)}, got {dq_write!r}")
+        reasons.append(f"dq_write must be one of {sorted(DQ_WRITES)}, got {dq_write!r}")
+    if q.shape[-1] not in ONE_PASS_HEAD_DIMS:
+        reasons.append(
+            f"the one-pass backward takes head dims {ONE_PASS_HEAD_DIMS} (each consumer warpgroup "
+            f"computes dQ for half the head dim, 64 columns), got {q.shape[-1]}: run the two passes"
+        )
+    if reasons:
+        raise ValueError("tlx_attention.backward: " + "; ".join(reasons))
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     lq, hq, dim = q.shape
     tq = dout.shape[0]
     dk, dv = alloc_like(k), alloc_like(v)
-    plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], hq, k.shape[1], left, right)
-    # The accumulator is dQ^T per head, [Hq * D, columns] (the consumers compute dQ^T = K^T dS^T:
-    # a wgmma needs 64 rows and a step has 32 queries), so a tile's queries run along its
-    # contiguous dimension, where a TMA box must start 16-byte aligned (an unaligned start traps
-    # with an illegal instruction: bench/NOTES.md). Sequence b's queries therefore start at
-    # column acc_cols[b], its start in a layout whose sequences are padded to 4 queries; the
-    # tile rows past a sequence's end add exact zeros into the next one's columns. Zeroed, so
-    # rows that no tile reaches get dQ = 0.
-    if q_shared:
-        acc_cols, width, token_cols = None, (lq + 3) // 4 * 4, None
-    else:
-        acc_cols, width, token_cols = dq_columns(q_offsets, tq)
-    acc = torch.zeros((hq * dim, width), dtype=torch.float32, device=q.device)
+    blocks = (ONE_PASS_BLOCK_M, tlx_sm90_blocks(dim, False)["dkdv"][1])
+    plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], hq, k.shape[1], left, right, blocks, "the one-pass backward")
+    # The accumulator has dQ's layout in fp32 (queries as rows; broadcast-Q: the Lq shared rows,
+    # which every sequence adds into). A q-tile that runs past its sequence's end adds exact
+    # zeros into the next sequence's rows (TMA clips the rows past the last). Zeroed, so rows
+    # that no tile reaches get dQ = 0.
+    acc = torch.zeros((lq, hq * dim), dtype=torch.float32, device=q.device)
     if k.shape[0] and lay.rows and tq:
         delta = backward_delta(out.contiguous(), dout)
-        _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, acc, left, right, scale, q_shared, dq_write, acc_cols)
+        _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, acc, left, right, scale, q_shared, dq_write)
     else:
         dk.zero_()
         dv.zero_()
     dq = torch.empty_like(q)
-    per_head = acc.view(hq, dim, width)
-    if q_shared:
-        per_head = per_head[:, :, :lq]
-    else:
-        per_head = per_head[:, :, token_cols]
-    torch.mul(per_head.permute(2, 0, 1), scale, out=dq)
+    torch.mul(acc.view(lq, hq, dim), scale, out=dq)
     return dq, dk, dv
 
 
@@ -761,31 +770,38 @@ def compile_configs():
                 (False, False, True), (True, False, True), (False, True, True),
                 (False, False, False), (True, False, False), (False, True, False),
             ):
+                if fused and dim not in ONE_PASS_HEAD_DIMS:
+                    continue
+                bm, bn = tlx_sm90_blocks(dim, causal)["dkdv"]
+                if fused:
+                    bm = ONE_PASS_BLOCK_M
                 signature = {
-                    "desc_q": f"tensordesc<{dtype}[{DKDV_BLOCK_M},{dim}]>",
-                    "desc_k": f"tensordesc<{dtype}[{DKDV_BLOCK_N // 2},{dim}]>",
-                    "desc_v": f"tensordesc<{dtype}[{DKDV_BLOCK_N // 2},{dim}]>",
-                    "desc_do": f"tensordesc<{dtype}[{DKDV_BLOCK_M},{dim}]>",
+                    "desc_q": f"tensordesc<{dtype}[{bm},{dim}]>",
+                    "desc_k": f"tensordesc<{dtype}[{bn // 2},{dim}]>",
+                    "desc_v": f"tensordesc<{dtype}[{bn // 2},{dim}]>",
+                    "desc_do": f"tensordesc<{dtype}[{bm},{dim}]>",
                     "DK": f"*{dtype}", "DV": f"*{dtype}", "LSE": "*fp32", "DELTA": "*fp32",
                     "q_offsets": "*i32", "kv_offsets": "*i32", "TILES": "*i32", "COUNT": "*i64",
                     "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32",
                     "total_q": "i32", "n_rounds": "i32", "scale": "fp32", "left": "i32", "right": "i32",
-                    "desc_dq": f"tensordesc<fp32[{dim},{DKDV_BLOCK_M}]>" if fused else f"tensordesc<{dtype}[{DKDV_BLOCK_M},{dim}]>",
-                    "DQ": "*fp32", "stride_acc": "i32", "ACC_COLS": "*i32",
+                    "desc_dq": f"tensordesc<fp32[{bm},{dim // 2}]>" if fused else f"tensordesc<{dtype}[{bm},{dim}]>",
+                    "DQ": "*fp32", "stride_acc": "i32",
                 }
                 constexprs = {
-                    "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": DKDV_BLOCK_M, "BLOCK_N": DKDV_BLOCK_N,
+                    "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": bm, "BLOCK_N": bn,
                     "NUM_Q": NUM_Q, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal, "ZIGZAG": True,
-                    "Q_SHARED": shared, "FUSED_DQ": DQ_WRITES["tma"] if fused else 0,
+                    "Q_SHARED": shared, "FUSED_DQ": DQ_WRITES["tma"] if fused else 0, "DQ_STAGES": DQ_STAGES,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
                 # Known spills of the dK/dV kernel (dK and dV of 64 x D fp32 each stay in
-                # registers beside the S^T / dP^T tiles, and with the one-pass dQ its dQ^T tile;
-                # the configurations compile its default TMA write, the atomic one spills up to
-                # 1884 B at D 128):
-                # bench/NOTES.md.
-                known_spill = ({64: 72, 128: 696} if fused else {64: 32, 128: 512})[dim]
+                # registers beside the S^T / dP^T tiles, and in the one pass its dQ tile; the
+                # one pass's steps are 64 queries, so its S^T / dP^T tiles are twice the two-pass
+                # causal ones; the configurations compile the default TMA write): bench/NOTES.md.
+                if fused:
+                    known_spill = 3132 if causal else 1500
+                else:
+                    known_spill = {64: 36, 128: 468 if causal else 720}[dim]
                 configs.append((
                     f"tlx_{'bwd' if fused else 'dkdv'}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1}, known_spill,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from jagflash.core import tlx_attention
-from jagflash.core.backend import TLX_SM90_BLOCKS
+from jagflash.core.backend import tlx_sm90_blocks
 from jagflash.core.jagged import lse_by_head, lse_by_sequence
 from jagflash.core.schedule import Plan, make_plan
 from jagflash.variants.broadcast_q import kernels_portable
@@ -24,7 +24,8 @@ def _plan(q: torch.Tensor, k: torch.Tensor, kv_offsets: torch.Tensor, left: int,
     """The plan of a call that passed none, and the offsets of its output rows."""
     lq = q.shape[0]
     q_offsets = output_offsets(q, kv_offsets)
-    (bm, bn), dkdv = TLX_SM90_BLOCKS["fwd"], TLX_SM90_BLOCKS["dkdv"]
+    blocks = tlx_sm90_blocks(q.shape[-1], left >= 0 or right >= 0)
+    (bm, bn), dkdv = blocks["fwd"], blocks["dkdv"]
     plan = make_plan(
         q_offsets, kv_offsets, total_q=(kv_offsets.numel() - 1) * lq, total_kv=k.shape[0],
         heads_q=q.shape[1], heads_kv=k.shape[1], window=(left, right), block_m=bm, block_n=bn,

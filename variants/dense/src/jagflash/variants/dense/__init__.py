@@ -58,10 +58,11 @@ def dense_attention(
             A query that sees no key (Nq > Nk) outputs 0 with LSE -inf and zero gradients.
         scale: softmax scale, default ``1/sqrt(D)``.
         return_lse: also return LSE ``[B, Hq, Nq]`` fp32, natural log (no gradient).
-        deterministic: make the backward bitwise repeatable. Every backend's backward is today
-            (the portable one and the TLX one both run two passes without atomics); with
-            ``False`` a backend may sum dQ in a varying order when that is faster (the TLX
-            one-pass backward, ``jagflash.core.tlx_attention.use_one_pass``, is not yet on).
+        deterministic: make the backward bitwise repeatable. With ``False`` (the default) a
+            backend may sum dQ in a varying order where that is faster: the TLX backward
+            then runs one pass that adds dQ from every kv-tile (D 128 without causal or window
+            masking: ``jagflash.core.tlx_attention.use_one_pass``); with ``True`` it runs two
+            passes without atomics, like the portable backward always does.
         backend: ``"tlx-sm90"``, ``"portable"``, ``"interpreter"``, ``"reference"`` or ``None``
             for the fastest that runs the problem; ``jagflash.core.backend.last_choice("dense")``
             tells which ran.

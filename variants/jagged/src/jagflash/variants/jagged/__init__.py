@@ -85,10 +85,11 @@ def jagged_attention(
             them one synchronisation reads them and validates the offsets.
         return_lse: also return LSE ``[Hq, Tq]`` fp32, natural log, for merging partial
             attentions. It carries no gradient.
-        deterministic: make the backward bitwise repeatable. Every backend's backward is today
-            (the portable one and the TLX one both run two passes without atomics); with
-            ``False`` a backend may sum dQ in a varying order when that is faster (the TLX
-            one-pass backward, ``jagflash.core.tlx_attention.use_one_pass``, is not yet on).
+        deterministic: make the backward bitwise repeatable. With ``False`` (the default) a
+            backend may sum dQ in a varying order where that is faster: the TLX backward
+            then runs one pass that adds dQ from every kv-tile (D 128 without causal or window
+            masking: ``jagflash.core.tlx_attention.use_one_pass``); with ``True`` it runs two
+            passes without atomics, like the portable backward always does.
         backend: ``"tlx-sm90"``, ``"portable"``, ``"interpreter"``, ``"reference"``, or ``None`` for the fastest
             that runs the problem (``JAGFLASH_BACKEND`` overrides ``None``).
             ``jagflash.core.backend.last_choice("jagged")`` tells which ran and why.
