@@ -141,7 +141,9 @@ run_step() {  # name timeout_s command...
     local name=$1 t=$2; shift 2
     local t0; t0=$(date +%s)
     log "== $name (timeout ${t}s): $*"
-    timeout -k 10 "$t" "$@" 2>&1 | tee "$OUT/$name.log"
+    # SIGINT first: pytest then stops like at Ctrl-C and still prints its summary and the
+    # --durations table (a test step cut by its timeout used to return only dots).
+    timeout -s INT -k 15 "$t" "$@" 2>&1 | tee "$OUT/$name.log"
     RC[$name]=${PIPESTATUS[0]}
     SECS[$name]=$(( $(date +%s) - t0 ))
     log "== $name: exit ${RC[$name]} after ${SECS[$name]}s"
@@ -172,13 +174,13 @@ fi
 TLX_TESTS=variants/jagged/tests/test_tlx_sm90.py
 if has_step tlx-tests; then  # the TLX kernels' own tests first: they decide the next step
     run_step tlx-tests "$(cap "${TLX_TESTS_TIMEOUT_S:-220}" "$bench_reserve")" \
-        "$PY" -m pytest ${plugin[@]+"${plugin[@]}"} -m sm90 --maxfail=40 -q -p no:cacheprovider -rf ${TLX_TESTS_K:+-k "$TLX_TESTS_K"} "$TLX_TESTS"
+        "$PY" -m pytest ${plugin[@]+"${plugin[@]}"} -m sm90 --maxfail=40 -q -p no:cacheprovider -rf --durations=15 ${TLX_TESTS_K:+-k "$TLX_TESTS_K"} "$TLX_TESTS"
 fi
 if has_step tests; then
     ignore=()
     has_step tlx-tests && ignore=(--ignore "$TLX_TESTS")
     run_step tests "$(cap "${TESTS_TIMEOUT_S:-170}" "$bench_reserve")" \
-        "$PY" -m pytest ${plugin[@]+"${plugin[@]}"} -m "gpu or sm90" --maxfail="${TESTS_MAXFAIL:-20}" -q -p no:cacheprovider -rf ${TESTS_K:+-k "$TESTS_K"} ${ignore[@]+"${ignore[@]}"} ${TESTS_PATHS:-core variants}
+        "$PY" -m pytest ${plugin[@]+"${plugin[@]}"} -m "gpu or sm90" --maxfail="${TESTS_MAXFAIL:-20}" -q -p no:cacheprovider -rf --durations=15 ${TESTS_K:+-k "$TESTS_K"} ${ignore[@]+"${ignore[@]}"} ${TESTS_PATHS:-core variants}
 fi
 if has_step demo; then
     run_step demo "$(cap "${DEMO_TIMEOUT_S:-60}" "$bench_reserve")" "$PY" -m jagflash.variants.jagged.demo
