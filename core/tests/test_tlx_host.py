@@ -29,3 +29,32 @@ def test_one_pass_only_where_it_measured_faster(monkeypatch) -> None:
     assert not tlx_attention.use_one_pass(False, -1, -1, 64)
     monkeypatch.setattr(tlx_attention, "ONE_PASS_BACKWARD", False)
     assert not tlx_attention.use_one_pass(False, -1, -1, 128)
+
+
+def test_dkdv_tiles_follow_head_dim_and_mask() -> None:
+    """64-query dK/dV steps only at D 128 without a mask bound (the one pass needs them), 32
+    elsewhere; what plans are laid out with for the TLX backend (plan_blocks) agrees."""
+    from jagflash.core.backend import tlx_sm90_blocks
+    from jagflash.core.portable import plan_blocks
+
+    assert tlx_sm90_blocks(128, False)["dkdv"] == (64, 128)
+    assert tlx_sm90_blocks(128, True)["dkdv"] == (32, 128)
+    assert tlx_sm90_blocks(64, False)["dkdv"] == (32, 128)
+    for dim in (64, 128):
+        for bounded in (False, True):
+            assert plan_blocks("tlx-sm90", dim, bounded=bounded)["dkdv"] == tlx_sm90_blocks(dim, bounded)["dkdv"]
+
+
+def test_one_pass_backward_refuses_a_plan_laid_out_for_32_query_steps() -> None:
+    """A causal plan (32-query dK/dV tiles) handed to the one pass: refused before any launch,
+    naming both tile shapes."""
+    from jagflash.core.schedule import make_plan
+
+    q = torch.zeros(8, 1, 128, dtype=torch.float16)
+    offs = torch.tensor([0, 8], dtype=torch.int32)
+    plan = make_plan(
+        offs, offs, total_q=8, total_kv=8, heads_q=1, heads_kv=1, window=(-1, 0), block_m=128,
+        block_n=128, dkdv_blocks=(32, 128), backward=True,
+    )
+    with pytest.raises(ValueError, match=r"dK/dV tiles are 32x128; the one-pass backward takes 64x128"):
+        tlx_attention.backward(q, q, q, q, q, torch.zeros(1, 8), offs, offs, left=-1, right=0, scale=0.125, plan=plan)
