@@ -2,6 +2,7 @@
 
     python -m jagflash.core.compile_check            # all installed variants
     python -m jagflash.core.compile_check --max-spill-bytes 256 -k d128
+    python -m jagflash.core.compile_check -k "bf16 d128" --loops   # + the SASS of each inner loop
 
 Each variant with a ``kernels_tlx_sm90`` module lists its launch configurations in
 ``compile_configs()`` as ``(name, kernel, signature, constexprs, options)``, optionally with a
@@ -12,6 +13,11 @@ wheel's ``ptxas -arch=sm_90a -v`` for registers and spills. The table shows regi
 bytes, shared memory, and whether wgmma, setmaxnreg and TMA (cp.async.bulk.tensor) made it into
 the PTX. Exit status 1 when a configuration fails to compile, spills (unless allowed), or needs
 more shared memory than an sm_90 block can have.
+
+``--loops`` also disassembles each cubin (the wheel's ``nvdisasm``) and lists its innermost loops
+(found by their backward branches): instructions per iteration, HGMMA (wgmma) instructions,
+spill loads and stores (LDL / STL), and the opcodes that dominate. That is how the TLX forward's
+kv loop was found 100 instructions longer than the uTLX tutorial's (bench/NOTES.md).
 """
 
 from __future__ import annotations
@@ -23,10 +29,70 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 #: Largest shared memory one block can take on sm_90 (227 KiB).
 SM90_MAX_SHARED = 232448
+
+
+@dataclass
+class SassLoop:
+    """One innermost loop of a disassembled kernel: ``[start, end]`` byte addresses and the
+    count of each opcode (its first dot-separated part) in one iteration's instructions."""
+
+    start: int
+    end: int
+    opcodes: Counter = field(default_factory=Counter)
+
+    @property
+    def instructions(self) -> int:
+        return sum(self.opcodes.values())
+
+    def describe(self, top: int = 6) -> str:
+        o = self.opcodes
+        common = ", ".join(f"{k} {n}" for k, n in o.most_common(top))
+        return (
+            f"loop {self.start:#07x}-{self.end:#07x}: {self.instructions} instructions, "
+            f"{o['HGMMA']} HGMMA, {o['LDL']} LDL, {o['STL']} STL ({common})"
+        )
+
+
+_SASS_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
+_SASS_LABEL = re.compile(r"^\s*\.(L_x_\d+):")
+_SASS_BRANCH = re.compile(r"\bBRA\b.*?\.(L_x_\d+)")
+
+
+def sass_loops(sass: str) -> list[SassLoop]:
+    """The innermost loops of ``nvdisasm -c`` output: every backward branch ``BRA .L_x_n`` to
+    an earlier label closes a loop from that label to the branch; loops that contain another
+    are dropped, so what is left is what runs per iteration of the innermost levels."""
+    labels: dict[str, int] = {}
+    instrs: list[tuple[int, str]] = []
+    pending: list[str] = []
+    edges = []
+    for line in sass.splitlines():
+        m = _SASS_LABEL.match(line)
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = _SASS_INSTR.search(line)
+        if not m:
+            continue
+        addr = int(m.group(1), 16)
+        for name in pending:
+            labels[name] = addr
+        pending = []
+        instrs.append((addr, m.group(2)))
+        b = _SASS_BRANCH.search(line)
+        if b and b.group(1) in labels and labels[b.group(1)] <= addr:
+            edges.append((labels[b.group(1)], addr))
+    spans = sorted(set(edges))
+    inner = [
+        (lo, hi) for lo, hi in spans
+        if not any((lo, hi) != (a, b) and lo <= a and b <= hi for a, b in spans)
+    ]
+    return [SassLoop(lo, hi, Counter(op for a, op in instrs if lo <= a <= hi)) for lo, hi in inner]
 
 
 @dataclass
@@ -40,6 +106,7 @@ class Report:
     tma: bool = False
     error: str = ""
     known_spill: int = 0
+    loops: list[SassLoop] = field(default_factory=list)
 
     def problems(self, max_spill_bytes: int) -> list[str]:
         if self.error:
@@ -62,7 +129,7 @@ def _ptxas() -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
-def compile_one(name, kernel, signature, constexprs, options, known_spill: int = 0) -> Report:
+def compile_one(name, kernel, signature, constexprs, options, known_spill: int = 0, *, loops: bool = False) -> Report:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -89,10 +156,15 @@ def compile_one(name, kernel, signature, constexprs, options, known_spill: int =
         path = os.path.join(tmp, "k.ptx")
         with open(path, "w") as f:
             f.write(ptx)
+        cubin = os.path.join(tmp, "k.cubin")
         res = subprocess.run(
-            [_ptxas(), "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
+            [_ptxas(), "-arch=sm_90a", "-v", path, "-o", cubin],
             capture_output=True, text=True, check=False,
         )
+        if loops and res.returncode == 0:
+            nvdisasm = os.path.join(os.path.dirname(_ptxas()), "nvdisasm")
+            dis = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True, check=False)
+            rep.loops = sass_loops(dis.stdout)
     log = res.stdout + res.stderr
     if res.returncode != 0:
         rep.error = "ptxas failed: " + log.strip().splitlines()[-1]
@@ -134,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         help="spilled bytes a configuration may have before it fails (default 0)",
     )
     parser.add_argument("-k", default="", help="only configurations whose name contains this")
+    parser.add_argument(
+        "--loops", action="store_true",
+        help="also list each kernel's innermost SASS loops (instructions, HGMMA, LDL/STL spills)",
+    )
     args = parser.parse_args(argv)
     configs = [c for c in variant_configs() if args.k in c[0]]
     if not configs:
@@ -142,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     reports = []
     print(f"{'configuration':40s} {'regs':>5s} {'spill B':>8s} {'shared B':>9s}  wgmma setmaxnreg tma")
     for cfg in configs:
-        r = compile_one(*cfg)
+        r = compile_one(*cfg, loops=args.loops)
         reports.append(r)
         if r.error:
             print(f"{r.name:40s} {r.error}")
@@ -150,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
             known = f"  (known spill: {r.known_spill} B)" if r.known_spill else ""
             print(f"{r.name:40s} {r.registers:5d} {r.spill_bytes:8d} {r.shared:9d}  "
                   f"{'yes' if r.wgmma else 'NO':5s} {'yes' if r.setmaxnreg else 'NO':10s} {'yes' if r.tma else 'NO'}{known}")
+            for loop in r.loops:
+                if loop.instructions >= 32:  # not the barrier-wait and register-handoff spins
+                    print("    " + loop.describe())
         sys.stdout.flush()
     problems = [p for r in reports for p in r.problems(args.max_spill_bytes)]
     for p in problems:
