@@ -18,7 +18,7 @@
 #
 # Steps (default: ceilings tests demo bench, in this order): ceilings (versions + bf16 matmul and
 # copy ceilings), tlx-tests (the TLX kernels' sm90 tests alone, first), tests (pytest -m "gpu or sm90" on core and variants), demo
-# (jagflash.variants.jagged.demo), tlx-ab (TLX forward v1 vs v2), schedule-ab (schedules none /
+# (jagflash.variants.jagged.demo), tlx-ab (TLX forward v1 vs v2, each also with lean=True), schedule-ab (schedules none /
 # static / dynamic, plan build time), probe (python $PROBE, a one-off measurement script), bench (python -m jagflash.bench; arguments after `--`).
 # A failing step does not stop the next. Everything a step prints is tee'd to $OUT/<step>.log; the bench writes
 # $OUT/bench/{results.csv,results.md,tflops_*.png,meta.json,rows.jsonl}. The short bench table is

@@ -16,7 +16,7 @@ from jagflash.variants.jagged import SPEC
 pytestmark = pytest.mark.sm90
 
 
-def _forward(causal: bool, pipeline: bool, schedule: str):
+def _forward(causal: bool, pipeline: bool, schedule: str, lean: bool = False):
     from jagflash.core import tlx_attention
     from jagflash.core.schedule import make_plan
 
@@ -31,7 +31,7 @@ def _forward(causal: bool, pipeline: bool, schedule: str):
         )
         return tlx_attention.forward(
             q, k, v, q_offsets, kv_offsets, max_q, left=left, right=right,
-            scale=q.shape[-1] ** -0.5, pipeline=pipeline, plan=plan,
+            scale=q.shape[-1] ** -0.5, pipeline=pipeline, plan=plan, lean=lean,
         )
 
     return run
@@ -68,6 +68,18 @@ def test_tlx_forward_matches_reference(name, causal, head_dim, dtype, pipeline, 
     t = case.build("cuda", requires_grad=False)
     t.pop("dout")
     check_against_reference(_forward(causal, pipeline, schedule), _reference(causal), t, atol=SPEC.atol[dtype])
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", CASES)
+def test_tlx_lean_forward_matches_reference(name, causal, pipeline) -> None:
+    """The lean softmax (scale in the exponent, version 2 carrying P in fp32), under A/B."""
+    q_lens, k_lens, hq, hkv = CASES[name]
+    case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
+    t = case.build("cuda", requires_grad=False)
+    t.pop("dout")
+    check_against_reference(_forward(causal, pipeline, "static", lean=True), _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -150,9 +150,17 @@ def online_softmax_step(s2, m_i, l_i):
     rescales the running accumulator, and the new running max and sum. A row that has seen only
     masked (-inf) scores keeps ``m = -inf`` and ``l = 0`` without producing NaN.
     """
-    m_new = tl.maximum(m_i, tl.max(s2, 1))
+    return online_softmax_step_scaled(s2, 1.0, m_i, l_i)
+
+
+@triton.jit
+def online_softmax_step_scaled(s, scale2, m_i, l_i):
+    """:func:`online_softmax_step` over raw scores ``s`` (masked ones -inf) whose log2-domain
+    scale ``scale2`` must be positive: the scale rides in the exponent, one fused multiply-add
+    per score instead of a multiply and a subtract, and on the row maxima."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * scale2)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(s2 - m_safe[:, None])
+    p = tl.math.exp2(s * scale2 - m_safe[:, None])
     alpha = tl.math.exp2(m_i - m_safe)
     l_new = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_new

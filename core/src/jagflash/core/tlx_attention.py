@@ -52,6 +52,7 @@ from jagflash.core.math import (
     kv_tile_range,
     lse_to_log2,
     online_softmax_step,
+    online_softmax_step_scaled,
 )
 from jagflash.core.ops import alloc, alloc_like
 from jagflash.core.pipeline import (
@@ -158,14 +159,29 @@ def _issue_qk(q_buf, k_buf, CID: tl.constexpr):
 
 @triton.jit
 def _scores(qk, qk_scale2, col_lo, col_hi, n0, BLOCK_N: tl.constexpr,
-            BOUNDED_LEFT: tl.constexpr, MASKED: tl.constexpr):
-    """log2-domain scores of the kv-tile at ``n0``, masked in the masked specialisation by the
-    per-row key bounds ``[col_lo, col_hi)`` of ``jagflash.core.math.band_bounds``."""
-    s2 = qk * qk_scale2
+            BOUNDED_LEFT: tl.constexpr, MASKED: tl.constexpr, FOLD_SCALE: tl.constexpr):
+    """Scores of the kv-tile at ``n0`` for :func:`_softmax_step`, masked in the masked
+    specialisation by the per-row key bounds ``[col_lo, col_hi)`` of
+    ``jagflash.core.math.band_bounds``: raw with ``FOLD_SCALE`` (a positive scale, which then
+    rides in the exponent), else in the log2 domain (masked after the multiply, as 0 x -inf
+    would be NaN)."""
+    if FOLD_SCALE:
+        s2 = qk
+    else:
+        s2 = qk * qk_scale2
     if MASKED:
         cols = n0 + tl.arange(0, BLOCK_N)
         s2 = tl.where(bounds_mask(cols[None, :], col_lo[:, None], col_hi[:, None], BOUNDED_LEFT), s2, float("-inf"))
     return s2
+
+
+@triton.jit
+def _softmax_step(s, qk_scale2, m_i, l_i, FOLD_SCALE: tl.constexpr):
+    """The online-softmax step of scores from :func:`_scores`."""
+    if FOLD_SCALE:
+        return online_softmax_step_scaled(s, qk_scale2, m_i, l_i)
+    else:
+        return online_softmax_step(s, m_i, l_i)
 
 
 @triton.jit
@@ -174,24 +190,29 @@ def _consume_pipelined(
     col_lo, col_hi, start, end, qk_scale2,
     CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
+    FOLD_SCALE: tl.constexpr, P_FP32: tl.constexpr,
 ):
     """Like :func:`_consume`, software-pipelined: the QK^T of tile j is in flight while P V of
-    tile j-1 is issued, so a warpgroup's own matmuls overlap its softmax. ``p`` (in DTYPE) holds
-    the probabilities of the previous tile, not yet multiplied into ``acc``; ``acc`` is already
-    scaled to the current running max."""
+    tile j-1 is issued, so a warpgroup's own matmuls overlap its softmax. ``p`` holds the
+    probabilities of the previous tile, not yet multiplied into ``acc`` (in DTYPE, or with
+    ``P_FP32`` in fp32, converted where the wgmma takes it: carried in DTYPE, its layout costs
+    32 byte permutes a tile); ``acc`` is already scaled to the current running max."""
     for n0 in range(start, end, BLOCK_N):
         k_buf, k_slot = ring_acquire(k_tiles, k_fulls, kv_cnt, NUM_KV)
         qk = _issue_qk(q_buf, k_buf, CID)
         v_buf, v_slot = ring_acquire(v_tiles, v_fulls, kv_cnt - 1, NUM_KV)
-        acc = tlx.async_dot(p, v_buf, acc)
+        acc = tlx.async_dot(p.to(DTYPE), v_buf, acc)
         qk = tlx.async_dot_wait(1, qk)
         ring_release(k_empties, k_slot)
-        s2 = _scores(qk, qk_scale2, col_lo, col_hi, n0, BLOCK_N, BOUNDED_LEFT, MASKED)
-        p_new, alpha, m_i, l_i = online_softmax_step(s2, m_i, l_i)
+        s2 = _scores(qk, qk_scale2, col_lo, col_hi, n0, BLOCK_N, BOUNDED_LEFT, MASKED, FOLD_SCALE)
+        p_new, alpha, m_i, l_i = _softmax_step(s2, qk_scale2, m_i, l_i, FOLD_SCALE)
         acc = tlx.async_dot_wait(0, acc)
         ring_release(v_empties, v_slot)
         acc = acc * alpha[:, None]
-        p = p_new.to(DTYPE)
+        if P_FP32:
+            p = p_new
+        else:
+            p = p_new.to(DTYPE)
         kv_cnt += 1
     return acc, m_i, l_i, p, kv_cnt
 
@@ -202,6 +223,7 @@ def _consume(
     col_lo, col_hi, start, end, qk_scale2,
     CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
+    FOLD_SCALE: tl.constexpr,
 ):
     """One consumer warpgroup over the kv-tiles ``[start, end)`` (masked or not)."""
     for n0 in range(start, end, BLOCK_N):
@@ -209,8 +231,8 @@ def _consume(
         qk = _issue_qk(q_buf, k_buf, CID)
         qk = tlx.async_dot_wait(0, qk)
         ring_release(k_empties, k_slot)
-        s2 = _scores(qk, qk_scale2, col_lo, col_hi, n0, BLOCK_N, BOUNDED_LEFT, MASKED)
-        p, alpha, m_i, l_i = online_softmax_step(s2, m_i, l_i)
+        s2 = _scores(qk, qk_scale2, col_lo, col_hi, n0, BLOCK_N, BOUNDED_LEFT, MASKED, FOLD_SCALE)
+        p, alpha, m_i, l_i = _softmax_step(s2, qk_scale2, m_i, l_i, FOLD_SCALE)
         acc = acc * alpha[:, None]
         v_buf, v_slot = ring_acquire(v_tiles, v_fulls, kv_cnt, NUM_KV)
         acc = tlx.async_dot(p.to(DTYPE), v_buf, acc)
@@ -227,6 +249,7 @@ def _fwd_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_KV: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     PIPELINE: tl.constexpr, ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False,
+    FOLD_SCALE: tl.constexpr = False, P_FP32: tl.constexpr = False,
 ):
     HALF: tl.constexpr = BLOCK_M // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -288,25 +311,26 @@ def _fwd_kernel(
                             qk = tlx.async_dot_wait(0, qk)
                             ring_release(k_empties, k_slot)
                             if (lo < full_lo) | (lo >= full_hi):
-                                s2 = _scores(qk, qk_scale2, col_lo, col_hi, lo, BLOCK_N, BOUNDED_LEFT, True)
+                                s2 = _scores(qk, qk_scale2, col_lo, col_hi, lo, BLOCK_N, BOUNDED_LEFT, True, FOLD_SCALE)
                             else:
-                                s2 = qk * qk_scale2
-                            p, _, m_i, l_i = online_softmax_step(s2, m_i, l_i)  # acc is 0: no rescale
-                            p = p.to(dtype)
+                                s2 = _scores(qk, qk_scale2, col_lo, col_hi, lo, BLOCK_N, BOUNDED_LEFT, False, FOLD_SCALE)
+                            p, _, m_i, l_i = _softmax_step(s2, qk_scale2, m_i, l_i, FOLD_SCALE)  # acc is 0: no rescale
+                            if not P_FP32:
+                                p = p.to(dtype)
                             kv_cnt += 1
                             second = lo + BLOCK_N
-                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, second, tl.maximum(full_lo, second), qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True)
-                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, tl.maximum(full_lo, second), tl.maximum(full_hi, second), qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False)
-                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, tl.maximum(full_hi, second), hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, second, tl.maximum(full_lo, second), qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE, P_FP32)
+                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, tl.maximum(full_lo, second), tl.maximum(full_hi, second), qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False, FOLD_SCALE, P_FP32)
+                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, tl.maximum(full_hi, second), hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE, P_FP32)
                             # Epilogue: P V of the last tile.
                             v_buf, v_slot = ring_acquire(v_tiles, v_fulls, kv_cnt - 1, NUM_KV)
-                            acc = tlx.async_dot(p, v_buf, acc)
+                            acc = tlx.async_dot(p.to(dtype), v_buf, acc)
                             acc = tlx.async_dot_wait(0, acc)
                             ring_release(v_empties, v_slot)
                     else:
-                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, lo, full_lo, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True)
-                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, full_lo, full_hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False)
-                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, full_hi, hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, lo, full_lo, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE)
+                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, full_lo, full_hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False, FOLD_SCALE)
+                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, full_hi, hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE)
                     tlx.barrier_arrive(q_empties[cid], 1)
                     out, lse = finish_softmax(acc, m_i, l_i)
                     valid = rows < lq
@@ -522,6 +546,7 @@ def forward(
     pipeline: bool | None = None,
     plan=None,
     q_shared: bool = False,
+    lean: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` fp32 (inputs are made contiguous: TMA needs it).
 
@@ -536,7 +561,12 @@ def forward(
     ``pipeline``: the consumer version. ``True``: version 2, software-pipelined (QK^T of tile j
     in flight while P V of tile j-1 issues); ``False``: version 1 (no overlap inside a
     warpgroup); ``None`` (default): whichever measured faster on the H200 for the mask, v2
-    without a right bound, v1 with one (causal v2 lost 3-6 %, kernels alone: bench/NOTES.md)."""
+    without a right bound, v1 with one (causal v2 lost 3-6 %, kernels alone: bench/NOTES.md).
+
+    ``lean``: the softmax at the uTLX tutorial's instruction count (not yet measured on a GPU,
+    so off by default; ``python -m jagflash.core.tlx_attention`` A/Bs it): a positive scale
+    rides in the exponent's fused multiply-add instead of a multiply per score, and version 2
+    carries P in fp32 (SASS of the bf16 D128 kv loop: 561 -> 464 instructions, bench/NOTES.md)."""
     q, k, v = (t.contiguous() for t in (q, k, v))
     _, hq, dim = q.shape
     tq = (q_offsets.numel() - 1) * q.shape[0] if q_shared else q.shape[0]
@@ -566,7 +596,7 @@ def forward(
         out.stride(0), out.stride(1), tq, triton.cdiv(lay.rows, programs), scale, left, right,
         **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NUM_KV=NUM_KV,
         PIPELINE=pipeline, ZIGZAG=_zigzag(plan, "fwd"), Q_SHARED=q_shared,
-        num_warps=4, num_stages=1,
+        FOLD_SCALE=lean and scale > 0, P_FP32=lean, num_warps=4, num_stages=1,
     )
     return out, lse
 
@@ -742,9 +772,10 @@ def compile_configs():
     configs = []
     for dtype in ("fp16", "bf16"):
         for dim in HEAD_DIMS:
-            for causal, pipeline, shared in (
-                (False, True, False), (True, True, False), (False, False, False), (True, False, False),
-                (False, True, True),  # broadcast-Q
+            for causal, pipeline, shared, lean in (
+                (False, True, False, False), (True, True, False, False), (False, False, False, False),
+                (True, False, False, False), (False, True, True, False),  # broadcast-Q
+                (False, True, False, True), (True, False, False, True),  # lean (A/B)
             ):
                 signature = {
                     "desc_q": f"tensordesc<{dtype}[{BLOCK_M // 2},{dim}]>",
@@ -758,13 +789,17 @@ def compile_configs():
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
                     "NUM_KV": NUM_KV, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal,
                     "PIPELINE": pipeline, "ZIGZAG": True, "Q_SHARED": shared,
+                    "FOLD_SCALE": lean, "P_FP32": lean,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
+                # lean version 2 carries P in fp32: at D 128 a few per-tile values spill
+                # outside the kv loop (24-52 B, none inside it).
                 configs.append((
-                    f"tlx_fwd{'' if pipeline else '_v1'}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
+                    f"tlx_fwd{'' if pipeline else '_v1'}{'_lean' if lean else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
                     _fwd_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
+                    56 if lean and pipeline and dim == 128 else 0,
                 ))
             for causal, shared, fused in (
                 (False, False, True), (True, False, True), (False, True, True),
@@ -812,8 +847,9 @@ def compile_configs():
 def _ab(argv: list[str] | None = None) -> int:
     """A/B of the forward's consumer versions on one GPU: ``python -m jagflash.core.tlx_attention``.
 
-    Times v1 (no QK/PV overlap) and v2 (software-pipelined) on a lognormal jagged batch and a
-    dense one (bf16, H16, D128, causal and not), checks that v2 matches v1, and prints TFLOP/s."""
+    Times v1 (no QK/PV overlap), v2 (software-pipelined) and both with the lean softmax
+    (``lean=True``) on a lognormal jagged batch and a dense one (bf16, H16, D128, causal and not),
+    checks that each matches v1, and prints TFLOP/s."""
     import argparse
     import functools
 
@@ -828,7 +864,7 @@ def _ab(argv: list[str] | None = None) -> int:
     lognormal = torch.clamp((torch.exp(torch.randn(128, generator=gen)) * 512).round(), 1, 4096)
     batches = {"lognormal128": lognormal.long().tolist(), "dense4x4096": [4096] * 4}
     heads, dim = 16, 128
-    print(f"{'batch':14s} {'causal':6s} {'version':8s} {'ms':>8s} {'TFLOP/s':>8s} {'max|v2-v1|':>11s}")
+    print(f"{'batch':14s} {'causal':6s} {'version':8s} {'ms':>8s} {'TFLOP/s':>8s} {'max|x-v1|':>11s}")
     for name, lens in batches.items():
         total, longest = sum(lens), max(lens)
         q, k, v = (torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -838,10 +874,10 @@ def _ab(argv: list[str] | None = None) -> int:
             right = 0 if causal else -1
             flops = 4 * int(visible_pairs(lt, lt, -1, right).sum()) * dim * heads
             outs = {}
-            for version, pipeline in (("v1", False), ("v2", True)):
+            for version, pipeline, lean in (("v1", False, False), ("v2", True, False), ("v1-lean", False, True), ("v2-lean", True, True)):
                 run = functools.partial(
                     forward, q, k, v, offs, offs, longest, left=-1, right=right,
-                    scale=dim**-0.5, pipeline=pipeline,
+                    scale=dim**-0.5, pipeline=pipeline, lean=lean,
                 )
                 outs[version] = run()[0]
                 ms = do_bench(run, warmup=25, rep=args.reps_ms, return_mode="median")
