@@ -7,7 +7,8 @@ Run on the GPU: ``python bench/probe_backward.py [--quick]`` (gpu.sh:
 ``PROBE=bench/probe_backward.py``); ``--quick``: the lognormal batch only.
 Prints ms (median of do_bench) and TFLOP/s with the FlashAttention convention (backward = 2.5 x
 the forward's 4 * sum(Lq * Lk) * D * H over visible pairs), and the largest difference between
-the two modes' gradients."""
+the two modes' gradients. The ``opaque`` modes index K/V through ``pipeline.opaque_zero``
+(``opaque_index=True``: fewer spills, not yet measured)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from triton.testing import do_bench
 
 from jagflash.core import tlx_attention
 from jagflash.core.jagged import offsets_from_lengths, visible_pairs
+from jagflash.core.schedule import make_plan as make_core_plan
 from jagflash.variants.jagged import jagged_attention, kernels_portable, make_plan
 
 
@@ -38,12 +40,21 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
     out, lse = jagged_attention(q, k, v, offs, offs, causal=causal, plan=plan, return_lse=True)
     qd, kd, vd, od = (t.detach() for t in (q, k, v, out))
 
-    def fused(dq_write):
+    # The one pass steps 64 queries; a causal call's plan has 32-query dK/dV tiles (the two
+    # passes' best there), so the one pass gets a plan of its own.
+    one_pass_plan = make_core_plan(
+        offs, offs, total_q=total, total_kv=total, heads_q=heads, heads_kv=heads, window=(-1, right),
+        block_m=tlx_attention.BLOCK_M, block_n=tlx_attention.BLOCK_N,
+        dkdv_blocks=(tlx_attention.ONE_PASS_BLOCK_M, 128), backward=True,
+    )
+
+    def fused(dq_write, opaque_index=False):
         return tlx_attention.backward(
-            dout, qd, kd, vd, od, lse, offs, offs, left=-1, right=right, scale=scale, plan=plan, dq_write=dq_write
+            dout, qd, kd, vd, od, lse, offs, offs, left=-1, right=right, scale=scale, plan=one_pass_plan,
+            dq_write=dq_write, opaque_index=opaque_index,
         )
 
-    def split():
+    def split(opaque_index=False):
         dq, delta = kernels_portable.backward_dq(
             dout,
             qd,
@@ -60,7 +71,8 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
             backend="portable",
         )
         dk, dv = tlx_attention.backward_dkdv(
-            dout, qd, kd, vd, lse, delta, offs, offs, left=-1, right=right, scale=scale, plan=plan
+            dout, qd, kd, vd, lse, delta, offs, offs, left=-1, right=right, scale=scale, plan=plan,
+            opaque_index=opaque_index,
         )
         return dq, dk, dv
 
@@ -69,6 +81,8 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
         "kernels: one pass (fused dQ)": functools.partial(fused, "atomic"),
         "kernels: two pass (determ.)": split,
         "kernels: one pass, TMA dQ": functools.partial(fused, "tma"),
+        "kernels: one pass, TMA, opaque": functools.partial(fused, "tma", True),
+        "kernels: two pass, opaque": functools.partial(split, True),
     }
     for mode, run in runs.items():
         if "one pass" in mode and dim not in tlx_attention.ONE_PASS_HEAD_DIMS:

@@ -69,6 +69,16 @@ def ring_release(empties, slot):
 
 
 @triton.jit
+def opaque_zero(x):
+    """An int32 zero computed from ``x`` (a scalar that changes every iteration) by inline PTX
+    the compiler cannot see through. Indexing a buffer with ``i + opaque_zero(counter)`` inside
+    a loop keeps its wgmma shared-memory descriptors in the loop: otherwise Triton hoists them
+    (8 k-steps x 64 bits per operand) and, where registers are short, ptxas spills them and
+    reloads them before every wgmma (bench/NOTES.md, 2026-12-01 session 4)."""
+    return tl.inline_asm_elementwise("and.b32 $0, $1, 0;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def dq_reduce_add(desc, stages, first, NUM: tl.constexpr, counter, value, row, col):
     """Reduce-add the fp32 register tile ``value`` into global memory at ``(row, col)`` of
     ``desc`` through a ring of ``NUM`` shared-memory stages (``stages[first]`` to

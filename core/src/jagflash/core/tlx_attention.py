@@ -58,6 +58,7 @@ from jagflash.core.ops import alloc, alloc_like
 from jagflash.core.pipeline import (
     dq_reduce_add,
     num_workers,
+    opaque_zero,
     ring_acquire,
     ring_load,
     ring_release,
@@ -344,15 +345,15 @@ def _fwd_kernel(
 
 @triton.jit
 def _dkdv_steps(
-    dk, dv, k_tiles, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows,
+    dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows,
     q_cnt, start, end, lq, lk, qk_scale2, left, right,
     desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc,
     CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, NUM_Q: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
     FUSED_DQ: tl.constexpr, Q_SHARED: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-    DQ_STAGES: tl.constexpr,
+    DQ_STAGES: tl.constexpr, OPAQUE_INDEX: tl.constexpr,
 ):
-    """One consumer warpgroup's HALF kv rows (``k_tiles[CID]``, ``v_buf``) against the q-tiles
+    """One consumer warpgroup's HALF kv rows (``k_tiles[CID]``, ``v_tiles[CID]``) against the q-tiles
     ``[start, end)`` of one query head: S^T = K Q^T and dP^T = V dO^T on the tensor cores, then
     dV += P^T dO (P^T from registers) and dK += dS^T Q (dS^T through shared memory).
 
@@ -365,8 +366,14 @@ def _dkdv_steps(
     column ``dq_col + CID * D/2``: ``FUSED_DQ == 1`` through ``dq_stages`` and a TMA
     reduce-add to ``desc_dq``, ``FUSED_DQ == 2`` with fp32 atomics to ``DQ``."""
     HALF_D: tl.constexpr = HEAD_DIM // 2
-    k_buf = k_tiles[CID]
     for m0 in range(start, end, BLOCK_M):
+        # OPAQUE_INDEX (A/B): K/V descriptors rebuilt each step instead of hoisted and spilled
+        if OPAQUE_INDEX:
+            zero = opaque_zero(q_cnt)
+        else:
+            zero = 0
+        k_buf = k_tiles[CID + zero]
+        v_buf = v_tiles[CID + zero]
         rows = m0 + tl.arange(0, BLOCK_M)
         # Rows past lq load LSE -inf (-> +inf: P = 0) and delta 0: they add nothing (to dQ
         # either: their dS is exactly 0, so the reduce-add into the next sequence's rows adds 0).
@@ -397,10 +404,10 @@ def _dkdv_steps(
             # other pair of buffers is free: both finished the previous step's dQ before it.
             tlx.named_barrier_wait(11, 256)
             dq = tlx.async_dot(
-                tlx.local_trans(ds_tiles[pair]), tlx.local_slice(k_tiles[0], [0, CID * HALF_D], [HALF, HALF_D])
+                tlx.local_trans(ds_tiles[pair]), tlx.local_slice(k_tiles[zero], [0, CID * HALF_D], [HALF, HALF_D])
             )
             dq = tlx.async_dot(
-                tlx.local_trans(ds_tiles[pair + 1]), tlx.local_slice(k_tiles[1], [0, CID * HALF_D], [HALF, HALF_D]), dq
+                tlx.local_trans(ds_tiles[pair + 1]), tlx.local_slice(k_tiles[1 + zero], [0, CID * HALF_D], [HALF, HALF_D]), dq
             )
             dq = tlx.async_dot_wait(0, dq)
             dk = tlx.async_dot_wait(0, dk)
@@ -430,7 +437,7 @@ def _dkdv_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_Q: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False, FUSED_DQ: tl.constexpr = 0,
-    DQ_STAGES: tl.constexpr = 1,
+    DQ_STAGES: tl.constexpr = 1, OPAQUE_INDEX: tl.constexpr = False,
 ):
     """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
     the GQA group, and with ``FUSED_DQ`` (1: TMA reduce-add, 2: atomics) each tile's share of
@@ -502,7 +509,6 @@ def _dkdv_kernel(
                             full_hi = lo
                     kv_rows = n0 + cid * HALF + tl.arange(0, HALF)
                     tlx.barrier_wait(kv_fulls[cid], tile_cnt & 1)
-                    v_buf = v_tiles[cid]
                     dk = tl.zeros([HALF, HEAD_DIM], tl.float32)
                     dv = tl.zeros([HALF, HEAD_DIM], tl.float32)
                     for g in range(GROUP):
@@ -511,9 +517,9 @@ def _dkdv_kernel(
                         lse_h = LSE + head_row
                         delta_h = DELTA + head_row
                         dq_col = head * HEAD_DIM
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, lo, full_lo, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES)
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_lo, full_hi, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES)
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_buf, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_hi, hi, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, lo, full_lo, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, OPAQUE_INDEX)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_lo, full_hi, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, OPAQUE_INDEX)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_hi, hi, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, OPAQUE_INDEX)
                     tlx.barrier_arrive(kv_empties[cid], 1)
                     valid = kv_rows < lk
                     offs_d = tl.arange(0, HEAD_DIM)
@@ -646,7 +652,7 @@ def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, left, right, blocks
 
 
 def _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, dq_acc,
-                 left, right, scale, q_shared, dq_write="tma"):
+                 left, right, scale, q_shared, dq_write="tma", opaque_index=False):
     """One launch of :func:`_dkdv_kernel`; ``dq_acc`` (fp32 ``[rows, Hq * D]``) fuses dQ in."""
     _, hq, dim = q.shape
     hkv = k.shape[1]
@@ -671,7 +677,7 @@ def _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan,
         dk if dq_acc is None else dq_acc, 0 if dq_acc is None else dq_acc.stride(0),
         **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=block_m, BLOCK_N=block_n,
         NUM_Q=NUM_Q, ZIGZAG=_zigzag(plan, "dkdv"), Q_SHARED=q_shared, FUSED_DQ=0 if dq_acc is None else DQ_WRITES[dq_write],
-        DQ_STAGES=DQ_STAGES, num_warps=4, num_stages=1,
+        DQ_STAGES=DQ_STAGES, OPAQUE_INDEX=opaque_index, num_warps=4, num_stages=1,
     )
 
 
@@ -690,11 +696,14 @@ def backward_dkdv(
     scale: float,
     plan=None,
     q_shared: bool = False,
+    opaque_index: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dK ``[Tk, Hkv, D]`` and dV of jagged attention, given LSE and delta = rowsum(dO * O)
     (both ``[Hq, Tq]`` fp32; the portable dQ pass computes delta): the second pass of the
     deterministic backward (no atomics, no reduce-adds). ``q_shared``: broadcast-Q, as for
-    :func:`forward` (``dout`` then has the ``B * Lq`` rows)."""
+    :func:`forward` (``dout`` then has the ``B * Lq`` rows). ``opaque_index``: an A/B knob, off
+    by default until measured: K/V buffers indexed through ``pipeline.opaque_zero`` (ptxas
+    spills 720 -> 560 B at D 128, bench/NOTES.md)."""
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     tq = dout.shape[0]  # the rows of dO, LSE and delta (B * Lq for broadcast-Q: see forward)
     dk, dv = alloc_like(k), alloc_like(v)
@@ -704,7 +713,7 @@ def backward_dkdv(
         return dk, dv
     if tq == 0:  # no queries anywhere: no gradient (and no descriptor over 0 rows)
         return dk.zero_(), dv.zero_()
-    _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, None, left, right, scale, q_shared)
+    _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, None, left, right, scale, q_shared, opaque_index=opaque_index)
     return dk, dv
 
 
@@ -724,6 +733,7 @@ def backward(
     plan=None,
     q_shared: bool = False,
     dq_write: str = "tma",
+    opaque_index: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of jagged attention in one pass over the kv-tiles (after the delta
     preprocess): dK/dV stay in registers and each tile adds its share of dQ into an fp32
@@ -733,7 +743,8 @@ def backward(
 
     ``dq_write``: ``"tma"`` (the staged TMA reduce-add of
     :func:`jagflash.core.pipeline.dq_reduce_add`) or ``"atomic"`` (fp32 atomics from
-    registers: 1.9x slower on the H200, kept as the plainest reference of the same sum)."""
+    registers: 1.9x slower on the H200, kept as the plainest reference of the same sum).
+    ``opaque_index``: as for :func:`backward_dkdv` (spills 1,500 -> 1,212 B; off until measured)."""
     reasons = []
     if dq_write not in DQ_WRITES:
         reasons.append(f"dq_write must be one of {sorted(DQ_WRITES)}, got {dq_write!r}")
@@ -757,7 +768,7 @@ def backward(
     acc = torch.zeros((lq, hq * dim), dtype=torch.float32, device=q.device)
     if k.shape[0] and lay.rows and tq:
         delta = backward_delta(out.contiguous(), dout)
-        _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, acc, left, right, scale, q_shared, dq_write)
+        _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, acc, left, right, scale, q_shared, dq_write, opaque_index)
     else:
         dk.zero_()
         dv.zero_()
@@ -801,9 +812,10 @@ def compile_configs():
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
                     56 if lean and pipeline and dim == 128 else 0,
                 ))
-            for causal, shared, fused in (
-                (False, False, True), (True, False, True), (False, True, True),
-                (False, False, False), (True, False, False), (False, True, False),
+            for causal, shared, fused, opaque in (
+                (False, False, True, False), (True, False, True, False), (False, True, True, False),
+                (False, False, False, False), (True, False, False, False), (False, True, False, False),
+                (False, False, True, True), (False, False, False, True),  # opaque_index (A/B)
             ):
                 if fused and dim not in ONE_PASS_HEAD_DIMS:
                     continue
@@ -826,6 +838,7 @@ def compile_configs():
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": bm, "BLOCK_N": bn,
                     "NUM_Q": NUM_Q, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal, "ZIGZAG": True,
                     "Q_SHARED": shared, "FUSED_DQ": DQ_WRITES["tma"] if fused else 0, "DQ_STAGES": DQ_STAGES,
+                    "OPAQUE_INDEX": opaque,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
@@ -838,7 +851,7 @@ def compile_configs():
                 else:
                     known_spill = {64: 36, 128: 468 if causal else 720}[dim]
                 configs.append((
-                    f"tlx_{'bwd' if fused else 'dkdv'}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
+                    f"tlx_{'bwd' if fused else 'dkdv'}{'_opaque' if opaque else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1}, known_spill,
                 ))
     return configs
