@@ -1,8 +1,9 @@
 """Probe (H200): the one-pass TLX backward with dq_write="tma" (the staged TMA reduce-add) against
 dq_write="atomic" on small batches, each in its own process. It found the trap of 2026-12-01:
 only batches whose sequences start at a query index that is not a multiple of 4 stopped with an
-illegal instruction (a TMA box's contiguous start must be 16-byte aligned); all pass since the
-accumulator's sequences are padded to 4 columns.
+illegal instruction (a TMA box's contiguous start must be 16-byte aligned); all passed once the
+accumulator's sequences were padded to 4 columns. Since session 4 the accumulator has dQ's own
+layout (queries as rows, boxes start at head-dim offsets), so no sequence start meets the rule.
 Prints per batch: ok (dQ within 2e-2 of the atomic version), WRONG, or the error.
 
 Run on the GPU: ``PROBE=bench/probe_one_pass_tma.py bash bench/gpu.sh probe``."""
