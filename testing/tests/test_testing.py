@@ -9,6 +9,8 @@ from jagflash.core.ops import alloc, poison_outputs
 from jagflash.testing import assert_close, broadcast_q_reference, dense_reference, jagged_reference
 from jagflash.testing.inputs import make_jagged, offsets_of
 
+pytest_plugins = ["pytester"]
+
 
 def test_rule_passes_within_twice_torch_error() -> None:
     ref = torch.zeros(4, dtype=torch.float64)
@@ -60,3 +62,30 @@ def test_row_without_keys_is_zero_with_zero_grad() -> None:
     out.sum().backward()
     assert torch.equal(q.grad[:2], torch.zeros_like(q.grad[:2]))
     assert not torch.isnan(q.grad).any()
+
+
+SHARD_SUITE = """
+import pytest
+
+@pytest.mark.parametrize("i", range(7))
+def test_a(i):
+    pass
+
+def test_b():
+    pass
+"""
+
+
+@pytest.mark.parametrize(("shard", "expected"), [("1/3", 3), ("2/3", 3), ("3/3", 2)])
+def test_shards_split_the_selection_round_robin(pytester, shard, expected) -> None:
+    """--shard I/N: the N shares of 8 tests hold 3, 3 and 2 of them, the rest deselected."""
+    pytester.makepyfile(SHARD_SUITE)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--shard", shard)
+    result.assert_outcomes(passed=expected, deselected=8 - expected)
+
+
+def test_a_bad_shard_is_a_usage_error(pytester) -> None:
+    pytester.makepyfile(SHARD_SUITE)
+    result = pytester.runpytest("--shard", "4/3")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--shard I/N needs 1 <= I <= N*"])

@@ -7,6 +7,8 @@
 - Every kernel output buffer is NaN-poisoned during tests (``jagflash.core.ops.poison_outputs``),
   so an element a kernel forgets to write fails the comparison.
 - :func:`require` skips a test with a spec's own reasons when a backend cannot run a problem.
+- ``--shard I/N`` keeps every N-th selected test from the I-th on (1-based): a suite too long for
+  one device call runs as N calls that each take a share of every test file.
 """
 
 from __future__ import annotations
@@ -36,6 +38,23 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--shard", default=None, metavar="I/N",
+        help="run only the I-th of N round-robin shares of the selected tests (1-based)",
+    )
+
+
+def _shard(value: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in value.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard takes I/N with integers, got {value!r}") from None
+    if not 1 <= i <= n:
+        raise pytest.UsageError(f"--shard I/N needs 1 <= I <= N, got {value!r}")
+    return i, n
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device")
     config.addinivalue_line("markers", "sm90: needs an sm_90 (Hopper) GPU")
@@ -59,11 +78,19 @@ def _skip_reason(keywords) -> str | None:
     return None
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs (for --shard)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         reason = _skip_reason(item.keywords)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+    if config.getoption("shard") is None:
+        return
+    i, n = _shard(config.getoption("shard"))
+    dropped = [item for k, item in enumerate(items) if k % n != i - 1]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = [item for k, item in enumerate(items) if k % n == i - 1]
 
 
 @pytest.fixture(autouse=True)
