@@ -187,8 +187,8 @@ fi
 if has_step demo; then
     run_step demo "$(cap "${DEMO_TIMEOUT_S:-60}" "$bench_reserve")" "$PY" -m jagflash.variants.jagged.demo
 fi
-if has_step tlx-ab; then  # TLX forward consumer v1 vs v2 (core.tlx_attention)
-    run_step tlx-ab "$(cap 150 "$bench_reserve")" "$PY" -m jagflash.core.tlx_attention
+if has_step tlx-ab; then  # TLX forward consumer v1 vs v2, each also lean (core.tlx_attention): 8 compiles
+    run_step tlx-ab "$(cap 240 "$bench_reserve")" "$PY" -m jagflash.core.tlx_attention
 fi
 if has_step schedule-ab; then  # portable kernels with schedule none / static / dynamic, plan build time
     run_step schedule-ab "$(cap 200 "$bench_reserve")" bash -c \
