@@ -167,6 +167,12 @@ def online_softmax_step_scaled(s, scale2, m_i, l_i):
 
 
 @triton.jit
+def attn_delta(o, do):
+    """delta = rowsum(dO * O) in fp32 over ``[rows, D]`` tiles: the backward's dS = P (dP - delta)."""
+    return tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+
+
+@triton.jit
 def finish_softmax(acc, m_i, l_i):
     """Normalised output and natural-log LSE; a row with no visible key gives 0 and -inf."""
     seen = l_i > 0.0

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from jagflash.core.math import (
     LOG2E,
+    attn_delta,
     band_mask,
     dkdv_q_range,
     finish_softmax,
@@ -133,7 +134,7 @@ def attn_bwd_dq_acc(
     q = load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
     do = load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
     o = load_rows(o_base + offs_m[:, None] * stride_om + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    delta = attn_delta(o, do)
     tl.store(delta_base + offs_m, delta, mask=offs_m < lq)
     lse2 = lse_to_log2(tl.load(lse_base + offs_m, mask=offs_m < lq, other=float("-inf")))
     qk_scale2 = scale * LOG2E

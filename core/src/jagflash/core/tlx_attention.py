@@ -45,6 +45,7 @@ import triton.language.extra.tlx as tlx
 from jagflash.core.backend import tlx_sm90_blocks
 from jagflash.core.math import (
     LOG2E,
+    attn_delta,
     band_bounds,
     bounds_mask,
     dkdv_q_range,
@@ -66,7 +67,7 @@ from jagflash.core.pipeline import (
     rows_descriptor,
     tma_load,
 )
-from jagflash.core.portable import kernel_flags
+from jagflash.core.portable import atomic_add_rows, kernel_flags
 from jagflash.core.schedule import PASSES, make_plan
 
 # q-tile rows (each consumer warpgroup takes half), kv rows: the same at every head dim and mask
@@ -420,7 +421,7 @@ def _dkdv_steps(
                 cols = col + tl.arange(0, HALF_D)
                 acc_rows = _q_row(q_start, m0, Q_SHARED) + tl.arange(0, BLOCK_M)
                 ptrs = DQ + acc_rows.to(tl.int64)[:, None] * stride_acc + cols[None, :]
-                tl.atomic_add(ptrs, dq, mask=(rows < lq)[:, None], sem="relaxed")
+                atomic_add_rows(ptrs, dq, rows, lq, cols, HALF_D, True)
         else:
             dk = tlx.async_dot_wait(0, dk)
             dv = tlx.async_dot_wait(0, dv)
@@ -618,8 +619,7 @@ def _delta_kernel(O, DO, DELTA, total_q, stride_ot, stride_oh, stride_dot, strid
     r64 = rows.to(tl.int64)[:, None]
     o = tl.load(O + r64 * stride_ot + h * stride_oh + offs_d[None, :], mask=valid[:, None], other=0.0)
     do = tl.load(DO + r64 * stride_dot + h * stride_doh + offs_d[None, :], mask=valid[:, None], other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(DELTA + h.to(tl.int64) * total_q + rows, delta, mask=valid)
+    tl.store(DELTA + h.to(tl.int64) * total_q + rows, attn_delta(o, do), mask=valid)
 
 
 def backward_delta(out: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
