@@ -7,8 +7,7 @@ Run on the GPU: ``python bench/probe_backward.py [--quick]`` (gpu.sh:
 ``PROBE=bench/probe_backward.py``); ``--quick``: the lognormal batch only.
 Prints ms (median of do_bench) and TFLOP/s with the FlashAttention convention (backward = 2.5 x
 the forward's 4 * sum(Lq * Lk) * D * H over visible pairs), and the largest difference between
-the two modes' gradients. The ``opaque`` modes index K/V through ``pipeline.opaque_zero``
-(``opaque_index=True``: fewer spills, not yet measured)."""
+the two modes' gradients."""
 
 from __future__ import annotations
 
@@ -48,13 +47,13 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
         dkdv_blocks=(tlx_attention.ONE_PASS_BLOCK_M, 128), backward=True,
     )
 
-    def fused(dq_write, opaque_index=False):
+    def fused(dq_write):
         return tlx_attention.backward(
             dout, qd, kd, vd, od, lse, offs, offs, left=-1, right=right, scale=scale, plan=one_pass_plan,
-            dq_write=dq_write, opaque_index=opaque_index,
+            dq_write=dq_write,
         )
 
-    def split(opaque_index=False):
+    def split():
         dq, delta = kernels_portable.backward_dq(
             dout,
             qd,
@@ -72,7 +71,6 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
         )
         dk, dv = tlx_attention.backward_dkdv(
             dout, qd, kd, vd, lse, delta, offs, offs, left=-1, right=right, scale=scale, plan=plan,
-            opaque_index=opaque_index,
         )
         return dq, dk, dv
 
@@ -81,8 +79,6 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
         "kernels: one pass (fused dQ)": functools.partial(fused, "atomic"),
         "kernels: two pass (determ.)": split,
         "kernels: one pass, TMA dQ": functools.partial(fused, "tma"),
-        "kernels: one pass, TMA, opaque": functools.partial(fused, "tma", True),
-        "kernels: two pass, opaque": functools.partial(split, True),
     }
     for mode, run in runs.items():
         if "one pass" in mode and dim not in tlx_attention.ONE_PASS_HEAD_DIMS:

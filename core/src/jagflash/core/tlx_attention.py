@@ -13,9 +13,10 @@ round-robin otherwise) and splits the work over three warp roles:
 - two consumer warpgroups (``replicate=2``, 240 registers each) take 64 rows each and run
   wgmma + the shared online-softmax step of ``jagflash.core.math``; they issue their QK^T
   wgmmas in turn (named barriers 9 and 10), so one's softmax overlaps the other's matmul
-  ("ping-pong"). Version 2 of the consumer (``pipeline=True``) also keeps QK^T of tile j in
-  flight while P V of tile j-1 issues; the default picks the version that measured faster for
-  the mask (bench/NOTES.md);
+  ("ping-pong"). Version 2 of the consumer (``pipeline=True``, the default) also keeps QK^T of
+  tile j in flight while P V of tile j-1 issues, carrying P in fp32; a positive scale rides in
+  the exponent's fused multiply-add (``FOLD_SCALE``: the kv loop at the uTLX tutorial's
+  instruction count, bench/NOTES.md);
 - the epilogue (in the consumers) normalises, and writes O and the LSE with masked stores that
   never cross the sequence boundary.
 
@@ -192,13 +193,13 @@ def _consume_pipelined(
     col_lo, col_hi, start, end, qk_scale2,
     CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
-    FOLD_SCALE: tl.constexpr, P_FP32: tl.constexpr,
+    FOLD_SCALE: tl.constexpr,
 ):
     """Like :func:`_consume`, software-pipelined: the QK^T of tile j is in flight while P V of
     tile j-1 is issued, so a warpgroup's own matmuls overlap its softmax. ``p`` holds the
-    probabilities of the previous tile, not yet multiplied into ``acc`` (in DTYPE, or with
-    ``P_FP32`` in fp32, converted where the wgmma takes it: carried in DTYPE, its layout costs
-    32 byte permutes a tile); ``acc`` is already scaled to the current running max."""
+    probabilities of the previous tile, not yet multiplied into ``acc``, in fp32, converted where
+    the wgmma takes it (carried in DTYPE, its layout cost 32 byte permutes a tile); ``acc`` is
+    already scaled to the current running max."""
     for n0 in range(start, end, BLOCK_N):
         k_buf, k_slot = ring_acquire(k_tiles, k_fulls, kv_cnt, NUM_KV)
         qk = _issue_qk(q_buf, k_buf, CID)
@@ -211,10 +212,7 @@ def _consume_pipelined(
         acc = tlx.async_dot_wait(0, acc)
         ring_release(v_empties, v_slot)
         acc = acc * alpha[:, None]
-        if P_FP32:
-            p = p_new
-        else:
-            p = p_new.to(DTYPE)
+        p = p_new
         kv_cnt += 1
     return acc, m_i, l_i, p, kv_cnt
 
@@ -251,7 +249,7 @@ def _fwd_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_KV: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     PIPELINE: tl.constexpr, ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False,
-    FOLD_SCALE: tl.constexpr = False, P_FP32: tl.constexpr = False,
+    FOLD_SCALE: tl.constexpr = False,
 ):
     HALF: tl.constexpr = BLOCK_M // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -317,13 +315,11 @@ def _fwd_kernel(
                             else:
                                 s2 = _scores(qk, qk_scale2, col_lo, col_hi, lo, BLOCK_N, BOUNDED_LEFT, False, FOLD_SCALE)
                             p, _, m_i, l_i = _softmax_step(s2, qk_scale2, m_i, l_i, FOLD_SCALE)  # acc is 0: no rescale
-                            if not P_FP32:
-                                p = p.to(dtype)
                             kv_cnt += 1
                             second = lo + BLOCK_N
-                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, second, tl.maximum(full_lo, second), qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE, P_FP32)
-                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, tl.maximum(full_lo, second), tl.maximum(full_hi, second), qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False, FOLD_SCALE, P_FP32)
-                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, tl.maximum(full_hi, second), hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE, P_FP32)
+                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, second, tl.maximum(full_lo, second), qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE)
+                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, tl.maximum(full_lo, second), tl.maximum(full_hi, second), qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False, FOLD_SCALE)
+                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, tl.maximum(full_hi, second), hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE)
                             # Epilogue: P V of the last tile.
                             v_buf, v_slot = ring_acquire(v_tiles, v_fulls, kv_cnt - 1, NUM_KV)
                             acc = tlx.async_dot(p.to(dtype), v_buf, acc)
@@ -368,7 +364,8 @@ def _dkdv_steps(
     reduce-add to ``desc_dq``, ``FUSED_DQ == 2`` with fp32 atomics to ``DQ``."""
     HALF_D: tl.constexpr = HEAD_DIM // 2
     for m0 in range(start, end, BLOCK_M):
-        # OPAQUE_INDEX (A/B): K/V descriptors rebuilt each step instead of hoisted and spilled
+        # OPAQUE_INDEX: K/V descriptors rebuilt each step instead of hoisted out of the loop and
+        # spilled (the one pass: 12.6 -> 9.8 ms; the two passes' dK/dV: no gain, bench/NOTES.md)
         if OPAQUE_INDEX:
             zero = opaque_zero(q_cnt)
         else:
@@ -550,10 +547,9 @@ def forward(
     left: int,
     right: int,
     scale: float,
-    pipeline: bool | None = None,
+    pipeline: bool = True,
     plan=None,
     q_shared: bool = False,
-    lean: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` fp32 (inputs are made contiguous: TMA needs it).
 
@@ -565,21 +561,19 @@ def forward(
     dealt zigzag for a grouped or static plan. A dynamic plan's table is walked statically all
     the same: the producer and the consumers must agree on the order without talking.
 
-    ``pipeline``: the consumer version. ``True``: version 2, software-pipelined (QK^T of tile j
-    in flight while P V of tile j-1 issues); ``False``: version 1 (no overlap inside a
-    warpgroup); ``None`` (default): whichever measured faster on the H200 for the mask, v2
-    without a right bound, v1 with one (causal v2 lost 3-6 %, kernels alone: bench/NOTES.md).
+    ``pipeline``: the consumer version. ``True`` (default): version 2, software-pipelined (QK^T
+    of tile j in flight while P V of tile j-1 issues); ``False``: version 1 (no overlap inside a
+    warpgroup), kept as the plainest form of the loop and for A/B (``python -m
+    jagflash.core.tlx_attention``). Measured on the H200, kernels alone, bf16 D128 (bench/NOTES.md,
+    session 5): v2 3.11 ms vs v1 3.38 on the lognormal batch, causal 2.00 vs 2.12.
 
-    ``lean``: the softmax at the uTLX tutorial's instruction count (not yet measured on a GPU,
-    so off by default; ``python -m jagflash.core.tlx_attention`` A/Bs it): a positive scale
-    rides in the exponent's fused multiply-add instead of a multiply per score, and version 2
-    carries P in fp32 (SASS of the bf16 D128 kv loop: 561 -> 464 instructions, bench/NOTES.md)."""
+    A positive ``scale`` rides in the exponent's fused multiply-add (``FOLD_SCALE``: 561 -> 464
+    SASS instructions per kv-tile, +5-8 % measured); a zero or negative one multiplies the scores
+    first (the running max must be taken on the scaled scores)."""
     q, k, v = (t.contiguous() for t in (q, k, v))
     _, hq, dim = q.shape
     tq = (q_offsets.numel() - 1) * q.shape[0] if q_shared else q.shape[0]
     hkv = k.shape[1]
-    if pipeline is None:
-        pipeline = right < 0
     out = alloc((tq, hq, dim), q.dtype, q.device)
     lse = alloc((hq, tq), torch.float32, q.device)
     if plan is None:
@@ -603,7 +597,7 @@ def forward(
         out.stride(0), out.stride(1), tq, triton.cdiv(lay.rows, programs), scale, left, right,
         **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NUM_KV=NUM_KV,
         PIPELINE=pipeline, ZIGZAG=_zigzag(plan, "fwd"), Q_SHARED=q_shared,
-        FOLD_SCALE=lean and scale > 0, P_FP32=lean, num_warps=4, num_stages=1,
+        FOLD_SCALE=scale > 0, num_warps=4, num_stages=1,
     )
     return out, lse
 
@@ -652,8 +646,9 @@ def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, left, right, blocks
 
 
 def _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, dq_acc,
-                 left, right, scale, q_shared, dq_write="tma", opaque_index=False):
-    """One launch of :func:`_dkdv_kernel`; ``dq_acc`` (fp32 ``[rows, Hq * D]``) fuses dQ in."""
+                 left, right, scale, q_shared, dq_write="tma"):
+    """One launch of :func:`_dkdv_kernel`; ``dq_acc`` (fp32 ``[rows, Hq * D]``) fuses dQ in
+    (and then K/V are indexed opaquely: ``OPAQUE_INDEX``)."""
     _, hq, dim = q.shape
     hkv = k.shape[1]
     programs = min(num_workers(q.device), lay.rows)
@@ -677,7 +672,7 @@ def _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan,
         dk if dq_acc is None else dq_acc, 0 if dq_acc is None else dq_acc.stride(0),
         **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=block_m, BLOCK_N=block_n,
         NUM_Q=NUM_Q, ZIGZAG=_zigzag(plan, "dkdv"), Q_SHARED=q_shared, FUSED_DQ=0 if dq_acc is None else DQ_WRITES[dq_write],
-        DQ_STAGES=DQ_STAGES, OPAQUE_INDEX=opaque_index, num_warps=4, num_stages=1,
+        DQ_STAGES=DQ_STAGES, OPAQUE_INDEX=dq_acc is not None, num_warps=4, num_stages=1,
     )
 
 
@@ -696,14 +691,11 @@ def backward_dkdv(
     scale: float,
     plan=None,
     q_shared: bool = False,
-    opaque_index: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dK ``[Tk, Hkv, D]`` and dV of jagged attention, given LSE and delta = rowsum(dO * O)
     (both ``[Hq, Tq]`` fp32; the portable dQ pass computes delta): the second pass of the
     deterministic backward (no atomics, no reduce-adds). ``q_shared``: broadcast-Q, as for
-    :func:`forward` (``dout`` then has the ``B * Lq`` rows). ``opaque_index``: an A/B knob, off
-    by default until measured: K/V buffers indexed through ``pipeline.opaque_zero`` (ptxas
-    spills 720 -> 560 B at D 128, bench/NOTES.md)."""
+    :func:`forward` (``dout`` then has the ``B * Lq`` rows)."""
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     tq = dout.shape[0]  # the rows of dO, LSE and delta (B * Lq for broadcast-Q: see forward)
     dk, dv = alloc_like(k), alloc_like(v)
@@ -713,7 +705,7 @@ def backward_dkdv(
         return dk, dv
     if tq == 0:  # no queries anywhere: no gradient (and no descriptor over 0 rows)
         return dk.zero_(), dv.zero_()
-    _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, None, left, right, scale, q_shared, opaque_index=opaque_index)
+    _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, None, left, right, scale, q_shared)
     return dk, dv
 
 
@@ -733,7 +725,6 @@ def backward(
     plan=None,
     q_shared: bool = False,
     dq_write: str = "tma",
-    opaque_index: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of jagged attention in one pass over the kv-tiles (after the delta
     preprocess): dK/dV stay in registers and each tile adds its share of dQ into an fp32
@@ -743,8 +734,7 @@ def backward(
 
     ``dq_write``: ``"tma"`` (the staged TMA reduce-add of
     :func:`jagflash.core.pipeline.dq_reduce_add`) or ``"atomic"`` (fp32 atomics from
-    registers: 1.9x slower on the H200, kept as the plainest reference of the same sum).
-    ``opaque_index``: as for :func:`backward_dkdv` (spills 1,500 -> 1,212 B; off until measured)."""
+    registers: 1.9x slower on the H200, kept as the plainest reference of the same sum)."""
     reasons = []
     if dq_write not in DQ_WRITES:
         reasons.append(f"dq_write must be one of {sorted(DQ_WRITES)}, got {dq_write!r}")
@@ -768,7 +758,7 @@ def backward(
     acc = torch.zeros((lq, hq * dim), dtype=torch.float32, device=q.device)
     if k.shape[0] and lay.rows and tq:
         delta = backward_delta(out.contiguous(), dout)
-        _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, acc, left, right, scale, q_shared, dq_write, opaque_index)
+        _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, acc, left, right, scale, q_shared, dq_write)
     else:
         dk.zero_()
         dv.zero_()
@@ -783,10 +773,10 @@ def compile_configs():
     configs = []
     for dtype in ("fp16", "bf16"):
         for dim in HEAD_DIMS:
-            for causal, pipeline, shared, lean in (
-                (False, True, False, False), (True, True, False, False), (False, False, False, False),
-                (True, False, False, False), (False, True, True, False),  # broadcast-Q
-                (False, True, False, True), (True, False, False, True),  # lean (A/B)
+            for causal, pipeline, shared, fold in (
+                (False, True, False, True), (True, True, False, True), (False, False, False, True),
+                (True, False, False, True), (False, True, True, True),  # broadcast-Q
+                (False, True, False, False), (True, True, False, False),  # scale <= 0
             ):
                 signature = {
                     "desc_q": f"tensordesc<{dtype}[{BLOCK_M // 2},{dim}]>",
@@ -800,22 +790,21 @@ def compile_configs():
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
                     "NUM_KV": NUM_KV, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal,
                     "PIPELINE": pipeline, "ZIGZAG": True, "Q_SHARED": shared,
-                    "FOLD_SCALE": lean, "P_FP32": lean,
+                    "FOLD_SCALE": fold,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
-                # lean version 2 carries P in fp32: at D 128 a few per-tile values spill
-                # outside the kv loop (24-52 B, none inside it).
+                # version 2 carries P in fp32: a few per-tile values spill outside the kv loop
+                # (24-64 B, none inside it; at D 64 only unfolded, in fp16).
                 configs.append((
-                    f"tlx_fwd{'' if pipeline else '_v1'}{'_lean' if lean else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
+                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
                     _fwd_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
-                    56 if lean and pipeline and dim == 128 else 0,
+                    {64: 0 if fold else 24, 128: 56 if fold else 64}[dim] if pipeline else 0,
                 ))
-            for causal, shared, fused, opaque in (
-                (False, False, True, False), (True, False, True, False), (False, True, True, False),
-                (False, False, False, False), (True, False, False, False), (False, True, False, False),
-                (False, False, True, True), (False, False, False, True),  # opaque_index (A/B)
+            for causal, shared, fused in (
+                (False, False, True), (True, False, True), (False, True, True),
+                (False, False, False), (True, False, False), (False, True, False),
             ):
                 if fused and dim not in ONE_PASS_HEAD_DIMS:
                     continue
@@ -838,7 +827,7 @@ def compile_configs():
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": bm, "BLOCK_N": bn,
                     "NUM_Q": NUM_Q, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal, "ZIGZAG": True,
                     "Q_SHARED": shared, "FUSED_DQ": DQ_WRITES["tma"] if fused else 0, "DQ_STAGES": DQ_STAGES,
-                    "OPAQUE_INDEX": opaque,
+                    "OPAQUE_INDEX": fused,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
@@ -847,11 +836,11 @@ def compile_configs():
                 # one pass's steps are 64 queries, so its S^T / dP^T tiles are twice the two-pass
                 # causal ones; the configurations compile the default TMA write): bench/NOTES.md.
                 if fused:
-                    known_spill = 3132 if causal else 1500
+                    known_spill = 2592 if causal else 1264
                 else:
                     known_spill = {64: 36, 128: 468 if causal else 720}[dim]
                 configs.append((
-                    f"tlx_{'bwd' if fused else 'dkdv'}{'_opaque' if opaque else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
+                    f"tlx_{'bwd' if fused else 'dkdv'}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1}, known_spill,
                 ))
     return configs
@@ -860,9 +849,9 @@ def compile_configs():
 def _ab(argv: list[str] | None = None) -> int:
     """A/B of the forward's consumer versions on one GPU: ``python -m jagflash.core.tlx_attention``.
 
-    Times v1 (no QK/PV overlap), v2 (software-pipelined) and both with the lean softmax
-    (``lean=True``) on a lognormal jagged batch and a dense one (bf16, H16, D128, causal and not),
-    checks that each matches v1, and prints TFLOP/s."""
+    Times v1 (no QK/PV overlap) and v2 (software-pipelined, the default) on a lognormal jagged
+    batch and a dense one (bf16, H16, D128, causal and not), checks that v2 matches v1, and
+    prints TFLOP/s."""
     import argparse
     import functools
 
@@ -887,10 +876,10 @@ def _ab(argv: list[str] | None = None) -> int:
             right = 0 if causal else -1
             flops = 4 * int(visible_pairs(lt, lt, -1, right).sum()) * dim * heads
             outs = {}
-            for version, pipeline, lean in (("v1", False, False), ("v2", True, False), ("v1-lean", False, True), ("v2-lean", True, True)):
+            for version, pipeline in (("v1", False), ("v2", True)):
                 run = functools.partial(
                     forward, q, k, v, offs, offs, longest, left=-1, right=right,
-                    scale=dim**-0.5, pipeline=pipeline, lean=lean,
+                    scale=dim**-0.5, pipeline=pipeline,
                 )
                 outs[version] = run()[0]
                 ms = do_bench(run, warmup=25, rep=args.reps_ms, return_mode="median")
