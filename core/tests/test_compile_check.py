@@ -38,3 +38,16 @@ def test_innermost_loops_and_their_opcodes() -> None:
 
 def test_no_loops_in_straight_code() -> None:
     assert sass_loops("        /*0000*/   EXIT ;\n") == []
+
+
+def test_launch_attrs_mark_pointers_and_16_divisible_ints() -> None:
+    """As Triton's launcher does: pointers 16-byte aligned, ints marked ``:16`` divisible by 16
+    (the mark is stripped from the signature); other ints and constexprs unmarked."""
+    from jagflash.core.compile_check import launch_attrs
+
+    def kernel(X, n, stride, BLOCK):
+        pass
+
+    sig, attrs = launch_attrs(kernel, {"X": "*fp32", "n": "i32", "stride": "i32:16", "BLOCK": "constexpr"})
+    assert sig == {"X": "*fp32", "n": "i32", "stride": "i32", "BLOCK": "constexpr"}
+    assert attrs == {(0,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]]}

@@ -20,33 +20,33 @@ def test_one_pass_backward_lists_every_reason_it_refuses() -> None:
 
 
 def test_one_pass_only_where_it_measured_faster(monkeypatch) -> None:
-    """When on: unmasked D 128 only, never for a deterministic call; off: never."""
+    """When on: D 128, causal or not, never for a deterministic call or a windowed mask (a
+    left bound: not yet measured); off: never."""
     monkeypatch.setattr(tlx_attention, "ONE_PASS_BACKWARD", True)
     assert tlx_attention.use_one_pass(False, -1, -1, 128)
+    assert tlx_attention.use_one_pass(False, -1, 0, 128)  # causal
     assert not tlx_attention.use_one_pass(True, -1, -1, 128)
-    assert not tlx_attention.use_one_pass(False, -1, 0, 128)  # causal
+    assert not tlx_attention.use_one_pass(True, -1, 0, 128)
     assert not tlx_attention.use_one_pass(False, 64, -1, 128)  # window
     assert not tlx_attention.use_one_pass(False, -1, -1, 64)
     monkeypatch.setattr(tlx_attention, "ONE_PASS_BACKWARD", False)
     assert not tlx_attention.use_one_pass(False, -1, -1, 128)
 
 
-def test_dkdv_tiles_follow_head_dim_and_mask() -> None:
-    """64-query dK/dV steps only at D 128 without a mask bound (the one pass needs them), 32
-    elsewhere; what plans are laid out with for the TLX backend (plan_blocks) agrees."""
+def test_dkdv_tiles_follow_head_dim() -> None:
+    """64-query dK/dV steps at D 128 (the one pass needs them; causal too), 32 at D 64; what
+    plans are laid out with for the TLX backend (plan_blocks) agrees."""
     from jagflash.core.backend import tlx_sm90_blocks
     from jagflash.core.portable import plan_blocks
 
-    assert tlx_sm90_blocks(128, False)["dkdv"] == (64, 128)
-    assert tlx_sm90_blocks(128, True)["dkdv"] == (32, 128)
-    assert tlx_sm90_blocks(64, False)["dkdv"] == (32, 128)
+    assert tlx_sm90_blocks(128)["dkdv"] == (64, 128)
+    assert tlx_sm90_blocks(64)["dkdv"] == (32, 128)
     for dim in (64, 128):
-        for bounded in (False, True):
-            assert plan_blocks("tlx-sm90", dim, bounded=bounded)["dkdv"] == tlx_sm90_blocks(dim, bounded)["dkdv"]
+        assert plan_blocks("tlx-sm90", dim)["dkdv"] == tlx_sm90_blocks(dim)["dkdv"]
 
 
 def test_one_pass_backward_refuses_a_plan_laid_out_for_32_query_steps() -> None:
-    """A causal plan (32-query dK/dV tiles) handed to the one pass: refused before any launch,
+    """A plan laid out for 32-query dK/dV tiles (as for D 64) handed to the one pass: refused
     naming both tile shapes."""
     from jagflash.core.schedule import make_plan
 
@@ -58,3 +58,42 @@ def test_one_pass_backward_refuses_a_plan_laid_out_for_32_query_steps() -> None:
     )
     with pytest.raises(ValueError, match=r"dK/dV tiles are 32x128; the one-pass backward takes 64x128"):
         tlx_attention.backward(q, q, q, q, q, torch.zeros(1, 8), offs, offs, left=-1, right=0, scale=0.125, plan=plan)
+
+
+@pytest.mark.parametrize("given_delta", [False, True])
+def test_backward_vectors_pack_each_sequence_at_a_multiple_of_the_pad(given_delta) -> None:
+    """The dK/dV kernel's packed vectors (a plain Triton kernel: runs under the interpreter):
+    sequence b's rows start at row vec_tile[b] * VEC_PAD, hold log2 LSE (+inf where LSE is
+    -inf) and delta = rowsum(dO * O) (or the given delta); padding rows hold +inf and 0.
+    Zero-length sequences (first, inside, last), a sequence of exactly VEC_PAD rows, one row."""
+    pad = tlx_attention.VEC_PAD
+    gen = torch.Generator().manual_seed(7)
+    lens = [0, 3, pad, 0, pad + 5, 1, 0]
+    offs = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    tq, hq, dim = int(offs[-1]), 3, 16
+    out = torch.randn(tq, hq, dim, generator=gen)
+    dout = torch.randn(tq, hq, dim, generator=gen)
+    lse = torch.randn(hq, tq, generator=gen)
+    lse[1, 4] = float("-inf")  # a row that saw no key
+    delta = (out * dout).sum(-1).T.contiguous()
+    if given_delta:
+        got = tlx_attention.backward_vectors(lse, offs, delta=delta)
+    else:
+        got = tlx_attention.backward_vectors(lse, offs, out=out, dout=dout)
+    lse2, packed_delta, vec_tile = got
+    tiles = [0]
+    for n in lens:
+        tiles.append(tiles[-1] + -(-n // pad))
+    assert vec_tile.tolist() == tiles
+    assert lse2.shape[1] % 16 == 0
+    assert lse2.shape[1] >= tiles[-1] * pad
+    want_lse2 = torch.full_like(lse2, float("inf"))
+    want_delta = torch.zeros_like(packed_delta)
+    log2e = 1.4426950408889634
+    for b, n in enumerate(lens):
+        src = slice(int(offs[b]), int(offs[b]) + n)
+        dst = slice(tiles[b] * pad, tiles[b] * pad + n)
+        want_lse2[:, dst] = torch.where(lse[:, src] == float("-inf"), float("inf"), lse[:, src] * log2e)
+        want_delta[:, dst] = delta[:, src]
+    torch.testing.assert_close(lse2, want_lse2, rtol=1e-6, atol=0)
+    torch.testing.assert_close(packed_delta, want_delta, rtol=1e-5, atol=1e-5)

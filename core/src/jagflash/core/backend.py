@@ -222,25 +222,23 @@ def plan_backend(spec: VariantSpec, problem: Problem, device: torch.device, requ
 PORTABLE_HEAD_DIMS = frozenset({16, 32, 64, 96, 128, 256})
 
 
-def tlx_sm90_blocks(head_dim: int, bounded: bool) -> dict[str, tuple[int, int]]:
+def tlx_sm90_blocks(head_dim: int) -> dict[str, tuple[int, int]]:
     """Tile sizes ``(block_m, block_n)`` of the TLX kernels' forward and dK/dV passes
     (``jagflash.core.tlx_attention``), here so that plans can be laid out for them without
     importing TLX; their dQ pass is the portable one (``jagflash.core.portable.block_config``).
-    ``bounded``: the mask has a causal or window bound.
 
-    The dK/dV pass steps 64 queries at a time at D 128 with an unbounded mask (the one-pass
-    backward needs 64: its dQ tile is a wgmma's 64 rows; the two passes measured faster too)
-    and 32 where the mask is bounded (64 measured 15-50 % slower there: its masked steps spill)
-    or at D 64 (whose backward the portable kernels run, on the same plan: bench/NOTES.md,
-    2026-12-01 session 4)."""
-    dkdv_m = 64 if head_dim == 128 and not bounded else 32
+    The dK/dV pass steps 64 queries at a time at D 128, causal or not (the one-pass backward
+    needs 64: its dQ tile is a wgmma's 64 rows; since the packed per-query vectors its masked
+    steps no longer spill, bench/NOTES.md session 5), and 32 at D 64 (whose backward the
+    portable kernels run, on the same plan)."""
+    dkdv_m = 64 if head_dim == 128 else 32
     return {"fwd": (128, 128), "dkdv": (dkdv_m, 128)}
 
 
 def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
     """The TLX warp-specialised kernels of ``jagflash.core.tlx_attention`` (Hopper only):
     forward, and a backward that runs in one pass with dQ reduce-added from every kv-tile where
-    ``tlx_attention.use_one_pass`` says so (D 128, no mask bound, not ``deterministic``), and
+    ``tlx_attention.use_one_pass`` says so (D 128, causal or not, not ``deterministic``), and
     otherwise as a portable dQ pass and a TLX dK/dV pass, without atomics in the jagged and
     dense variants: deterministic."""
     return BackendSpec(

@@ -129,6 +129,21 @@ def _ptxas() -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
+def launch_attrs(fn, signature: dict[str, str]) -> tuple[dict[str, str], dict]:
+    """The signature without its ``:16`` marks and the attributes a launch would give: every
+    pointer 16-byte aligned (as torch allocates) and each integer typed ``"i32:16"`` divisible by
+    16, which Triton's launcher infers from the values (``tt.divisibility``); without them the
+    compiled code is not what runs (no paired loads, for one)."""
+    names = list(getattr(fn, "arg_names", None) or fn.__code__.co_varnames[: fn.__code__.co_argcount])
+    plain, attrs = {}, {}
+    for name, kind in signature.items():
+        aligned = kind.startswith("*") or kind.endswith(":16")
+        plain[name] = kind.removesuffix(":16")
+        if aligned:
+            attrs[(names.index(name),)] = [["tt.divisibility", 16]]
+    return plain, attrs
+
+
 def compile_one(name, kernel, signature, constexprs, options, known_spill: int = 0, *, loops: bool = False) -> Report:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -138,7 +153,8 @@ def compile_one(name, kernel, signature, constexprs, options, known_spill: int =
     try:
         fn = getattr(kernel, "fn", kernel)
         jit = kernel if hasattr(kernel, "fn") else None
-        src = ASTSource(jit or fn, signature, constexprs)
+        signature, attrs = launch_attrs(fn, signature)
+        src = ASTSource(jit or fn, signature, constexprs, attrs)
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     except Exception as e:  # a compile error is the report, not a crash of the whole table
         chain = [e]

@@ -196,4 +196,4 @@ def call_plan_blocks(
     name = plan_backend(spec, make_problem(layout, q, k, causal=causal), q.device, backend)
     if name == "reference":
         name = "interpreter" if q.device.type == "cpu" else "portable"
-    return plan_blocks(name, q.shape[-1], bounded=causal)
+    return plan_blocks(name, q.shape[-1])

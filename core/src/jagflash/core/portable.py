@@ -342,10 +342,9 @@ def launch_options(cfg: dict[str, int]) -> dict[str, int]:
     return {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "num_warps", "num_stages")}
 
 
-def plan_blocks(backend: str, head_dim: int, *, bounded: bool) -> dict[str, tuple[int, int]]:
+def plan_blocks(backend: str, head_dim: int) -> dict[str, tuple[int, int]]:
     """``(block_m, block_n)`` of every pass of ``backend``'s kernels: what a Plan for them holds.
-    ``tlx-sm90`` runs its own forward and dK/dV passes and the portable dQ pass; its dK/dV tiles
-    depend on whether the mask is ``bounded`` (causal or a window: see
+    ``tlx-sm90`` runs its own forward and dK/dV passes and the portable dQ pass (its tiles:
     ``jagflash.core.backend.tlx_sm90_blocks``)."""
     tlx = backend == "tlx-sm90"
     blocks = {
@@ -356,5 +355,5 @@ def plan_blocks(backend: str, head_dim: int, *, bounded: bool) -> dict[str, tupl
     if tlx:
         from jagflash.core.backend import tlx_sm90_blocks
 
-        blocks.update(tlx_sm90_blocks(head_dim, bounded))
+        blocks.update(tlx_sm90_blocks(head_dim))
     return blocks

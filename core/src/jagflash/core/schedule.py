@@ -1128,7 +1128,7 @@ def workload_plan_kwargs(
 
     lens = w.lengths()
     offsets = offsets_from_lengths(lens, device)
-    bl = plan_blocks(backend, w.head_dim, bounded=w.causal)
+    bl = plan_blocks(backend, w.head_dim)
     return {
         "q_offsets": offsets, "kv_offsets": offsets, "total_q": sum(lens), "total_kv": sum(lens),
         "heads_q": w.heads, "heads_kv": w.kv_heads, "causal": w.causal, "block_m": bl["fwd"][0],

@@ -72,7 +72,7 @@ from jagflash.core.portable import atomic_add_rows, kernel_flags
 from jagflash.core.schedule import PASSES, make_plan
 
 # q-tile rows (each consumer warpgroup takes half), kv rows: the same at every head dim and mask
-BLOCK_M, BLOCK_N = tlx_sm90_blocks(128, False)["fwd"]
+BLOCK_M, BLOCK_N = tlx_sm90_blocks(128)["fwd"]
 NUM_KV = 2  # K/V ring depth
 # The dK/dV pass's q rows per step and kv rows per tile (each consumer takes half) come from
 # tlx_sm90_blocks (by head dim and mask); the one-pass backward always steps 64 queries.
@@ -80,6 +80,10 @@ ONE_PASS_BLOCK_M = 64
 NUM_Q = 2  # Q/dO ring depth of the dK/dV pass
 HEAD_DIMS = (64, 128)
 ONE_PASS_HEAD_DIMS = (128,)  # the one-pass backward's: each consumer's dQ columns are D / 2 = 64
+# The per-query vectors of the dK/dV kernel (log2 LSE and delta) are packed per sequence, each
+# sequence's rows starting at a multiple of VEC_PAD, padding rows holding lse2 = +inf (P = 0) and
+# delta = 0: the kernel then loads a step's vectors without a mask, from an aligned base, in pairs.
+VEC_PAD = 64  # every dK/dV q-step (32 or 64 queries) divides it
 # How the one-pass backward (:func:`backward`) adds dQ: the FUSED_DQ value of the kernel.
 DQ_WRITES = {"tma": 1, "atomic": 2}
 # Shared-memory stages of each consumer's dQ write-back (two do not fit beside K/V, the Q/dO
@@ -87,17 +91,17 @@ DQ_WRITES = {"tma": 1, "atomic": 2}
 DQ_STAGES = 1
 #: Whether the variants' TLX backward may run the one-pass :func:`backward` (see
 #: :func:`use_one_pass`): a switch to go back to the two passes everywhere. Measured on the H200,
-#: kernels alone, bf16 H16 D128 (bench/NOTES.md, 2026-12-01 session 4): non-causal lognormal
-#: 13.6 ms vs the two passes' 17.9, dense 4x4096 3.89 vs 6.22; causal 15.1 vs 11.9 (lognormal),
-#: 4.92 vs 3.89 (dense), with 64-query steps in both; the two causal passes step 32 queries.
+#: kernels alone, bf16 H16 D128 (bench/NOTES.md, 2026-12-01 session 5): lognormal 9.65 ms vs the
+#: two passes' 17.6, causal 6.43 vs 10.2; dense 4x4096 3.04 vs 6.13, causal 1.84 vs 3.30.
 ONE_PASS_BACKWARD = True
 
 
 def use_one_pass(deterministic: bool, left: int, right: int, head_dim: int) -> bool:
     """Whether a variant's TLX backward runs the one-pass :func:`backward` (dQ order varies)
-    rather than the two passes: only where it measured faster (no window, D 128) and the call
-    does not ask for a deterministic backward, and only once :data:`ONE_PASS_BACKWARD` is on."""
-    return ONE_PASS_BACKWARD and not deterministic and left < 0 and right < 0 and head_dim in ONE_PASS_HEAD_DIMS
+    rather than the two passes: where it measured faster (D 128, causal or not; a window's left
+    bound is not yet measured) and the call does not ask for a deterministic backward, and only
+    while :data:`ONE_PASS_BACKWARD` is on."""
+    return ONE_PASS_BACKWARD and not deterministic and left < 0 and head_dim in ONE_PASS_HEAD_DIMS
 
 
 @triton.jit
@@ -351,7 +355,8 @@ def _dkdv_steps(
     DQ_STAGES: tl.constexpr, OPAQUE_INDEX: tl.constexpr,
 ):
     """One consumer warpgroup's HALF kv rows (``k_tiles[CID]``, ``v_tiles[CID]``) against the q-tiles
-    ``[start, end)`` of one query head: S^T = K Q^T and dP^T = V dO^T on the tensor cores, then
+    ``[start, end)`` of one query head (``lse_h``, ``delta_h``: its packed vectors at the
+    sequence's first row): S^T = K Q^T and dP^T = V dO^T on the tensor cores, then
     dV += P^T dO (P^T from registers) and dK += dS^T Q (dS^T through shared memory).
 
     With ``FUSED_DQ`` the step also computes this warpgroup's half of the q-tile's dQ: both
@@ -373,10 +378,13 @@ def _dkdv_steps(
         k_buf = k_tiles[CID + zero]
         v_buf = v_tiles[CID + zero]
         rows = m0 + tl.arange(0, BLOCK_M)
-        # Rows past lq load LSE -inf (-> +inf: P = 0) and delta 0: they add nothing (to dQ
-        # either: their dS is exactly 0, so the reduce-add into the next sequence's rows adds 0).
-        lse2 = lse_to_log2(tl.load(lse_h + rows, mask=rows < lq, other=float("-inf")))
-        delta = tl.load(delta_h + rows, mask=rows < lq, other=0.0)
+        # The packed vectors (backward_vectors): rows past lq are padding, lse2 = +inf (P = 0)
+        # and delta 0, so they add nothing (to dQ either: their dS is exactly 0, so the
+        # reduce-add into the next sequence's rows adds 0). m0 is a multiple of BLOCK_M: said so
+        # (the division is a shift), the loads go in aligned pairs.
+        vec = (m0 // BLOCK_M) * BLOCK_M + tl.arange(0, BLOCK_M)
+        lse2 = tl.load(lse_h + vec)
+        delta = tl.load(delta_h + vec)
         q_buf, slot = ring_acquire(q_tiles, q_fulls, q_cnt, NUM_Q)
         do_buf = do_tiles[slot]
         st = tlx.async_dot(k_buf, tlx.local_trans(q_buf))
@@ -429,19 +437,21 @@ def _dkdv_steps(
 
 @triton.jit
 def _dkdv_kernel(
-    desc_q, desc_k, desc_v, desc_do, DK, DV, LSE, DELTA, q_offsets, kv_offsets, TILES, COUNT,
-    stride_dkt, stride_dkh, stride_dvt, stride_dvh, total_q, n_rounds, scale, left, right,
+    desc_q, desc_k, desc_v, desc_do, DK, DV, LSE2, DELTA, VEC_TILE, q_offsets, kv_offsets, TILES, COUNT,
+    stride_dkt, stride_dkh, stride_dvt, stride_dvh, vec_rows, n_rounds, scale, left, right,
     desc_dq, DQ, stride_acc,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_Q: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False, FUSED_DQ: tl.constexpr = 0,
-    DQ_STAGES: tl.constexpr = 1, OPAQUE_INDEX: tl.constexpr = False,
+    DQ_STAGES: tl.constexpr = 1, OPAQUE_INDEX: tl.constexpr = False, PAD: tl.constexpr = 64,
 ):
     """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
     the GQA group, and with ``FUSED_DQ`` (1: TMA reduce-add, 2: atomics) each tile's share of
     dQ, added into an fp32 accumulator (``FUSED_DQ == 0``: dQ and delta come from the portable
     dQ pass, which runs first). A producer streams K/V once per tile and Q/dO through a ring
-    of NUM_Q slots; two consumer warpgroups take 64 kv rows each and share every Q/dO slot."""
+    of NUM_Q slots; two consumer warpgroups take 64 kv rows each and share every Q/dO slot.
+    ``LSE2``, ``DELTA``, ``VEC_TILE``, ``vec_rows``: the packed vectors of
+    :func:`backward_vectors` (``PAD``: :data:`VEC_PAD`)."""
     HALF: tl.constexpr = BLOCK_N // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     ELEM: tl.constexpr = tlx.size_of(dtype)
@@ -511,8 +521,8 @@ def _dkdv_kernel(
                     dv = tl.zeros([HALF, HEAD_DIM], tl.float32)
                     for g in range(GROUP):
                         head = hk * GROUP + g
-                        head_row = head.to(tl.int64) * total_q + q_start
-                        lse_h = LSE + head_row
+                        head_row = head.to(tl.int64) * vec_rows + tl.load(VEC_TILE + b) * PAD
+                        lse_h = LSE2 + head_row
                         delta_h = DELTA + head_row
                         dq_col = head * HEAD_DIM
                         dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, lo, full_lo, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, OPAQUE_INDEX)
@@ -603,30 +613,81 @@ def forward(
 
 
 @triton.jit
-def _delta_kernel(O, DO, DELTA, total_q, stride_ot, stride_oh, stride_dot, stride_doh,
-                  HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
-    """delta ``[Hq, Tq]`` = rowsum(dO * O) in fp32: the backward's preprocess."""
+def _vectors_kernel(
+    O, DO, LSE, DELTA_IN, LSE2, DELTA, q_offsets, VEC_TILE, total_q, vec_rows, n_seqs,
+    stride_ot, stride_oh, stride_dot, stride_doh,
+    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr, GIVEN_DELTA: tl.constexpr,
+    PAD: tl.constexpr,
+):
+    """The backward's preprocess: for ``BLOCK`` query rows of head ``program_id(1)``, log2 LSE
+    (``lse_to_log2``) and delta = rowsum(dO * O) (or ``DELTA_IN`` ``[Hq, Tq]`` when
+    ``GIVEN_DELTA``), written to row ``VEC_TILE[b] * PAD + (row - q_offsets[b])`` of the packed
+    ``[Hq, vec_rows]`` vectors, ``b`` the row's sequence (a binary search over the offsets)."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    h = tl.program_id(1)
-    offs_d = tl.arange(0, HEAD_DIM)
+    h = tl.program_id(1).to(tl.int64)
     valid = rows < total_q
-    r64 = rows.to(tl.int64)[:, None]
-    o = tl.load(O + r64 * stride_ot + h * stride_oh + offs_d[None, :], mask=valid[:, None], other=0.0)
-    do = tl.load(DO + r64 * stride_dot + h * stride_doh + offs_d[None, :], mask=valid[:, None], other=0.0)
-    tl.store(DELTA + h.to(tl.int64) * total_q + rows, attn_delta(o, do), mask=valid)
+    # the last b with q_offsets[b] <= row (zero-length sequences share an offset with the next)
+    lo = tl.zeros([BLOCK], tl.int32)
+    hi = tl.zeros([BLOCK], tl.int32) + n_seqs
+    for _ in tl.static_range(SEARCH_STEPS):
+        mid = (lo + hi) // 2
+        right = tl.load(q_offsets + mid) <= rows
+        lo = tl.where(right, mid, lo)
+        hi = tl.where(right, hi, mid)
+    packed = tl.load(VEC_TILE + lo).to(tl.int64) * PAD + (rows - tl.load(q_offsets + lo))
+    if GIVEN_DELTA:
+        delta = tl.load(DELTA_IN + h * total_q + rows, mask=valid, other=0.0)
+    else:
+        offs_d = tl.arange(0, HEAD_DIM)
+        r64 = rows.to(tl.int64)[:, None]
+        o = tl.load(O + r64 * stride_ot + h * stride_oh + offs_d[None, :], mask=valid[:, None], other=0.0)
+        do = tl.load(DO + r64 * stride_dot + h * stride_doh + offs_d[None, :], mask=valid[:, None], other=0.0)
+        delta = attn_delta(o, do)
+    lse2 = lse_to_log2(tl.load(LSE + h * total_q + rows, mask=valid, other=0.0))
+    tl.store(LSE2 + h * vec_rows + packed, lse2, mask=valid)
+    tl.store(DELTA + h * vec_rows + packed, delta, mask=valid)
 
 
-def backward_delta(out: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
-    """delta ``[Hq, Tq]`` fp32 = rowsum(dO * O) of ``out``, ``dout`` ``[Tq, Hq, D]``."""
-    tq, hq, dim = out.shape
-    delta = alloc((hq, tq), torch.float32, out.device)
-    if tq:
+def backward_vectors(
+    lse: torch.Tensor,
+    q_offsets: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    dout: torch.Tensor | None = None,
+    delta: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The dK/dV kernel's per-query vectors, packed (see :data:`VEC_PAD`): ``(lse2, delta,
+    vec_tile)``, ``lse2`` and ``delta`` ``[Hq, vec_rows]`` fp32 and ``vec_tile`` ``[B + 1]`` int32,
+    sequence ``b``'s rows starting at row ``vec_tile[b] * VEC_PAD``. ``lse`` ``[Hq, Tq]``; delta
+    = rowsum(dO * O) of ``out`` and ``dout`` (``[Tq, Hq, D]``), or given (``[Hq, Tq]``, from the
+    portable dQ pass). No host synchronisation: ``vec_rows`` is the bound ``Tq + VEC_PAD * B``."""
+    hq, tq = lse.shape
+    n_seqs = q_offsets.numel() - 1
+    lens = (q_offsets[1:] - q_offsets[:-1]).to(torch.int32)
+    vec_tile = torch.zeros(n_seqs + 1, dtype=torch.int32, device=lse.device)
+    vec_tile[1:] = torch.cumsum(torch.div(lens + VEC_PAD - 1, VEC_PAD, rounding_mode="floor"), 0)
+    vec_rows = triton.cdiv(tq + VEC_PAD * n_seqs, 16) * 16  # 16-divisible: aligned per-head rows
+    lse2 = torch.full((hq, vec_rows), float("inf"), dtype=torch.float32, device=lse.device)
+    packed_delta = torch.zeros((hq, vec_rows), dtype=torch.float32, device=lse.device)
+    if tq and n_seqs:
+        given = delta is not None
+        if given:
+            delta = delta.contiguous()
+            out = dout = delta  # unused
+            strides = (0, 0, 0, 0)
+            dim = 16
+        else:
+            out, dout = out.contiguous(), dout.contiguous()
+            strides = (out.stride(0), out.stride(1), dout.stride(0), dout.stride(1))
+            dim = out.shape[-1]
+            delta = lse  # unused
         block = 64
-        _delta_kernel[(triton.cdiv(tq, block), hq)](
-            out, dout, delta, tq, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1),
-            HEAD_DIM=dim, BLOCK=block, num_warps=4,
+        _vectors_kernel[(triton.cdiv(tq, block), hq)](
+            out, dout, lse.contiguous(), delta, lse2, packed_delta, q_offsets, vec_tile, tq, vec_rows,
+            n_seqs, *strides, HEAD_DIM=dim, BLOCK=block, SEARCH_STEPS=max(1, n_seqs.bit_length()),
+            GIVEN_DELTA=given, PAD=VEC_PAD, num_warps=4,
         )
-    return delta
+    return lse2, packed_delta, vec_tile
 
 
 def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, left, right, blocks, who):
@@ -645,10 +706,10 @@ def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, left, right, blocks
     return plan, lay
 
 
-def _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, dq_acc,
+def _launch_dkdv(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, lay, dq_acc,
                  left, right, scale, q_shared, dq_write="tma"):
-    """One launch of :func:`_dkdv_kernel`; ``dq_acc`` (fp32 ``[rows, Hq * D]``) fuses dQ in
-    (and then K/V are indexed opaquely: ``OPAQUE_INDEX``)."""
+    """One launch of :func:`_dkdv_kernel`; ``vectors``: :func:`backward_vectors`'s; ``dq_acc``
+    (fp32 ``[rows, Hq * D]``) fuses dQ in (and then K/V are indexed opaquely: ``OPAQUE_INDEX``)."""
     _, hq, dim = q.shape
     hkv = k.shape[1]
     programs = min(num_workers(q.device), lay.rows)
@@ -665,14 +726,14 @@ def _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan,
     _dkdv_kernel[(programs,)](
         rows_descriptor(q, block_m, dim), rows_descriptor(k, block_n // 2, dim),
         rows_descriptor(v, block_n // 2, dim), rows_descriptor(dout, block_m, dim),
-        dk, dv, lse, delta, q_offsets, kv_offsets,
+        dk, dv, *vectors, q_offsets, kv_offsets,
         plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):],
-        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dout.shape[0],
+        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), vectors[0].shape[1],
         triton.cdiv(lay.rows, programs), scale, left, right, desc_dq,
         dk if dq_acc is None else dq_acc, 0 if dq_acc is None else dq_acc.stride(0),
         **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=block_m, BLOCK_N=block_n,
         NUM_Q=NUM_Q, ZIGZAG=_zigzag(plan, "dkdv"), Q_SHARED=q_shared, FUSED_DQ=0 if dq_acc is None else DQ_WRITES[dq_write],
-        DQ_STAGES=DQ_STAGES, OPAQUE_INDEX=dq_acc is not None, num_warps=4, num_stages=1,
+        DQ_STAGES=DQ_STAGES, OPAQUE_INDEX=dq_acc is not None, PAD=VEC_PAD, num_warps=4, num_stages=1,
     )
 
 
@@ -699,13 +760,14 @@ def backward_dkdv(
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     tq = dout.shape[0]  # the rows of dO, LSE and delta (B * Lq for broadcast-Q: see forward)
     dk, dv = alloc_like(k), alloc_like(v)
-    blocks = tlx_sm90_blocks(q.shape[-1], left >= 0 or right >= 0)["dkdv"]
+    blocks = tlx_sm90_blocks(q.shape[-1])["dkdv"]
     plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], q.shape[1], k.shape[1], left, right, blocks, "the dK/dV pass")
     if k.shape[0] == 0 or lay.rows == 0:
         return dk, dv
     if tq == 0:  # no queries anywhere: no gradient (and no descriptor over 0 rows)
         return dk.zero_(), dv.zero_()
-    _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, None, left, right, scale, q_shared)
+    vectors = backward_vectors(lse, q_offsets, delta=delta)
+    _launch_dkdv(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, lay, None, left, right, scale, q_shared)
     return dk, dv
 
 
@@ -749,7 +811,7 @@ def backward(
     lq, hq, dim = q.shape
     tq = dout.shape[0]
     dk, dv = alloc_like(k), alloc_like(v)
-    blocks = (ONE_PASS_BLOCK_M, tlx_sm90_blocks(dim, False)["dkdv"][1])
+    blocks = (ONE_PASS_BLOCK_M, tlx_sm90_blocks(dim)["dkdv"][1])
     plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], hq, k.shape[1], left, right, blocks, "the one-pass backward")
     # The accumulator has dQ's layout in fp32 (queries as rows; broadcast-Q: the Lq shared rows,
     # which every sequence adds into). A q-tile that runs past its sequence's end adds exact
@@ -757,8 +819,8 @@ def backward(
     # that no tile reaches get dQ = 0.
     acc = torch.zeros((lq, hq * dim), dtype=torch.float32, device=q.device)
     if k.shape[0] and lay.rows and tq:
-        delta = backward_delta(out.contiguous(), dout)
-        _launch_dkdv(dout, q, k, v, lse, delta, q_offsets, kv_offsets, dk, dv, plan, lay, acc, left, right, scale, q_shared, dq_write)
+        vectors = backward_vectors(lse, q_offsets, out=out, dout=dout)
+        _launch_dkdv(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, lay, acc, left, right, scale, q_shared, dq_write)
     else:
         dk.zero_()
         dv.zero_()
@@ -783,7 +845,7 @@ def compile_configs():
                     "desc_k": f"tensordesc<{dtype}[{BLOCK_N},{dim}]>",
                     "desc_v": f"tensordesc<{dtype}[{BLOCK_N},{dim}]>",
                     "O": f"*{dtype}", "LSE": "*fp32", "q_offsets": "*i32", "kv_offsets": "*i32",
-                    "TILES": "*i32", "COUNT": "*i64", "stride_ot": "i32", "stride_oh": "i32",
+                    "TILES": "*i32", "COUNT": "*i64", "stride_ot": "i32:16", "stride_oh": "i32:16",
                     "total_q": "i32", "n_rounds": "i32", "scale": "fp32", "left": "i32", "right": "i32",
                 }
                 constexprs = {
@@ -795,12 +857,12 @@ def compile_configs():
                 for name in constexprs:
                     signature[name] = "constexpr"
                 # version 2 carries P in fp32: a few per-tile values spill outside the kv loop
-                # (24-64 B, none inside it; at D 64 only unfolded, in fp16).
+                # (8-52 B, none inside it; at D 64 only unfolded, in fp16).
                 configs.append((
                     f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
                     _fwd_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
-                    {64: 0 if fold else 24, 128: 56 if fold else 64}[dim] if pipeline else 0,
+                    {64: 0 if fold else 8, 128: 20 if fold else 52}[dim] if pipeline else 0,
                 ))
             for causal, shared, fused in (
                 (False, False, True), (True, False, True), (False, True, True),
@@ -808,7 +870,7 @@ def compile_configs():
             ):
                 if fused and dim not in ONE_PASS_HEAD_DIMS:
                     continue
-                bm, bn = tlx_sm90_blocks(dim, causal)["dkdv"]
+                bm, bn = tlx_sm90_blocks(dim)["dkdv"]
                 if fused:
                     bm = ONE_PASS_BLOCK_M
                 signature = {
@@ -816,29 +878,29 @@ def compile_configs():
                     "desc_k": f"tensordesc<{dtype}[{bn // 2},{dim}]>",
                     "desc_v": f"tensordesc<{dtype}[{bn // 2},{dim}]>",
                     "desc_do": f"tensordesc<{dtype}[{bm},{dim}]>",
-                    "DK": f"*{dtype}", "DV": f"*{dtype}", "LSE": "*fp32", "DELTA": "*fp32",
+                    "DK": f"*{dtype}", "DV": f"*{dtype}", "LSE2": "*fp32", "DELTA": "*fp32", "VEC_TILE": "*i32",
                     "q_offsets": "*i32", "kv_offsets": "*i32", "TILES": "*i32", "COUNT": "*i64",
-                    "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32",
-                    "total_q": "i32", "n_rounds": "i32", "scale": "fp32", "left": "i32", "right": "i32",
+                    "stride_dkt": "i32:16", "stride_dkh": "i32:16", "stride_dvt": "i32:16", "stride_dvh": "i32:16",
+                    "vec_rows": "i32:16", "n_rounds": "i32", "scale": "fp32", "left": "i32", "right": "i32",
                     "desc_dq": f"tensordesc<fp32[{bm},{dim // 2}]>" if fused else f"tensordesc<{dtype}[{bm},{dim}]>",
-                    "DQ": "*fp32", "stride_acc": "i32",
+                    "DQ": "*fp32", "stride_acc": "i32:16",
                 }
                 constexprs = {
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": bm, "BLOCK_N": bn,
                     "NUM_Q": NUM_Q, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal, "ZIGZAG": True,
                     "Q_SHARED": shared, "FUSED_DQ": DQ_WRITES["tma"] if fused else 0, "DQ_STAGES": DQ_STAGES,
-                    "OPAQUE_INDEX": fused,
+                    "OPAQUE_INDEX": fused, "PAD": VEC_PAD,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
                 # Known spills of the dK/dV kernel (dK and dV of 64 x D fp32 each stay in
-                # registers beside the S^T / dP^T tiles, and in the one pass its dQ tile; the
-                # one pass's steps are 64 queries, so its S^T / dP^T tiles are twice the two-pass
-                # causal ones; the configurations compile the default TMA write): bench/NOTES.md.
+                # registers beside the 64-query S^T / dP^T tiles, and in the one pass its dQ
+                # tile; the masked steps need the most; the configurations compile the default
+                # TMA write): bench/NOTES.md.
                 if fused:
-                    known_spill = 2592 if causal else 1264
+                    known_spill = 700 if causal else 272
                 else:
-                    known_spill = {64: 36, 128: 468 if causal else 720}[dim]
+                    known_spill = {64: 0, 128: 388 if causal else 64}[dim]
                 configs.append((
                     f"tlx_{'bwd' if fused else 'dkdv'}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1}, known_spill,

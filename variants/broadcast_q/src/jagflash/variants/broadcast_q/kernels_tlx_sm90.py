@@ -24,7 +24,7 @@ def _plan(q: torch.Tensor, k: torch.Tensor, kv_offsets: torch.Tensor, left: int,
     """The plan of a call that passed none, and the offsets of its output rows."""
     lq = q.shape[0]
     q_offsets = output_offsets(q, kv_offsets)
-    blocks = tlx_sm90_blocks(q.shape[-1], left >= 0 or right >= 0)
+    blocks = tlx_sm90_blocks(q.shape[-1])
     (bm, bn), dkdv = blocks["fwd"], blocks["dkdv"]
     plan = make_plan(
         q_offsets, kv_offsets, total_q=(kv_offsets.numel() - 1) * lq, total_kv=k.shape[0],

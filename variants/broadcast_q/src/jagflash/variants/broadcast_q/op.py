@@ -93,7 +93,7 @@ def _plan(tiles, meta, info, q, k, kv_offsets, max_seqlen_kv, backend, passes):
         WHO, tiles, meta, info, q_offsets=output_offsets(q, kv_offsets), kv_offsets=kv_offsets,
         check_offsets=True, total_q=(kv_offsets.numel() - 1) * q.shape[0], total_kv=k.shape[0],
         heads_q=q.shape[1], heads_kv=k.shape[1], left=left, right=right,
-        blocks=plan_blocks(backend, q.shape[-1], bounded=left >= 0 or right >= 0), passes=passes, max_seqlen_q=q.shape[0],
+        blocks=plan_blocks(backend, q.shape[-1]), passes=passes, max_seqlen_q=q.shape[0],
         max_seqlen_kv=None if max_seqlen_kv < 0 else max_seqlen_kv,
     )
 

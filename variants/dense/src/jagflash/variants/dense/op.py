@@ -40,7 +40,7 @@ def _plan(tiles, meta, info, q, k, left, right, backend, passes) -> Plan:
         "dense_attention", tiles, meta, info, q_offsets=q_offsets,
         kv_offsets=kv_offsets, check_offsets=False, total_q=b * nq, total_kv=b * nk,
         heads_q=q.shape[2], heads_kv=k.shape[2], left=left, right=right,
-        blocks=plan_blocks(backend, q.shape[-1], bounded=left >= 0 or right >= 0), passes=passes, max_seqlen_q=nq,
+        blocks=plan_blocks(backend, q.shape[-1]), passes=passes, max_seqlen_q=nq,
         max_seqlen_kv=nk,
     )
 

@@ -2,8 +2,8 @@
 ``jagflash.core.tlx_attention`` on the jagged tensors as they are. The backward runs the
 portable dQ pass (which also computes delta) and then the TLX dK/dV pass: deterministic. The
 one-pass ``tlx_attention.backward`` (dQ added from every kv-tile) runs instead, without
-``deterministic``, where ``tlx_attention.use_one_pass`` says so (D 128, no causal or window
-mask)."""
+``deterministic``, where ``tlx_attention.use_one_pass`` says so (D 128, causal or not, no
+window)."""
 
 from __future__ import annotations
 

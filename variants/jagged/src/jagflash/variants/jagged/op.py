@@ -98,7 +98,7 @@ def _plan(tiles, meta, info, q, k, q_offsets, kv_offsets, max_q, max_k, left, ri
     return resolve_plan(
         "jagged_attention", tiles, meta, info, q_offsets=q_offsets, kv_offsets=kv_offsets,
         check_offsets=True, total_q=q.shape[0], total_kv=k.shape[0], heads_q=q.shape[1],
-        heads_kv=k.shape[1], left=left, right=right, blocks=plan_blocks(backend, q.shape[-1], bounded=left >= 0 or right >= 0),
+        heads_kv=k.shape[1], left=left, right=right, blocks=plan_blocks(backend, q.shape[-1]),
         passes=passes, max_seqlen_q=max_q, max_seqlen_kv=max_k,
     )
 
