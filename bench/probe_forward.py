@@ -1,0 +1,64 @@
+"""Probe (H200): is the TLX forward's time bimodal? The session-5 bench measured dense causal
+(p20 0.66 / p50 0.87 / p80 1.12 ms) and broadcast-Q Lq256 x 256 (1.53 / 2.20 / 2.34) with wide
+spreads, where tlx-ab timed 0.59 ms for dense causal. This times the public calls many times,
+each consumer version (v1, v2: ``tlx_attention.forward``'s ``pipeline``, patched in), and prints
+percentiles of single-call times (do_bench ``return_mode="all"``).
+
+Run on the GPU: ``python bench/probe_forward.py`` (gpu.sh: ``PROBE=bench/probe_forward.py``)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from triton.testing import do_bench
+
+from jagflash.bench.workloads import get
+from jagflash.core import tlx_attention
+from jagflash.core.jagged import offsets_from_lengths
+from jagflash.variants.broadcast_q import broadcast_q_attention
+from jagflash.variants.dense import dense_attention
+from jagflash.variants.jagged import jagged_attention
+
+FORWARD = tlx_attention.forward
+
+
+def _pct(times: list[float], p: float) -> float:
+    s = sorted(times)
+    return s[min(len(s) - 1, int(p * len(s)))]
+
+
+def main() -> None:
+    heads, dim = 16, 128
+    mk = functools.partial(torch.randn, device="cuda", dtype=torch.bfloat16)
+    cases = {}
+    q = mk(4, 4096, heads, dim)
+    cases["dense 4x4096 causal"] = lambda: dense_attention(q, q, q, causal=True)
+    cases["dense 4x4096"] = lambda: dense_attention(q, q, q)
+    for name in ("bq-lq256-b256", "bq-lq256-b64"):
+        w = get(name)
+        lens = w.sample_lengths()[1].tolist()
+        kv = offsets_from_lengths(lens, "cuda")
+        qb, kb = mk(w.q_len, heads, dim), mk(sum(lens), heads, dim)
+        cases[name] = functools.partial(broadcast_q_attention, qb, kb, kb, kv)
+    w = get("jagged-lognormal-causal-d128")
+    lens = w.sample_lengths()[1].tolist()
+    offs = offsets_from_lengths(lens, "cuda")
+    qj = mk(sum(lens), heads, dim)
+    cases["jagged lognormal causal"] = functools.partial(jagged_attention, qj, qj, qj, offs, offs, causal=True)
+    print(f"{'case':26s} {'version':8s} {'n':>4s} {'p10':>8s} {'p50':>8s} {'p90':>8s} {'max':>8s}  (ms)", flush=True)
+    for name, run in cases.items():
+        for version, pipeline in (("v1", False), ("v2", True), ("v1", False), ("v2", True)):
+            tlx_attention.forward = functools.partial(FORWARD, pipeline=pipeline)
+            with torch.no_grad():
+                times = do_bench(run, warmup=25, rep=400, return_mode="all")
+            print(
+                f"{name:26s} {version:8s} {len(times):4d} {_pct(times, 0.1):8.3f} {_pct(times, 0.5):8.3f} "
+                f"{_pct(times, 0.9):8.3f} {max(times):8.3f}",
+                flush=True,
+            )
+    tlx_attention.forward = FORWARD
+
+
+if __name__ == "__main__":
+    main()
