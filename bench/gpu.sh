@@ -41,7 +41,7 @@
 # small one lets pytest print its failures before the timeout), TLX_TESTS_K (a pytest -k for tlx-tests),
 # TESTS_SHARD / TLX_TESTS_SHARD (I/N: the I-th of N round-robin shares, the testing plugin's
 # --shard: the whole GPU suite no longer fits one call, run it as N calls),
-# TLX_TESTS_TIMEOUT_S (220), PROBE, PROBE_TIMEOUT_S (180), DEMO_TIMEOUT_S (60), JAGFLASH_GIT_COMMIT
+# TLX_TESTS_TIMEOUT_S (220), PROBE, PROBE_ARGS (its arguments, split on spaces), PROBE_TIMEOUT_S (180), DEMO_TIMEOUT_S (60), JAGFLASH_GIT_COMMIT
 # (the commit to record).
 
 set -u
@@ -195,7 +195,7 @@ if has_step schedule-ab; then  # portable kernels with schedule none / static / 
         "$PY -m jagflash.core.schedule --bench && $PY -m jagflash.variants.jagged.ab_schedules --reps 50"
 fi
 if has_step probe; then  # a one-off measurement script: PROBE=path/to/script.py
-    run_step probe "$(cap "${PROBE_TIMEOUT_S:-180}" "$bench_reserve")" "$PY" "${PROBE:-bench/probe.py}"
+    run_step probe "$(cap "${PROBE_TIMEOUT_S:-180}" "$bench_reserve")" "$PY" "${PROBE:-bench/probe.py}" ${PROBE_ARGS:-}
 fi
 if has_step bench; then
     budget=$(( $(left) - 45 ))
