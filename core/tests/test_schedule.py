@@ -234,6 +234,13 @@ def test_check_plan_refuses_another_problem() -> None:
     other = offsets_from_lengths([6, 29, 7])
     with pytest.raises(InvalidInput, match="built for other offsets"):
         _check(p, other, qo)
+    with pytest.raises(InvalidInput, match="built for other offsets"):
+        _check(p, qo, other)
+    # offsets given as None are not value-checked (broadcast-Q's derived output offsets); the
+    # other side still is
+    _check(p, None, qo.clone())
+    with pytest.raises(InvalidInput, match="built for other offsets"):
+        _check(p, None, other)
     fwd_only = make_plan(qo, qo, total_q=42, total_kv=42, heads_q=4, heads_kv=2, block_m=32, block_n=32, causal=True, backward=False)
     with pytest.raises(InvalidInput, match="the plan has no dq pass: build it with backward=True"):
         _check(fwd_only, qo, qo)

@@ -793,7 +793,8 @@ def check_plan(
     (compared on the host on a CPU, by ``torch._assert_async`` on a GPU: no sync).
 
     ``blocks`` holds the passes the call runs, with the tile sizes its kernels use.
-    ``q_offsets=None`` skips the value check (dense layouts have no offsets).
+    Offsets given as ``None`` get no value check: dense layouts have none, and broadcast-Q's
+    output offsets are ``arange(B + 1) * Lq``, fixed by the ints checked here.
     """
     reasons = []
 
@@ -819,18 +820,25 @@ def check_plan(
         reasons.append("plan tensors do not match their info (tiles int32 [rows, 3], meta [5])")
     if reasons:
         raise InvalidInput(who, reasons)
-    if q_offsets is None or kv_offsets is None or info.q_ptr == PTR_SAME_CALL:
+    if info.q_ptr == PTR_SAME_CALL:
         return
-    same = (info.q_ptr, info.kv_ptr) == (_ptr(q_offsets), _ptr(kv_offsets)) and info.q_ptr != PTR_UNKNOWN
-    if same:
+    # meta[3], meta[4]: the fingerprints of the q and kv offsets the plan was built from; a
+    # tensor at the address it was built from is taken as the same offsets (no GPU work)
+    todo = [
+        (offsets, slot)
+        for offsets, ptr, slot in ((q_offsets, info.q_ptr, 3), (kv_offsets, info.kv_ptr, 4))
+        if offsets is not None and (ptr == PTR_UNKNOWN or _ptr(offsets) != ptr)
+    ]
+    if not todo:
         return
-    got = torch.stack([offsets_fingerprint(q_offsets), offsets_fingerprint(kv_offsets)])
+    got = torch.stack([offsets_fingerprint(offsets) for offsets, _ in todo])
+    want = meta[[slot for _, slot in todo]]
     if device.type == "cpu":
-        if not torch.equal(got, meta[3:5]):
+        if not torch.equal(got, want):
             raise InvalidInput(who, ["the plan was built for other offsets (their values differ)"])
         return
     torch._assert_async(
-        (got == meta[3:5]).all(), f"{who}: the plan was built for other offsets (their values differ)"
+        (got == want).all(), f"{who}: the plan was built for other offsets (their values differ)"
     )
 
 
@@ -843,6 +851,7 @@ def resolve_plan(
     q_offsets: torch.Tensor,
     kv_offsets: torch.Tensor,
     check_offsets: bool,
+    derived_q: bool = False,
     total_q: int,
     total_kv: int,
     heads_q: int,
@@ -856,7 +865,9 @@ def resolve_plan(
 ) -> Plan:
     """What an op does with its ``plan_*`` arguments: check the plan it was given against the
     call (:func:`check_plan`), or, called without one (only by code that calls the op
-    directly), build one for ``passes`` with :data:`DEFAULT_SCHEDULE`."""
+    directly), build one for ``passes`` with :data:`DEFAULT_SCHEDULE`. ``derived_q``: the
+    q offsets follow from the ints (broadcast-Q's output rows), so only the kv offsets' values
+    are checked."""
     batch = q_offsets.numel() - 1
     if plan_tiles is None or plan_meta is None or plan_info_ints is None:
         info = plan_info(
@@ -871,7 +882,7 @@ def resolve_plan(
     info = PlanInfo.from_ints(plan_info_ints)
     check_plan(
         who, info, tiles=plan_tiles, meta=plan_meta,
-        q_offsets=q_offsets if check_offsets else None,
+        q_offsets=q_offsets if check_offsets and not derived_q else None,
         kv_offsets=kv_offsets if check_offsets else None, batch=batch, total_q=total_q,
         total_kv=total_kv, heads_q=heads_q, heads_kv=heads_kv, left=left, right=right,
         blocks={p: blocks[p] for p in passes}, device=q_offsets.device,

@@ -91,7 +91,7 @@ def _plan(tiles, meta, info, q, k, kv_offsets, max_seqlen_kv, backend, passes):
     left, right = mask_bounds(False)
     return resolve_plan(
         WHO, tiles, meta, info, q_offsets=output_offsets(q, kv_offsets), kv_offsets=kv_offsets,
-        check_offsets=True, total_q=(kv_offsets.numel() - 1) * q.shape[0], total_kv=k.shape[0],
+        check_offsets=True, derived_q=True, total_q=(kv_offsets.numel() - 1) * q.shape[0], total_kv=k.shape[0],
         heads_q=q.shape[1], heads_kv=k.shape[1], left=left, right=right,
         blocks=plan_blocks(backend, q.shape[-1]), passes=passes, max_seqlen_q=q.shape[0],
         max_seqlen_kv=None if max_seqlen_kv < 0 else max_seqlen_kv,
