@@ -60,8 +60,9 @@ def test_one_pass_backward_refuses_a_plan_laid_out_for_32_query_steps() -> None:
         tlx_attention.backward(q, q, q, q, q, torch.zeros(1, 8), offs, offs, left=-1, right=0, scale=0.125, plan=plan)
 
 
+@pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("given_delta", [False, True])
-def test_backward_vectors_pack_each_sequence_at_a_multiple_of_the_pad(given_delta) -> None:
+def test_backward_vectors_pack_each_sequence_at_a_multiple_of_the_pad(given_delta, offsets_dtype) -> None:
     """The dK/dV kernel's packed vectors (a plain Triton kernel: runs under the interpreter):
     sequence b's rows start at row vec_tile[b] * VEC_PAD, hold log2 LSE (+inf where LSE is
     -inf) and delta = rowsum(dO * O) (or the given delta); padding rows hold +inf and 0.
@@ -69,7 +70,7 @@ def test_backward_vectors_pack_each_sequence_at_a_multiple_of_the_pad(given_delt
     pad = tlx_attention.VEC_PAD
     gen = torch.Generator().manual_seed(7)
     lens = [0, 3, pad, 0, pad + 5, 1, 0]
-    offs = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    offs = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=offsets_dtype)
     tq, hq, dim = int(offs[-1]), 3, 16
     out = torch.randn(tq, hq, dim, generator=gen)
     dout = torch.randn(tq, hq, dim, generator=gen)
