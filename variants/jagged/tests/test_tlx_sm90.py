@@ -58,9 +58,17 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize(("pipeline", "schedule"), [(True, "static"), (False, "static"), (True, "none")])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("head_dim", [64, 128])
+# The default consumer (version 2) on the static schedule at every dtype and head dim; version 1
+# and the batch-order table ("none") at bf16 only (what they change does not depend on the
+# dtype): 56 cases instead of the full 96, for the GPU suite's time.
+FORWARD_VARIANTS = [
+    *((dtype, dim, True, "static") for dtype in (torch.bfloat16, torch.float16) for dim in (64, 128)),
+    *((torch.bfloat16, dim, False, "static") for dim in (64, 128)),
+    (torch.bfloat16, 128, True, "none"),
+]
+
+
+@pytest.mark.parametrize(("dtype", "head_dim", "pipeline", "schedule"), FORWARD_VARIANTS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", CASES)
 def test_tlx_forward_matches_reference(name, causal, head_dim, dtype, pipeline, schedule) -> None:
@@ -73,7 +81,7 @@ def test_tlx_forward_matches_reference(name, causal, head_dim, dtype, pipeline, 
 
 @pytest.mark.parametrize("pipeline", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_gt_lk"])
 def test_tlx_forward_negative_scale_matches_reference(name, causal, pipeline) -> None:
     """A negative scale cannot ride in the exponent (the running max is taken on the scaled
     scores): the kernel then scales the scores first (``FOLD_SCALE`` off)."""
