@@ -98,3 +98,11 @@ def test_backward_vectors_pack_each_sequence_at_a_multiple_of_the_pad(given_delt
         want_delta[:, dst] = delta[:, src]
     torch.testing.assert_close(lse2, want_lse2, rtol=1e-6, atol=0)
     torch.testing.assert_close(packed_delta, want_delta, rtol=1e-5, atol=1e-5)
+
+
+def test_forward_refuses_an_unknown_walk() -> None:
+    """Before any launch, naming the walks it knows."""
+    q = torch.zeros(4, 1, 128, dtype=torch.float16)
+    offs = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"walk must be one of \('slot', 'head'\), got 'diagonal'"):
+        tlx_attention.forward(q, q, q, offs, offs, 4, left=-1, right=-1, scale=0.125, walk="diagonal")

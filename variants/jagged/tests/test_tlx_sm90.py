@@ -16,7 +16,7 @@ from jagflash.variants.jagged import SPEC
 pytestmark = pytest.mark.sm90
 
 
-def _forward(causal: bool, pipeline: bool, schedule: str, sign: float = 1.0):
+def _forward(causal: bool, pipeline: bool, schedule: str, sign: float = 1.0, walk: str = "slot"):
     from jagflash.core import tlx_attention
     from jagflash.core.schedule import make_plan
 
@@ -31,7 +31,7 @@ def _forward(causal: bool, pipeline: bool, schedule: str, sign: float = 1.0):
         )
         return tlx_attention.forward(
             q, k, v, q_offsets, kv_offsets, max_q, left=left, right=right,
-            scale=sign * q.shape[-1] ** -0.5, pipeline=pipeline, plan=plan,
+            scale=sign * q.shape[-1] ** -0.5, pipeline=pipeline, plan=plan, walk=walk,
         )
 
     return run
@@ -77,6 +77,19 @@ def test_tlx_forward_matches_reference(name, causal, head_dim, dtype, pipeline, 
     t = case.build("cuda", requires_grad=False)
     t.pop("dout")
     check_against_reference(_forward(causal, pipeline, schedule), _reference(causal), t, atol=SPEC.atol[dtype])
+
+
+@pytest.mark.parametrize("schedule", ["static", "none"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["odd_lengths", "lognormal"])
+def test_tlx_forward_head_major_walk_matches_reference(name, causal, schedule) -> None:
+    """``walk="head"`` (A/B): the programs walk the table one head at a time; every tile is
+    still computed once (GQA, zero-length sequences, a padded table)."""
+    q_lens, k_lens, hq, hkv = CASES[name]
+    case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
+    t = case.build("cuda", requires_grad=False)
+    t.pop("dout")
+    check_against_reference(_forward(causal, True, schedule, walk="head"), _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
 
 
 @pytest.mark.parametrize("pipeline", [False, True])

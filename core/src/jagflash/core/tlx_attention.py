@@ -89,6 +89,8 @@ DQ_WRITES = {"tma": 1, "atomic": 2}
 # Shared-memory stages of each consumer's dQ write-back (two do not fit beside K/V, the Q/dO
 # ring and dS^T at D 128: 240 KB with Triton's scratch, over the 227 KB a block may take)
 DQ_STAGES = 1
+# The orders the forward's programs may walk a plan's table in (``forward(walk=)``)
+WALKS = ("slot", "head")
 #: Whether the variants' TLX backward may run the one-pass :func:`backward` (see
 #: :func:`use_one_pass`): a switch to go back to the two passes everywhere. Measured on the H200,
 #: kernels alone, bf16 H16 D128 (bench/NOTES.md, 2026-12-01 session 5): lognormal 9.65 ms vs the
@@ -105,15 +107,25 @@ def use_one_pass(deterministic: bool, left: int, right: int, head_dim: int) -> b
 
 
 @triton.jit
-def _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG: tl.constexpr):
+def _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG: tl.constexpr, heads=1, HEAD_MAJOR: tl.constexpr = False):
     """Row ``r * nprog + w`` of a Plan pass's cost-sorted table, ``w`` the program or, on odd
     rounds of a zigzag schedule, its mirror: (in range, sequence, head, first row). Producer and
-    consumers call it with the same arguments, so they walk the same tiles without talking."""
+    consumers call it with the same arguments, so they walk the same tiles without talking.
+
+    ``HEAD_MAJOR`` (A/B, off): the table holds each tile slot's ``heads`` heads side by side;
+    walk it one head at a time instead (the n-th tile walked is slot ``n % slots`` of head
+    ``n // slots``), so the tiles that run at once share a head's K/V in L2, as the uTLX
+    tutorial's grid order does. It gives up the cost order across heads (each head's tiles
+    still come heaviest first)."""
     w = pid
     if ZIGZAG:
         w = tl.where(r % 2 == 1, nprog - 1 - pid, pid)
     t = r * nprog + w
-    ok = t < tl.load(COUNT).to(tl.int32)
+    count = tl.load(COUNT).to(tl.int32)
+    ok = t < count
+    if HEAD_MAJOR:
+        slots = tl.maximum(count // heads, 1)
+        t = (t % slots) * heads + t // slots
     row = TILES + tl.where(ok, t, 0).to(tl.int64) * 3
     return ok, tl.load(row, mask=ok, other=0), tl.load(row + 1, mask=ok, other=0), tl.load(row + 2, mask=ok, other=0)
 
@@ -129,10 +141,10 @@ def _starts(q_offsets, kv_offsets, b):
 
 
 @triton.jit
-def _tile(r, pid, nprog, TILES, COUNT, q_offsets, kv_offsets, ZIGZAG: tl.constexpr):
+def _tile(r, pid, nprog, TILES, COUNT, q_offsets, kv_offsets, ZIGZAG: tl.constexpr, heads, HEAD_MAJOR: tl.constexpr):
     """The forward q-tile of round ``r`` of program ``pid``: (live, head, first row, q start,
     lq, kv start, lk)."""
-    ok, b, h, m0 = _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG)
+    ok, b, h, m0 = _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG, heads, HEAD_MAJOR)
     q_start, lq, k_start, lk = _starts(q_offsets, kv_offsets, b)
     return ok & (m0 < lq), h, m0, q_start, lq, k_start, lk
 
@@ -249,11 +261,11 @@ def _consume(
 @triton.jit
 def _fwd_kernel(
     desc_q, desc_k, desc_v, O, LSE, q_offsets, kv_offsets, TILES, COUNT,
-    stride_ot, stride_oh, total_q, n_rounds, scale, left, right,
+    stride_ot, stride_oh, total_q, n_rounds, scale, left, right, heads,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_KV: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     PIPELINE: tl.constexpr, ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False,
-    FOLD_SCALE: tl.constexpr = False,
+    FOLD_SCALE: tl.constexpr = False, HEAD_MAJOR: tl.constexpr = False,
 ):
     HALF: tl.constexpr = BLOCK_M // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -276,7 +288,7 @@ def _fwd_kernel(
             kv_cnt = 0
             tile_cnt = 0
             for r in range(0, n_rounds):
-                live, h, m0, q_start, lq, k_start, lk = _tile(r, pid, nprog, TILES, COUNT, q_offsets, kv_offsets, ZIGZAG)
+                live, h, m0, q_start, lq, k_start, lk = _tile(r, pid, nprog, TILES, COUNT, q_offsets, kv_offsets, ZIGZAG, heads, HEAD_MAJOR)
                 if live:
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                     q_row = _q_row(q_start, m0, Q_SHARED)
@@ -297,7 +309,7 @@ def _fwd_kernel(
             kv_cnt = 0
             tile_cnt = 0
             for r in range(0, n_rounds):
-                live, h, m0, q_start, lq, k_start, lk = _tile(r, pid, nprog, TILES, COUNT, q_offsets, kv_offsets, ZIGZAG)
+                live, h, m0, q_start, lq, k_start, lk = _tile(r, pid, nprog, TILES, COUNT, q_offsets, kv_offsets, ZIGZAG, heads, HEAD_MAJOR)
                 if live:
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                     rows = m0 + cid * HALF + tl.arange(0, HALF)
@@ -560,6 +572,7 @@ def forward(
     pipeline: bool = True,
     plan=None,
     q_shared: bool = False,
+    walk: str = "slot",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` fp32 (inputs are made contiguous: TMA needs it).
 
@@ -579,7 +592,13 @@ def forward(
 
     A positive ``scale`` rides in the exponent's fused multiply-add (``FOLD_SCALE``: 561 -> 464
     SASS instructions per kv-tile, +5-8 % measured); a zero or negative one multiplies the scores
-    first (the running max must be taken on the scaled scores)."""
+    first (the running max must be taken on the scaled scores).
+
+    ``walk``: the order the programs walk the plan's table in: ``"slot"`` (default, as laid
+    out: every head of a tile slot, then the next slot) or ``"head"`` (A/B, not yet measured:
+    one head's slots at a time, for L2 locality; see ``_plan_row``)."""
+    if walk not in WALKS:
+        raise ValueError(f"tlx_attention.forward: walk must be one of {WALKS}, got {walk!r}")
     q, k, v = (t.contiguous() for t in (q, k, v))
     _, hq, dim = q.shape
     tq = (q_offsets.numel() - 1) * q.shape[0] if q_shared else q.shape[0]
@@ -604,10 +623,10 @@ def forward(
         rows_descriptor(q, BLOCK_M // 2, dim), rows_descriptor(k, BLOCK_N, dim),
         rows_descriptor(v, BLOCK_N, dim), out, lse, q_offsets, kv_offsets,
         plan.section("fwd"), plan.meta[PASSES.index("fwd"):],
-        out.stride(0), out.stride(1), tq, triton.cdiv(lay.rows, programs), scale, left, right,
+        out.stride(0), out.stride(1), tq, triton.cdiv(lay.rows, programs), scale, left, right, lay.heads,
         **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NUM_KV=NUM_KV,
         PIPELINE=pipeline, ZIGZAG=_zigzag(plan, "fwd"), Q_SHARED=q_shared,
-        FOLD_SCALE=scale > 0, num_warps=4, num_stages=1,
+        FOLD_SCALE=scale > 0, HEAD_MAJOR=walk == "head", num_warps=4, num_stages=1,
     )
     return out, lse
 
@@ -835,10 +854,12 @@ def compile_configs():
     configs = []
     for dtype in ("fp16", "bf16"):
         for dim in HEAD_DIMS:
-            for causal, pipeline, shared, fold in (
-                (False, True, False, True), (True, True, False, True), (False, False, False, True),
-                (True, False, False, True), (False, True, True, True),  # broadcast-Q
-                (False, True, False, False), (True, True, False, False),  # scale <= 0
+            for causal, pipeline, shared, fold, head_major in (
+                (False, True, False, True, False), (True, True, False, True, False),
+                (False, False, False, True, False), (True, False, False, True, False),
+                (False, True, True, True, False),  # broadcast-Q
+                (False, True, False, False, False), (True, True, False, False, False),  # scale <= 0
+                (False, True, False, True, True),  # walk="head" (A/B)
             ):
                 signature = {
                     "desc_q": f"tensordesc<{dtype}[{BLOCK_M // 2},{dim}]>",
@@ -847,19 +868,20 @@ def compile_configs():
                     "O": f"*{dtype}", "LSE": "*fp32", "q_offsets": "*i32", "kv_offsets": "*i32",
                     "TILES": "*i32", "COUNT": "*i64", "stride_ot": "i32:16", "stride_oh": "i32:16",
                     "total_q": "i32", "n_rounds": "i32", "scale": "fp32", "left": "i32", "right": "i32",
+                    "heads": "i32",
                 }
                 constexprs = {
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
                     "NUM_KV": NUM_KV, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal,
                     "PIPELINE": pipeline, "ZIGZAG": True, "Q_SHARED": shared,
-                    "FOLD_SCALE": fold,
+                    "FOLD_SCALE": fold, "HEAD_MAJOR": head_major,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
                 # version 2 carries P in fp32: a few per-tile values spill outside the kv loop
                 # (8-52 B, none inside it; at D 64 only unfolded, in fp16).
                 configs.append((
-                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
+                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{'_headmajor' if head_major else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
                     _fwd_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
                     {64: 0 if fold else 8, 128: 20 if fold else 52}[dim] if pipeline else 0,
@@ -911,9 +933,10 @@ def compile_configs():
 def _ab(argv: list[str] | None = None) -> int:
     """A/B of the forward's consumer versions on one GPU: ``python -m jagflash.core.tlx_attention``.
 
-    Times v1 (no QK/PV overlap) and v2 (software-pipelined, the default) on a lognormal jagged
-    batch and a dense one (bf16, H16, D128, causal and not), checks that v2 matches v1, and
-    prints TFLOP/s."""
+    Times v1 (no QK/PV overlap), v2 (software-pipelined, the default) and v2 walking the table
+    one head at a time (``walk="head"``) on a lognormal jagged batch and a dense one (bf16, H16,
+    D128, causal and not) and dense 4 x 8192 H32 (its K/V, 256 MB, are five times the L2),
+    checks that each matches v1, and prints TFLOP/s."""
     import argparse
     import functools
 
@@ -926,10 +949,13 @@ def _ab(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     gen = torch.Generator().manual_seed(0)
     lognormal = torch.clamp((torch.exp(torch.randn(128, generator=gen)) * 512).round(), 1, 4096)
-    batches = {"lognormal128": lognormal.long().tolist(), "dense4x4096": [4096] * 4}
-    heads, dim = 16, 128
+    batches = {
+        "lognormal128": (lognormal.long().tolist(), 16), "dense4x4096": ([4096] * 4, 16),
+        "dense4x8192h32": ([8192] * 4, 32),
+    }
+    dim = 128
     print(f"{'batch':14s} {'causal':6s} {'version':8s} {'ms':>8s} {'TFLOP/s':>8s} {'max|x-v1|':>11s}")
-    for name, lens in batches.items():
+    for name, (lens, heads) in batches.items():
         total, longest = sum(lens), max(lens)
         q, k, v = (torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         offs = offsets_from_lengths(lens, "cuda")
@@ -938,10 +964,10 @@ def _ab(argv: list[str] | None = None) -> int:
             right = 0 if causal else -1
             flops = 4 * int(visible_pairs(lt, lt, -1, right).sum()) * dim * heads
             outs = {}
-            for version, pipeline in (("v1", False), ("v2", True)):
+            for version, pipeline, walk in (("v1", False, "slot"), ("v2", True, "slot"), ("v2-head", True, "head")):
                 run = functools.partial(
                     forward, q, k, v, offs, offs, longest, left=-1, right=right,
-                    scale=dim**-0.5, pipeline=pipeline,
+                    scale=dim**-0.5, pipeline=pipeline, walk=walk,
                 )
                 outs[version] = run()[0]
                 ms = do_bench(run, warmup=25, rep=args.reps_ms, return_mode="median")
