@@ -7,7 +7,8 @@ Run on the GPU: ``python bench/probe_backward.py [--quick]`` (gpu.sh:
 ``PROBE=bench/probe_backward.py``); ``--quick``: the lognormal batch only.
 Prints ms (median of do_bench) and TFLOP/s with the FlashAttention convention (backward = 2.5 x
 the forward's 4 * sum(Lq * Lk) * D * H over visible pairs), and the largest difference between
-the two modes' gradients."""
+the two modes' gradients. Two A/B modes: the one pass walking its table one head at a time
+(``walk="head"``) and the two passes' dK/dV at 32-query steps (a plan of its own)."""
 
 from __future__ import annotations
 
@@ -47,13 +48,19 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
         dkdv_blocks=(tlx_attention.ONE_PASS_BLOCK_M, 128), backward=True,
     )
 
-    def fused(dq_write):
+    # the two passes' dK/dV at 32-query steps (their step before the packed vectors; A/B)
+    plan32 = make_core_plan(
+        offs, offs, total_q=total, total_kv=total, heads_q=heads, heads_kv=heads, window=(-1, right),
+        block_m=tlx_attention.BLOCK_M, block_n=tlx_attention.BLOCK_N, dkdv_blocks=(32, 128), backward=True,
+    )
+
+    def fused(dq_write, walk="slot"):
         return tlx_attention.backward(
             dout, qd, kd, vd, od, lse, offs, offs, left=-1, right=right, scale=scale, plan=one_pass_plan,
-            dq_write=dq_write,
+            dq_write=dq_write, walk=walk,
         )
 
-    def split():
+    def split(dkdv_plan=None):
         dq, delta = kernels_portable.backward_dq(
             dout,
             qd,
@@ -70,7 +77,8 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
             backend="portable",
         )
         dk, dv = tlx_attention.backward_dkdv(
-            dout, qd, kd, vd, lse, delta, offs, offs, left=-1, right=right, scale=scale, plan=plan,
+            dout, qd, kd, vd, lse, delta, offs, offs, left=-1, right=right, scale=scale,
+            plan=plan if dkdv_plan is None else dkdv_plan,
         )
         return dq, dk, dv
 
@@ -79,10 +87,12 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
         "kernels: one pass (fused dQ)": functools.partial(fused, "atomic"),
         "kernels: two pass (determ.)": split,
         "kernels: one pass, TMA dQ": functools.partial(fused, "tma"),
+        "kernels: one pass, head walk": functools.partial(fused, "tma", "head"),
+        "kernels: two pass, 32-q steps": functools.partial(split, plan32),
     }
     for mode, run in runs.items():
-        if "one pass" in mode and dim not in tlx_attention.ONE_PASS_HEAD_DIMS:
-            continue  # refused: the two passes only
+        if ("one pass" in mode or "32-q" in mode) and dim not in tlx_attention.ONE_PASS_HEAD_DIMS:
+            continue  # the one pass is D 128 only, and D 64 steps 32 queries already
         got = run()
         diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, ref))
         ms = do_bench(run, warmup=10, rep=200, return_mode="median")

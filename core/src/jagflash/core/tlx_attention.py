@@ -91,6 +91,9 @@ DQ_WRITES = {"tma": 1, "atomic": 2}
 DQ_STAGES = 1
 # The orders the forward's programs may walk a plan's table in (``forward(walk=)``)
 WALKS = ("slot", "head")
+# q rows per step the two-pass dK/dV kernel takes from a given plan (A/B of the step; a plan made
+# for a call steps tlx_sm90_blocks's)
+DKDV_STEPS = (32, 64)
 #: Whether the variants' TLX backward may run the one-pass :func:`backward` (see
 #: :func:`use_one_pass`): a switch to go back to the two passes everywhere. Measured on the H200,
 #: kernels alone, bf16 H16 D128 (bench/NOTES.md, 2026-12-01 session 5): lognormal 9.65 ms vs the
@@ -451,11 +454,12 @@ def _dkdv_steps(
 def _dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, DK, DV, LSE2, DELTA, VEC_TILE, q_offsets, kv_offsets, TILES, COUNT,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, vec_rows, n_rounds, scale, left, right,
-    desc_dq, DQ, stride_acc,
+    desc_dq, DQ, stride_acc, heads,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_Q: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False, FUSED_DQ: tl.constexpr = 0,
     DQ_STAGES: tl.constexpr = 1, OPAQUE_INDEX: tl.constexpr = False, PAD: tl.constexpr = 64,
+    HEAD_MAJOR: tl.constexpr = False,
 ):
     """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
     the GQA group, and with ``FUSED_DQ`` (1: TMA reduce-add, 2: atomics) each tile's share of
@@ -463,7 +467,8 @@ def _dkdv_kernel(
     dQ pass, which runs first). A producer streams K/V once per tile and Q/dO through a ring
     of NUM_Q slots; two consumer warpgroups take 64 kv rows each and share every Q/dO slot.
     ``LSE2``, ``DELTA``, ``VEC_TILE``, ``vec_rows``: the packed vectors of
-    :func:`backward_vectors` (``PAD``: :data:`VEC_PAD`)."""
+    :func:`backward_vectors` (``PAD``: :data:`VEC_PAD`). ``heads``, ``HEAD_MAJOR``: the walk of
+    the table (``_plan_row``)."""
     HALF: tl.constexpr = BLOCK_N // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     ELEM: tl.constexpr = tlx.size_of(dtype)
@@ -491,7 +496,7 @@ def _dkdv_kernel(
             q_cnt = 0
             tile_cnt = 0
             for r in range(0, n_rounds):
-                ok, b, hk, n0 = _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG)
+                ok, b, hk, n0 = _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG, heads, HEAD_MAJOR)
                 q_start, lq, k_start, lk = _starts(q_offsets, kv_offsets, b)
                 if ok & (n0 < lk):
                     lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
@@ -517,7 +522,7 @@ def _dkdv_kernel(
             q_cnt = 0
             tile_cnt = 0
             for r in range(0, n_rounds):
-                ok, b, hk, n0 = _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG)
+                ok, b, hk, n0 = _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG, heads, HEAD_MAJOR)
                 q_start, lq, k_start, lk = _starts(q_offsets, kv_offsets, b)
                 if ok & (n0 < lk):
                     lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
@@ -726,7 +731,7 @@ def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, left, right, blocks
 
 
 def _launch_dkdv(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, lay, dq_acc,
-                 left, right, scale, q_shared, dq_write="tma"):
+                 left, right, scale, q_shared, dq_write="tma", walk="slot"):
     """One launch of :func:`_dkdv_kernel`; ``vectors``: :func:`backward_vectors`'s; ``dq_acc``
     (fp32 ``[rows, Hq * D]``) fuses dQ in (and then K/V are indexed opaquely: ``OPAQUE_INDEX``)."""
     _, hq, dim = q.shape
@@ -749,10 +754,10 @@ def _launch_dkdv(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, la
         plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):],
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), vectors[0].shape[1],
         triton.cdiv(lay.rows, programs), scale, left, right, desc_dq,
-        dk if dq_acc is None else dq_acc, 0 if dq_acc is None else dq_acc.stride(0),
+        dk if dq_acc is None else dq_acc, 0 if dq_acc is None else dq_acc.stride(0), lay.heads,
         **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=block_m, BLOCK_N=block_n,
         NUM_Q=NUM_Q, ZIGZAG=_zigzag(plan, "dkdv"), Q_SHARED=q_shared, FUSED_DQ=0 if dq_acc is None else DQ_WRITES[dq_write],
-        DQ_STAGES=DQ_STAGES, OPAQUE_INDEX=dq_acc is not None, PAD=VEC_PAD, num_warps=4, num_stages=1,
+        DQ_STAGES=DQ_STAGES, OPAQUE_INDEX=dq_acc is not None, PAD=VEC_PAD, HEAD_MAJOR=walk == "head", num_warps=4, num_stages=1,
     )
 
 
@@ -771,22 +776,29 @@ def backward_dkdv(
     scale: float,
     plan=None,
     q_shared: bool = False,
+    walk: str = "slot",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dK ``[Tk, Hkv, D]`` and dV of jagged attention, given LSE and delta = rowsum(dO * O)
     (both ``[Hq, Tq]`` fp32; the portable dQ pass computes delta): the second pass of the
     deterministic backward (no atomics, no reduce-adds). ``q_shared``: broadcast-Q, as for
-    :func:`forward` (``dout`` then has the ``B * Lq`` rows)."""
+    :func:`forward` (``dout`` then has the ``B * Lq`` rows). ``walk``: as for :func:`forward`.
+    At D 128 a given plan may step 32 or 64 queries (:data:`DKDV_STEPS`, an A/B; a plan made
+    here steps ``tlx_sm90_blocks``'s)."""
+    if walk not in WALKS:
+        raise ValueError(f"tlx_attention.backward_dkdv: walk must be one of {WALKS}, got {walk!r}")
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     tq = dout.shape[0]  # the rows of dO, LSE and delta (B * Lq for broadcast-Q: see forward)
     dk, dv = alloc_like(k), alloc_like(v)
     blocks = tlx_sm90_blocks(q.shape[-1])["dkdv"]
+    if plan is not None and plan.info.backward and q.shape[-1] == 128 and plan.info.layout("dkdv").block_m in DKDV_STEPS:
+        blocks = (plan.info.layout("dkdv").block_m, blocks[1])  # a plan's own step (A/B)
     plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], q.shape[1], k.shape[1], left, right, blocks, "the dK/dV pass")
     if k.shape[0] == 0 or lay.rows == 0:
         return dk, dv
     if tq == 0:  # no queries anywhere: no gradient (and no descriptor over 0 rows)
         return dk.zero_(), dv.zero_()
     vectors = backward_vectors(lse, q_offsets, delta=delta)
-    _launch_dkdv(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, lay, None, left, right, scale, q_shared)
+    _launch_dkdv(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, lay, None, left, right, scale, q_shared, walk=walk)
     return dk, dv
 
 
@@ -806,6 +818,7 @@ def backward(
     plan=None,
     q_shared: bool = False,
     dq_write: str = "tma",
+    walk: str = "slot",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of jagged attention in one pass over the kv-tiles (after the delta
     preprocess): dK/dV stay in registers and each tile adds its share of dQ into an fp32
@@ -815,10 +828,13 @@ def backward(
 
     ``dq_write``: ``"tma"`` (the staged TMA reduce-add of
     :func:`jagflash.core.pipeline.dq_reduce_add`) or ``"atomic"`` (fp32 atomics from
-    registers: 1.9x slower on the H200, kept as the plainest reference of the same sum)."""
+    registers: 1.9x slower on the H200, kept as the plainest reference of the same sum).
+    ``walk``: as for :func:`forward` (A/B)."""
     reasons = []
     if dq_write not in DQ_WRITES:
         reasons.append(f"dq_write must be one of {sorted(DQ_WRITES)}, got {dq_write!r}")
+    if walk not in WALKS:
+        reasons.append(f"walk must be one of {WALKS}, got {walk!r}")
     if q.shape[-1] not in ONE_PASS_HEAD_DIMS:
         reasons.append(
             f"the one-pass backward takes head dims {ONE_PASS_HEAD_DIMS} (each consumer warpgroup "
@@ -839,7 +855,7 @@ def backward(
     acc = torch.zeros((lq, hq * dim), dtype=torch.float32, device=q.device)
     if k.shape[0] and lay.rows and tq:
         vectors = backward_vectors(lse, q_offsets, out=out, dout=dout)
-        _launch_dkdv(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, lay, acc, left, right, scale, q_shared, dq_write)
+        _launch_dkdv(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, lay, acc, left, right, scale, q_shared, dq_write, walk)
     else:
         dk.zero_()
         dv.zero_()
@@ -886,15 +902,19 @@ def compile_configs():
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
                     {64: 0 if fold else 8, 128: 20 if fold else 52}[dim] if pipeline else 0,
                 ))
-            for causal, shared, fused in (
-                (False, False, True), (True, False, True), (False, True, True),
-                (False, False, False), (True, False, False), (False, True, False),
+            for causal, shared, fused, head_major, step in (
+                (False, False, True, False, 64), (True, False, True, False, 64), (False, True, True, False, 64),
+                (False, False, False, False, 0), (True, False, False, False, 0), (False, True, False, False, 0),
+                (False, False, True, True, 64),  # walk="head" (A/B)
+                (True, False, False, False, 32),  # the two causal passes at 32-query steps (A/B)
             ):
-                if fused and dim not in ONE_PASS_HEAD_DIMS:
-                    continue
+                if (fused and dim not in ONE_PASS_HEAD_DIMS) or (step == 32 and dim != 128):
+                    continue  # the one pass is D 128 only; D 64 steps 32 queries already
                 bm, bn = tlx_sm90_blocks(dim)["dkdv"]
                 if fused:
                     bm = ONE_PASS_BLOCK_M
+                elif step:
+                    bm = step
                 signature = {
                     "desc_q": f"tensordesc<{dtype}[{bm},{dim}]>",
                     "desc_k": f"tensordesc<{dtype}[{bn // 2},{dim}]>",
@@ -905,13 +925,13 @@ def compile_configs():
                     "stride_dkt": "i32:16", "stride_dkh": "i32:16", "stride_dvt": "i32:16", "stride_dvh": "i32:16",
                     "vec_rows": "i32:16", "n_rounds": "i32", "scale": "fp32", "left": "i32", "right": "i32",
                     "desc_dq": f"tensordesc<fp32[{bm},{dim // 2}]>" if fused else f"tensordesc<{dtype}[{bm},{dim}]>",
-                    "DQ": "*fp32", "stride_acc": "i32:16",
+                    "DQ": "*fp32", "stride_acc": "i32:16", "heads": "i32",
                 }
                 constexprs = {
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": bm, "BLOCK_N": bn,
                     "NUM_Q": NUM_Q, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal, "ZIGZAG": True,
                     "Q_SHARED": shared, "FUSED_DQ": DQ_WRITES["tma"] if fused else 0, "DQ_STAGES": DQ_STAGES,
-                    "OPAQUE_INDEX": fused, "PAD": VEC_PAD,
+                    "OPAQUE_INDEX": fused, "PAD": VEC_PAD, "HEAD_MAJOR": head_major,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
@@ -922,9 +942,9 @@ def compile_configs():
                 if fused:
                     known_spill = 700 if causal else 272
                 else:
-                    known_spill = {64: 0, 128: 388 if causal else 64}[dim]
+                    known_spill = 0 if step == 32 else {64: 0, 128: 388 if causal else 64}[dim]
                 configs.append((
-                    f"tlx_{'bwd' if fused else 'dkdv'}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
+                    f"tlx_{'bwd' if fused else 'dkdv'}{'_headmajor' if head_major else ''}{'_q32' if step == 32 else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1}, known_spill,
                 ))
     return configs
