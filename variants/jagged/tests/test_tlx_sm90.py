@@ -195,7 +195,7 @@ def _reference_grads(t, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_lt_lk", "cross_lq_gt_lk", "lognormal"])
 def test_tlx_fused_backward_matches_reference(name, causal, dq_write) -> None:
-    """The one-pass TLX backward (delta preprocess, dK/dV with dQ reduce-added from every
+    """The one-pass TLX backward (per-query preprocess, dK/dV with dQ reduce-added from every
     kv-tile) against autograd through the reference, given the reference's O and LSE; GQA,
     zero-length sequences, Lq != Lk, rows that see no key, tiles past a sequence's end. D 128
     only: the one pass refuses D 64 (a CPU test)."""

@@ -29,9 +29,11 @@ diagonal tiles off the main loop). TMA reads past a sequence's end are harmless:
 The dK/dV pass (:func:`backward_dkdv`) keeps a 128-row kv-tile's dK and dV in the two consumer
 warpgroups' registers and streams Q / dO of every q-tile that sees it, 64 or 32 queries a step
 (``jagflash.core.backend.tlx_sm90_blocks``); dQ and delta come from the portable dQ pass, which
-runs first (deterministic). The same kernel with ``FUSED_DQ`` is the one-pass backward
-(:func:`backward`, the variants' default where :func:`use_one_pass` says so): after a delta
-preprocess, each 64-query step also computes dQ = dS K, both warpgroups' dS^T meeting in shared
+runs first (deterministic). Both read log2 LSE and delta packed per sequence by
+:func:`backward_vectors` (no masks, paired loads). The same kernel with ``FUSED_DQ`` is the
+one-pass backward (:func:`backward`, the variants' default where :func:`use_one_pass` says so,
+causal or not): after that preprocess (which computes delta), each 64-query step also computes
+dQ = dS K, both warpgroups' dS^T meeting in shared
 memory, each warpgroup taking half of the head dim, and adds it into an fp32 accumulator with
 staged TMA reduce-adds (``jagflash.core.pipeline.dq_reduce_add``).
 """
