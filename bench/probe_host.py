@@ -62,6 +62,18 @@ def _calls(name: str):
     return fwd_only, fwd_bwd
 
 
+def host_ms_per_call(fn, n: int = 50) -> float:
+    """Host wall time per call of ``n`` calls issued back to back without synchronising (the
+    GPU drained before and after): how fast the host can issue them."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    ms = (time.perf_counter() - t0) * 1e3 / n
+    torch.cuda.synchronize()
+    return ms
+
+
 def _measure(label: str, fn) -> None:
     from triton.testing import do_bench
 
@@ -71,12 +83,7 @@ def _measure(label: str, fn) -> None:
     call_ms = do_bench(fn, warmup=20, rep=200, return_mode="median")
 
     n = 50
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    host_ms = (time.perf_counter() - t0) * 1e3 / n
-    torch.cuda.synchronize()
+    host_ms = host_ms_per_call(fn, n)
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(10):

@@ -12,21 +12,15 @@ from __future__ import annotations
 import cProfile
 import io
 import pstats
-import time
 
 import torch
+from probe_host import host_ms_per_call  # bench/ is the script's directory, first on sys.path
 
 
 def _rate(fn, n: int = 50) -> float:
-    for _ in range(5):
+    for _ in range(5):  # warm-up: compiles, caches
         fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    ms = (time.perf_counter() - t0) * 1e3 / n
-    torch.cuda.synchronize()
-    return ms
+    return host_ms_per_call(fn, n)
 
 
 def main() -> None:

@@ -255,7 +255,7 @@ def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
         features_fwd=features,
         features_bwd=features | {"deterministic"},
         available=tlx_reasons,
-        notes="TMA producer + two ping-pong wgmma consumer warpgroups; one-pass backward with TMA dQ reduce-adds unless causal/windowed/deterministic",
+        notes="TMA producer + two ping-pong wgmma consumer warpgroups; one-pass backward with TMA dQ reduce-adds at D 128 unless windowed or deterministic",
     )
 
 

@@ -103,6 +103,11 @@ DKDV_STEPS = (32, 64)
 ONE_PASS_BACKWARD = True
 
 
+def _walk_reasons(walk: str) -> list[str]:
+    """Why ``walk`` is not one of :data:`WALKS` (empty if it is)."""
+    return [] if walk in WALKS else [f"walk must be one of {WALKS}, got {walk!r}"]
+
+
 def use_one_pass(deterministic: bool, left: int, right: int, head_dim: int) -> bool:
     """Whether a variant's TLX backward runs the one-pass :func:`backward` (dQ order varies)
     rather than the two passes: where it measured faster (D 128, causal or not; a window's left
@@ -604,8 +609,9 @@ def forward(
     ``walk``: the order the programs walk the plan's table in: ``"slot"`` (default, as laid
     out: every head of a tile slot, then the next slot) or ``"head"`` (A/B, not yet measured:
     one head's slots at a time, for L2 locality; see ``_plan_row``)."""
-    if walk not in WALKS:
-        raise ValueError(f"tlx_attention.forward: walk must be one of {WALKS}, got {walk!r}")
+    reasons = _walk_reasons(walk)
+    if reasons:
+        raise ValueError("tlx_attention.forward: " + "; ".join(reasons))
     q, k, v = (t.contiguous() for t in (q, k, v))
     _, hq, dim = q.shape
     tq = (q_offsets.numel() - 1) * q.shape[0] if q_shared else q.shape[0]
@@ -786,8 +792,9 @@ def backward_dkdv(
     :func:`forward` (``dout`` then has the ``B * Lq`` rows). ``walk``: as for :func:`forward`.
     At D 128 a given plan may step 32 or 64 queries (:data:`DKDV_STEPS`, an A/B; a plan made
     here steps ``tlx_sm90_blocks``'s)."""
-    if walk not in WALKS:
-        raise ValueError(f"tlx_attention.backward_dkdv: walk must be one of {WALKS}, got {walk!r}")
+    reasons = _walk_reasons(walk)
+    if reasons:
+        raise ValueError("tlx_attention.backward_dkdv: " + "; ".join(reasons))
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     tq = dout.shape[0]  # the rows of dO, LSE and delta (B * Lq for broadcast-Q: see forward)
     dk, dv = alloc_like(k), alloc_like(v)
@@ -835,8 +842,7 @@ def backward(
     reasons = []
     if dq_write not in DQ_WRITES:
         reasons.append(f"dq_write must be one of {sorted(DQ_WRITES)}, got {dq_write!r}")
-    if walk not in WALKS:
-        reasons.append(f"walk must be one of {WALKS}, got {walk!r}")
+    reasons += _walk_reasons(walk)
     if q.shape[-1] not in ONE_PASS_HEAD_DIMS:
         reasons.append(
             f"the one-pass backward takes head dims {ONE_PASS_HEAD_DIMS} (each consumer warpgroup "
