@@ -167,6 +167,23 @@ def online_softmax_step_scaled(s, scale2, m_i, l_i):
 
 
 @triton.jit
+def upper_bound(ends, n, x, steps):
+    """For each ``x``, the first ``i`` in ``[0, n)`` with ``ends[i] > x`` (``n`` if none): a
+    binary search over the non-decreasing ``ends`` in ``steps`` rounds (``n.bit_length()``
+    rounds suffice). With ``ends`` a batch's cumulative ends (``offsets[1:]``, a tile prefix
+    sum) ``i`` is the sequence that owns position ``x``, zero-length sequences skipped."""
+    lo = tl.zeros(x.shape, dtype=tl.int32)
+    hi = lo + n
+    for _ in range(steps):
+        mid = (lo + hi) // 2
+        v = tl.load(ends + mid, mask=mid < n, other=0)
+        go = (v <= x) & (lo < hi)
+        lo = tl.where(go, mid + 1, lo)
+        hi = tl.where(go | (lo >= hi), hi, mid)
+    return lo
+
+
+@triton.jit
 def attn_delta(o, do):
     """delta = rowsum(dO * O) in fp32 over ``[rows, D]`` tiles: the backward's dS = P (dP - delta)."""
     return tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)

@@ -74,6 +74,7 @@ import triton.language as tl
 
 from jagflash.core.capability import InvalidInput
 from jagflash.core.jagged import dkdv_q_ranges, kv_tile_ranges, mask_bounds, seq_lengths
+from jagflash.core.math import upper_bound
 
 __all__ = [
     "BENCH_JAGGED",
@@ -512,15 +513,7 @@ def _plan_slots_kernel(
     jm = j < tiles
     jj = j.to(tl.int64)
     prefix = PREFIX + p.to(tl.int64) * batch
-    lo = tl.zeros([SLOTS], dtype=tl.int32)
-    hi = tl.zeros([SLOTS], dtype=tl.int32) + batch
-    for _ in range(search_steps):  # upper bound: the first sequence whose prefix exceeds j
-        mid = (lo + hi) // 2
-        v = tl.load(prefix + mid, mask=mid < batch, other=0)
-        go = (v <= jj) & (lo < hi)
-        lo = tl.where(go, mid + 1, lo)
-        hi = tl.where(go | (lo >= hi), hi, mid)
-    seq = lo
+    seq = upper_bound(prefix, batch, jj, search_steps)  # the first sequence whose prefix exceeds j
     valid = jm & (seq < batch)
     b = tl.minimum(seq, batch - 1)
     first = tl.load(prefix + b - 1, mask=valid & (b > 0), other=0)

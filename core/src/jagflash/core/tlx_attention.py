@@ -46,6 +46,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from jagflash.core.backend import tlx_sm90_blocks
+from jagflash.core.jagged import seq_lengths
 from jagflash.core.math import (
     LOG2E,
     attn_delta,
@@ -57,6 +58,7 @@ from jagflash.core.math import (
     lse_to_log2,
     online_softmax_step,
     online_softmax_step_scaled,
+    upper_bound,
 )
 from jagflash.core.ops import alloc, alloc_like
 from jagflash.core.pipeline import (
@@ -646,10 +648,9 @@ def forward(
 
 @triton.jit
 def _vectors_kernel(
-    O, DO, LSE, DELTA_IN, LSE2, DELTA, q_offsets, VEC_TILE, total_q, vec_rows, n_seqs,
+    O, DO, LSE, DELTA_IN, LSE2, DELTA, q_offsets, VEC_TILE, total_q, vec_rows, n_seqs, search_steps,
     stride_ot, stride_oh, stride_dot, stride_doh,
-    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr, GIVEN_DELTA: tl.constexpr,
-    PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, GIVEN_DELTA: tl.constexpr, PAD: tl.constexpr,
 ):
     """The backward's preprocess: for ``BLOCK`` query rows of head ``program_id(1)``, log2 LSE
     (``lse_to_log2``) and delta = rowsum(dO * O) (or ``DELTA_IN`` ``[Hq, Tq]`` when
@@ -658,15 +659,8 @@ def _vectors_kernel(
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     h = tl.program_id(1).to(tl.int64)
     valid = rows < total_q
-    # the last b with q_offsets[b] <= row (zero-length sequences share an offset with the next)
-    lo = tl.zeros([BLOCK], tl.int32)
-    hi = tl.zeros([BLOCK], tl.int32) + n_seqs
-    for _ in tl.static_range(SEARCH_STEPS):
-        mid = (lo + hi) // 2
-        right = tl.load(q_offsets + mid) <= rows
-        lo = tl.where(right, mid, lo)
-        hi = tl.where(right, hi, mid)
-    packed = tl.load(VEC_TILE + lo).to(tl.int64) * PAD + (rows - tl.load(q_offsets + lo))
+    b = upper_bound(q_offsets + 1, n_seqs, rows, search_steps)  # the row's sequence
+    packed = tl.load(VEC_TILE + b).to(tl.int64) * PAD + (rows - tl.load(q_offsets + b))
     if GIVEN_DELTA:
         delta = tl.load(DELTA_IN + h * total_q + rows, mask=valid, other=0.0)
     else:
@@ -695,9 +689,8 @@ def backward_vectors(
     portable dQ pass). No host synchronisation: ``vec_rows`` is the bound ``Tq + VEC_PAD * B``."""
     hq, tq = lse.shape
     n_seqs = q_offsets.numel() - 1
-    lens = (q_offsets[1:] - q_offsets[:-1]).to(torch.int32)
     vec_tile = torch.zeros(n_seqs + 1, dtype=torch.int32, device=lse.device)
-    vec_tile[1:] = torch.cumsum(torch.div(lens + VEC_PAD - 1, VEC_PAD, rounding_mode="floor"), 0)
+    vec_tile[1:] = torch.cumsum(torch.div(seq_lengths(q_offsets) + VEC_PAD - 1, VEC_PAD, rounding_mode="floor"), 0)
     vec_rows = triton.cdiv(tq + VEC_PAD * n_seqs, 16) * 16  # 16-divisible: aligned per-head rows
     lse2 = torch.full((hq, vec_rows), float("inf"), dtype=torch.float32, device=lse.device)
     packed_delta = torch.zeros((hq, vec_rows), dtype=torch.float32, device=lse.device)
@@ -716,8 +709,8 @@ def backward_vectors(
         block = 64
         _vectors_kernel[(triton.cdiv(tq, block), hq)](
             out, dout, lse.contiguous(), delta, lse2, packed_delta, q_offsets, vec_tile, tq, vec_rows,
-            n_seqs, *strides, HEAD_DIM=dim, BLOCK=block, SEARCH_STEPS=max(1, n_seqs.bit_length()),
-            GIVEN_DELTA=given, PAD=VEC_PAD, num_warps=4,
+            n_seqs, n_seqs.bit_length(), *strides, HEAD_DIM=dim, BLOCK=block, GIVEN_DELTA=given,
+            PAD=VEC_PAD, num_warps=4,
         )
     return lse2, packed_delta, vec_tile
 
