@@ -7,8 +7,8 @@ Run on the GPU: ``python bench/probe_backward.py [--quick]`` (gpu.sh:
 ``PROBE=bench/probe_backward.py``); ``--quick``: the lognormal batch only.
 Prints ms (median of do_bench) and TFLOP/s with the FlashAttention convention (backward = 2.5 x
 the forward's 4 * sum(Lq * Lk) * D * H over visible pairs), and the largest difference between
-the two modes' gradients. Two A/B modes: the one pass walking its table one head at a time
-(``walk="head"``) and the two passes' dK/dV at 32-query steps (a plan of its own)."""
+the two modes' gradients. A/B: the one pass walking its table in the order a call does not get
+by default (``tlx_attention.default_walk``: the head walk unmasked, the slot walk causal)."""
 
 from __future__ import annotations
 
@@ -40,27 +40,20 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
     out, lse = jagged_attention(q, k, v, offs, offs, causal=causal, plan=plan, return_lse=True)
     qd, kd, vd, od = (t.detach() for t in (q, k, v, out))
 
-    # The one pass steps 64 queries; a causal call's plan has 32-query dK/dV tiles (the two
-    # passes' best there), so the one pass gets a plan of its own.
+    # The one pass steps 64 queries whatever the variant's plan for this call steps.
     one_pass_plan = make_core_plan(
         offs, offs, total_q=total, total_kv=total, heads_q=heads, heads_kv=heads, window=(-1, right),
         block_m=tlx_attention.BLOCK_M, block_n=tlx_attention.BLOCK_N,
         dkdv_blocks=(tlx_attention.ONE_PASS_BLOCK_M, 128), backward=True,
     )
 
-    # the two passes' dK/dV at 32-query steps (their step before the packed vectors; A/B)
-    plan32 = make_core_plan(
-        offs, offs, total_q=total, total_kv=total, heads_q=heads, heads_kv=heads, window=(-1, right),
-        block_m=tlx_attention.BLOCK_M, block_n=tlx_attention.BLOCK_N, dkdv_blocks=(32, 128), backward=True,
-    )
-
-    def fused(dq_write, walk="slot"):
+    def fused(dq_write, walk=None):
         return tlx_attention.backward(
             dout, qd, kd, vd, od, lse, offs, offs, left=-1, right=right, scale=scale, plan=one_pass_plan,
             dq_write=dq_write, walk=walk,
         )
 
-    def split(dkdv_plan=None):
+    def split():
         dq, delta = kernels_portable.backward_dq(
             dout,
             qd,
@@ -78,20 +71,20 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
         )
         dk, dv = tlx_attention.backward_dkdv(
             dout, qd, kd, vd, lse, delta, offs, offs, left=-1, right=right, scale=scale,
-            plan=plan if dkdv_plan is None else dkdv_plan,
+            plan=plan,
         )
         return dq, dk, dv
 
     ref = split()
+    other_walk = "slot" if tlx_attention.default_walk(-1, right) == "head" else "head"
     runs = {
-        "kernels: one pass (fused dQ)": functools.partial(fused, "atomic"),
+        "kernels: one pass, atomic dQ": functools.partial(fused, "atomic"),
         "kernels: two pass (determ.)": split,
         "kernels: one pass, TMA dQ": functools.partial(fused, "tma"),
-        "kernels: one pass, head walk": functools.partial(fused, "tma", "head"),
-        "kernels: two pass, 32-q steps": functools.partial(split, plan32),
+        f"kernels: one pass, {other_walk} walk": functools.partial(fused, "tma", other_walk),
     }
     for mode, run in runs.items():
-        if ("one pass" in mode or "32-q" in mode) and dim not in tlx_attention.ONE_PASS_HEAD_DIMS:
+        if "one pass" in mode and dim not in tlx_attention.ONE_PASS_HEAD_DIMS:
             continue  # the one pass is D 128 only, and D 64 steps 32 queries already
         got = run()
         diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, ref))

@@ -104,5 +104,13 @@ def test_forward_refuses_an_unknown_walk() -> None:
     """Before any launch, naming the walks it knows."""
     q = torch.zeros(4, 1, 128, dtype=torch.float16)
     offs = torch.tensor([0, 4], dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"walk must be one of \('slot', 'head'\), got 'diagonal'"):
+    with pytest.raises(ValueError, match=r"walk must be None or one of \('slot', 'head'\), got 'diagonal'"):
         tlx_attention.forward(q, q, q, offs, offs, 4, left=-1, right=-1, scale=0.125, walk="diagonal")
+
+
+def test_default_walk_is_the_head_walk_only_without_a_mask() -> None:
+    """Measured (bench/NOTES.md, session 6): the head walk wins unmasked, loses causal."""
+    assert tlx_attention.default_walk(-1, -1) == "head"
+    assert tlx_attention.default_walk(-1, 0) == "slot"
+    assert tlx_attention.default_walk(128, -1) == "slot"
+    assert tlx_attention.default_walk(128, 0) == "slot"

@@ -93,11 +93,9 @@ DQ_WRITES = {"tma": 1, "atomic": 2}
 # Shared-memory stages of each consumer's dQ write-back (two do not fit beside K/V, the Q/dO
 # ring and dS^T at D 128: 240 KB with Triton's scratch, over the 227 KB a block may take)
 DQ_STAGES = 1
-# The orders the forward's programs may walk a plan's table in (``forward(walk=)``)
+# The orders the programs may walk a plan's table in (``walk=`` of forward / backward /
+# backward_dkdv; ``None``: :func:`default_walk`)
 WALKS = ("slot", "head")
-# q rows per step the two-pass dK/dV kernel takes from a given plan (A/B of the step; a plan made
-# for a call steps tlx_sm90_blocks's)
-DKDV_STEPS = (32, 64)
 #: Whether the variants' TLX backward may run the one-pass :func:`backward` (see
 #: :func:`use_one_pass`): a switch to go back to the two passes everywhere. Measured on the H200,
 #: kernels alone, bf16 H16 D128 (bench/NOTES.md, 2026-12-01 session 5): lognormal 9.65 ms vs the
@@ -105,9 +103,20 @@ DKDV_STEPS = (32, 64)
 ONE_PASS_BACKWARD = True
 
 
-def _walk_reasons(walk: str) -> list[str]:
-    """Why ``walk`` is not one of :data:`WALKS` (empty if it is)."""
-    return [] if walk in WALKS else [f"walk must be one of {WALKS}, got {walk!r}"]
+def _walk_reasons(walk: str | None) -> list[str]:
+    """Why ``walk`` is neither ``None`` nor one of :data:`WALKS` (empty if it is)."""
+    return [] if walk is None or walk in WALKS else [f"walk must be None or one of {WALKS}, got {walk!r}"]
+
+
+def default_walk(left: int, right: int) -> str:
+    """The walk a call gets when it names none: ``"head"`` (one head's tiles at a time, for L2
+    locality) without a mask, ``"slot"`` (the cost order across heads) with one. Measured on the
+    H200, kernels alone, bf16 D128 (bench/NOTES.md, 2026-12-01 session 6): unmasked, head vs
+    slot: forward dense 4x4096 0.917 vs 0.979 ms, 4x8192 H32 6.97 vs 7.83, lognormal 3.01 vs
+    3.06; one-pass backward dense 2.90 vs 3.00, lognormal 9.43 vs 9.43. Causal, the head walk
+    gives up the cost balance across heads: backward lognormal 6.86 vs 6.36 ms, dense 2.34 vs
+    1.80; forward mixed (dense 4x4096 0.678 vs 0.572, 4x8192 H32 4.06 vs 4.66)."""
+    return "head" if left < 0 and right < 0 else "slot"
 
 
 def use_one_pass(deterministic: bool, left: int, right: int, head_dim: int) -> bool:
@@ -586,7 +595,7 @@ def forward(
     pipeline: bool = True,
     plan=None,
     q_shared: bool = False,
-    walk: str = "slot",
+    walk: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` fp32 (inputs are made contiguous: TMA needs it).
 
@@ -608,12 +617,13 @@ def forward(
     SASS instructions per kv-tile, +5-8 % measured); a zero or negative one multiplies the scores
     first (the running max must be taken on the scaled scores).
 
-    ``walk``: the order the programs walk the plan's table in: ``"slot"`` (default, as laid
-    out: every head of a tile slot, then the next slot) or ``"head"`` (A/B, not yet measured:
-    one head's slots at a time, for L2 locality; see ``_plan_row``)."""
+    ``walk``: the order the programs walk the plan's table in: ``"slot"`` (as laid out: every
+    head of a tile slot, then the next slot) or ``"head"`` (one head's slots at a time, for L2
+    locality; see ``_plan_row``); ``None`` (default): :func:`default_walk`."""
     reasons = _walk_reasons(walk)
     if reasons:
         raise ValueError("tlx_attention.forward: " + "; ".join(reasons))
+    walk = walk or default_walk(left, right)
     q, k, v = (t.contiguous() for t in (q, k, v))
     _, hq, dim = q.shape
     tq = (q_offsets.numel() - 1) * q.shape[0] if q_shared else q.shape[0]
@@ -777,23 +787,20 @@ def backward_dkdv(
     scale: float,
     plan=None,
     q_shared: bool = False,
-    walk: str = "slot",
+    walk: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dK ``[Tk, Hkv, D]`` and dV of jagged attention, given LSE and delta = rowsum(dO * O)
     (both ``[Hq, Tq]`` fp32; the portable dQ pass computes delta): the second pass of the
     deterministic backward (no atomics, no reduce-adds). ``q_shared``: broadcast-Q, as for
-    :func:`forward` (``dout`` then has the ``B * Lq`` rows). ``walk``: as for :func:`forward`.
-    At D 128 a given plan may step 32 or 64 queries (:data:`DKDV_STEPS`, an A/B; a plan made
-    here steps ``tlx_sm90_blocks``'s)."""
+    :func:`forward` (``dout`` then has the ``B * Lq`` rows). ``walk``: as for :func:`forward`."""
     reasons = _walk_reasons(walk)
     if reasons:
         raise ValueError("tlx_attention.backward_dkdv: " + "; ".join(reasons))
+    walk = walk or default_walk(left, right)
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     tq = dout.shape[0]  # the rows of dO, LSE and delta (B * Lq for broadcast-Q: see forward)
     dk, dv = alloc_like(k), alloc_like(v)
     blocks = tlx_sm90_blocks(q.shape[-1])["dkdv"]
-    if plan is not None and plan.info.backward and q.shape[-1] == 128 and plan.info.layout("dkdv").block_m in DKDV_STEPS:
-        blocks = (plan.info.layout("dkdv").block_m, blocks[1])  # a plan's own step (A/B)
     plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], q.shape[1], k.shape[1], left, right, blocks, "the dK/dV pass")
     if k.shape[0] == 0 or lay.rows == 0:
         return dk, dv
@@ -820,7 +827,7 @@ def backward(
     plan=None,
     q_shared: bool = False,
     dq_write: str = "tma",
-    walk: str = "slot",
+    walk: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of jagged attention in one pass over the kv-tiles (after the delta
     preprocess): dK/dV stay in registers and each tile adds its share of dQ into an fp32
@@ -831,7 +838,7 @@ def backward(
     ``dq_write``: ``"tma"`` (the staged TMA reduce-add of
     :func:`jagflash.core.pipeline.dq_reduce_add`) or ``"atomic"`` (fp32 atomics from
     registers: 1.9x slower on the H200, kept as the plainest reference of the same sum).
-    ``walk``: as for :func:`forward` (A/B)."""
+    ``walk``: as for :func:`forward`."""
     reasons = []
     if dq_write not in DQ_WRITES:
         reasons.append(f"dq_write must be one of {sorted(DQ_WRITES)}, got {dq_write!r}")
@@ -843,6 +850,7 @@ def backward(
         )
     if reasons:
         raise ValueError("tlx_attention.backward: " + "; ".join(reasons))
+    walk = walk or default_walk(left, right)
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     lq, hq, dim = q.shape
     tq = dout.shape[0]
@@ -871,12 +879,13 @@ def compile_configs():
     configs = []
     for dtype in ("fp16", "bf16"):
         for dim in HEAD_DIMS:
+            # head_major: the default walk (default_walk) is the head walk exactly when unmasked
             for causal, pipeline, shared, fold, head_major in (
-                (False, True, False, True, False), (True, True, False, True, False),
-                (False, False, False, True, False), (True, False, False, True, False),
-                (False, True, True, True, False),  # broadcast-Q
-                (False, True, False, False, False), (True, True, False, False, False),  # scale <= 0
-                (False, True, False, True, True),  # walk="head" (A/B)
+                (False, True, False, True, True), (True, True, False, True, False),
+                (False, False, False, True, True), (True, False, False, True, False),
+                (False, True, True, True, True),  # broadcast-Q
+                (False, True, False, False, True), (True, True, False, False, False),  # scale <= 0
+                (False, True, False, True, False),  # walk="slot" unmasked
             ):
                 signature = {
                     "desc_q": f"tensordesc<{dtype}[{BLOCK_M // 2},{dim}]>",
@@ -896,26 +905,23 @@ def compile_configs():
                 for name in constexprs:
                     signature[name] = "constexpr"
                 # version 2 carries P in fp32: a few per-tile values spill outside the kv loop
-                # (8-52 B, none inside it; at D 64 only unfolded, in fp16).
+                # (8-56 B, none inside it; at D 64 only unfolded, in fp16).
                 configs.append((
-                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{'_headmajor' if head_major else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
+                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{'_slotwalk' if head_major == causal else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
                     _fwd_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
-                    {64: 0 if fold else 8, 128: 20 if fold else 52}[dim] if pipeline else 0,
+                    {64: 0 if fold else 8, 128: 20 if fold else 56}[dim] if pipeline else 0,
                 ))
-            for causal, shared, fused, head_major, step in (
-                (False, False, True, False, 64), (True, False, True, False, 64), (False, True, True, False, 64),
-                (False, False, False, False, 0), (True, False, False, False, 0), (False, True, False, False, 0),
-                (False, False, True, True, 64),  # walk="head" (A/B)
-                (True, False, False, False, 32),  # the two causal passes at 32-query steps (A/B)
+            for causal, shared, fused, head_major in (
+                (False, False, True, True), (True, False, True, False), (False, True, True, True),
+                (False, False, False, True), (True, False, False, False), (False, True, False, True),
+                (False, False, True, False),  # walk="slot" unmasked
             ):
-                if (fused and dim not in ONE_PASS_HEAD_DIMS) or (step == 32 and dim != 128):
-                    continue  # the one pass is D 128 only; D 64 steps 32 queries already
+                if fused and dim not in ONE_PASS_HEAD_DIMS:
+                    continue  # the one pass is D 128 only
                 bm, bn = tlx_sm90_blocks(dim)["dkdv"]
                 if fused:
                     bm = ONE_PASS_BLOCK_M
-                elif step:
-                    bm = step
                 signature = {
                     "desc_q": f"tensordesc<{dtype}[{bm},{dim}]>",
                     "desc_k": f"tensordesc<{dtype}[{bn // 2},{dim}]>",
@@ -943,9 +949,9 @@ def compile_configs():
                 if fused:
                     known_spill = 700 if causal else 272
                 else:
-                    known_spill = 0 if step == 32 else {64: 0, 128: 388 if causal else 64}[dim]
+                    known_spill = {64: 0, 128: 388 if causal else 80}[dim]  # 64 B in the slot walk
                 configs.append((
-                    f"tlx_{'bwd' if fused else 'dkdv'}{'_headmajor' if head_major else ''}{'_q32' if step == 32 else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
+                    f"tlx_{'bwd' if fused else 'dkdv'}{'_slotwalk' if head_major == causal else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1}, known_spill,
                 ))
     return configs
