@@ -47,6 +47,34 @@ def test_check_offsets_valid_and_structure_only() -> None:
     assert reasons == ["o must have at least one element (B+1 with B >= 0)"]
 
 
+def test_resolve_max_seqlen_checks_a_tensor_once_per_version(monkeypatch) -> None:
+    """The values of one offsets tensor are read once; a second call with it reads nothing and
+    still answers the length and the bound's reason; an in-place write (a new version) or
+    another tensor with the same values is checked again and its problems reported."""
+    from jagflash.core import jagged
+
+    reads = []
+    real = jagged.check_offsets
+    monkeypatch.setattr(jagged, "check_offsets", lambda *a, **kw: reads.append(1) or real(*a, **kw))
+    offs = torch.tensor([0, 3, 3, 10])
+    assert jagged.resolve_max_seqlen(offs, 10, "o", -1, "kv") == ([], 7)
+    assert jagged.resolve_max_seqlen(offs, 10, "o", -1, "kv") == ([], 7)
+    assert jagged.resolve_max_seqlen(offs, 10, "o", 9, "kv") == ([], 9)
+    assert jagged.resolve_max_seqlen(offs, 10, "o", 5, "kv") == (["max_seqlen_kv=5 is below the longest sequence (7)"], 5)
+    assert len(reads) == 1
+    assert jagged.resolve_max_seqlen(offs, 11, "o", -1, "kv")[0] == ["o[-1] must equal the number of rows 11, got 10"]
+    assert len(reads) == 2
+    offs[1:] += 1  # through a view: the version counter is shared
+    assert jagged.resolve_max_seqlen(offs, 10, "o", -1, "kv")[0] == ["o[-1] must equal the number of rows 10, got 11"]
+    assert jagged.resolve_max_seqlen(offs.clone(), 10, "o", -1, "kv")[0] == ["o[-1] must equal the number of rows 10, got 11"]
+    assert len(reads) == 4
+    with torch.inference_mode():  # no version counter: checked every call
+        inf = torch.tensor([0, 2, 6])
+        for _ in range(2):
+            assert jagged.resolve_max_seqlen(inf, 6, "o", -1, "kv") == ([], 4)
+    assert len(reads) == 6
+
+
 def test_mask_bounds() -> None:
     assert mask_bounds(False) == (-1, -1)
     assert mask_bounds(True) == (-1, 0)

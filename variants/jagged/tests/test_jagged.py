@@ -201,6 +201,28 @@ def test_torch_compile_fullgraph(device: str, deterministic: bool) -> None:
         torch.testing.assert_close(a, b)
 
 
+def test_plain_eager_calls_run_the_op_body_with_the_same_results(device: str) -> None:
+    """A plain eager call skips the dispatcher (``core.ops.register_autograd``: the op's body
+    through an autograd.Function); under a torch function mode (``with torch.device``) the call
+    goes through the custom op. Both give the same output and gradients, bit for bit
+    (deterministic backward)."""
+    t = make_jagged((9, 30, 0), (12, 30, 5), 4, 2, 32, FLOAT, device)
+    leaves = (t["q"], t["k"], t["v"])
+
+    def run():
+        out = jagged_attention(*leaves, t["q_offsets"], t["kv_offsets"], causal=True, deterministic=True)
+        return out, torch.autograd.grad(out, leaves, t["dout"])
+
+    eager, eager_grads = run()
+    assert type(eager.grad_fn).__name__ == "jagged_fwd_eagerBackward"
+    with torch.device(device):
+        viaop, op_grads = run()
+    assert "eager" not in type(viaop.grad_fn).__name__
+    assert torch.equal(eager, viaop)
+    for a, b in zip(eager_grads, op_grads):
+        assert torch.equal(a, b)
+
+
 def test_nested_tensors(device: str) -> None:
     t = make_jagged((5, 17, 1), (5, 17, 1), 2, 2, 32, FLOAT, device, requires_grad=False)
     offs = t["q_offsets"].to(torch.int64)

@@ -19,6 +19,8 @@ unbounded. Causal is ``right = 0``.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 __all__ = [
@@ -112,7 +114,18 @@ def resolve_max_seqlen(
     non-decreasing, no length above ``given``) run on the device and fail the stream if broken.
     Otherwise the values are read once (one sync on a GPU) and every problem is returned as a
     reason, with the max length (``given`` if set, else the longest sequence). ``kind`` names
-    the argument in messages (``max_seqlen_<kind>``)."""
+    the argument in messages (``max_seqlen_<kind>``). Checks that passed are remembered for
+    the same tensor at the same version (``_CHECKED``): calls that share an offsets tensor pay
+    for them once."""
+    known = _checked_bound(offsets, total)
+    if known is not None:  # these very values passed before: no device work, no sync
+        bound, exact = known
+        if given >= bound:
+            return [], given
+        if exact:
+            if given >= 0:
+                return [f"max_seqlen_{kind}={given} is below the longest sequence ({bound})"], given
+            return [], bound
     if offsets.device.type != "cpu" and given >= 0:
         o = offsets.to(torch.int64)
         steps = o[1:] - o[:-1]
@@ -120,11 +133,54 @@ def resolve_max_seqlen(
         if steps.numel():
             ok = ok & (steps.min() >= 0) & (steps.max() <= given)
         torch._assert_async(ok, f"invalid {name} or max_seqlen_{kind} below a length")
+        _remember_checked(offsets, total, given, exact=False)  # a failed check kills the stream
         return [], given
     reasons, longest = check_offsets(offsets, total, name, offsets.device, check_values=True)
+    if longest is not None:
+        _remember_checked(offsets, total, longest, exact=True)
     if longest is not None and 0 <= given < longest:
         reasons.append(f"max_seqlen_{kind}={given} is below the longest sequence ({longest})")
     return reasons, (given if given >= 0 else (longest or 0))
+
+
+# Offsets tensors whose values resolve_max_seqlen checked, by id(): (weak reference, data
+# pointer, version counter, total rows, length bound, whether the bound is the longest length).
+# The same tensor object at the same address and version holds the same values (an in-place
+# write bumps the version counter, shared by every view), so a model's layers that pass one
+# offsets tensor pay for its checks once (on a GPU: ~12 small kernels, or a host sync without
+# max_seqlen) instead of every call.
+_CHECKED: dict[int, tuple] = {}
+_CHECKED_KEEP = 32
+
+
+def _version_key(offsets: torch.Tensor) -> tuple[int, int] | None:
+    """(data pointer, version counter), or ``None`` where there is none to trust (inference
+    tensors keep no version counter; under torch.compile tracing nothing is remembered)."""
+    if torch.compiler.is_compiling():
+        return None
+    try:
+        return int(offsets.data_ptr()), int(offsets._version)
+    except RuntimeError:
+        return None
+
+
+def _checked_bound(offsets: torch.Tensor, total: int) -> tuple[int, bool] | None:
+    entry = _CHECKED.get(id(offsets))
+    if entry is None:
+        return None
+    ref, key, tot, bound, exact = entry
+    if ref() is not offsets or tot != total or key is None or _version_key(offsets) != key:
+        return None
+    return bound, exact
+
+
+def _remember_checked(offsets: torch.Tensor, total: int, bound: int, *, exact: bool) -> None:
+    key = _version_key(offsets)
+    if key is None:
+        return
+    if len(_CHECKED) >= _CHECKED_KEEP:
+        _CHECKED.clear()  # a new batch every call: forget them all rather than grow
+    _CHECKED[id(offsets)] = (weakref.ref(offsets), key, total, bound, exact)
 
 
 def seq_lengths(offsets: torch.Tensor) -> torch.Tensor:

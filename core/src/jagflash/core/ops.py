@@ -7,8 +7,9 @@ flags, scale, backend name)::
     fwd(q, k, v, *extras) -> (out, lse)
     bwd(dout, q, k, v, out, lse, *extras) -> (dq, dk, dv)
 
-and calls :func:`register_autograd` once; the forward then saves what the backward needs and the
-backward never recomputes anything the forward knew.
+and calls :func:`register_autograd` once, which returns the caller the public function uses; the
+forward then saves what the backward needs and the backward never recomputes anything the
+forward knew.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "default_scale",
     "for_kernel",
     "make_problem",
+    "plain_eager",
     "poison_outputs",
     "raise_if",
     "register_autograd",
@@ -159,29 +161,79 @@ def for_kernel(t: torch.Tensor, backend: str) -> torch.Tensor:
     return t
 
 
-def register_autograd(fwd_op, bwd_op) -> None:
-    """Wire ``bwd_op`` as the gradient of ``fwd_op`` (signatures in the module docstring).
+def _save(ctx, inputs, output) -> None:
+    """What the backward needs: q, k, v, out, lse and the tensor extras (the rest kept as is)."""
+    q, k, v, *extras = inputs
+    out, lse = output
+    ctx.tensor_pos = [i for i, e in enumerate(extras) if isinstance(e, torch.Tensor)]
+    ctx.extras = [None if i in ctx.tensor_pos else e for i, e in enumerate(extras)]
+    ctx.save_for_backward(q, k, v, out, lse, *(extras[i] for i in ctx.tensor_pos))
+    ctx.mark_non_differentiable(lse)
+
+
+def _grads(ctx, bwd, dout) -> tuple:
+    """The gradients of one of :func:`_save`'s contexts through ``bwd`` (the op or its body)."""
+    q, k, v, out, lse, *tensors = ctx.saved_tensors
+    extras = list(ctx.extras)
+    for i, t in zip(ctx.tensor_pos, tensors):
+        extras[i] = t
+    dq, dk, dv = bwd(dout.contiguous(), q, k, v, out, lse, *extras)
+    return (dq, dk, dv, *([None] * len(extras)))
+
+
+def plain_eager(args: tuple) -> bool:
+    """Whether a call with ``args`` runs in plain eager mode: not traced by torch.compile, no
+    torch function or dispatch mode (FakeTensorMode, FlopCounterMode, ``with torch.device``),
+    no functorch transform, and no tensor subclass among the arguments."""
+    if torch.compiler.is_compiling():
+        return False
+    if torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active():
+        return False
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    if _get_current_dispatch_mode() is not None:
+        return False
+    return all(type(a) is torch.Tensor for a in args if isinstance(a, torch.Tensor))
+
+
+def register_autograd(fwd_op, bwd_op):
+    """Wire ``bwd_op`` as the gradient of ``fwd_op`` (signatures in the module docstring) and
+    return the variant's caller, ``call(q, k, v, *extras) -> (out, lse)``.
 
     Saves q, k, v, out, lse and the tensor extras; the LSE output carries no gradient.
-    """
 
-    def setup_context(ctx, inputs, output):
-        q, k, v, *extras = inputs
-        out, lse = output
-        ctx.tensor_pos = [i for i, e in enumerate(extras) if isinstance(e, torch.Tensor)]
-        ctx.extras = [None if i in ctx.tensor_pos else e for i, e in enumerate(extras)]
-        ctx.save_for_backward(q, k, v, out, lse, *(extras[i] for i in ctx.tensor_pos))
-        ctx.mark_non_differentiable(lse)
+    The caller runs the custom op wherever torch needs to see it (torch.compile, modes,
+    functorch, tensor subclasses: :func:`plain_eager`); in plain eager mode it runs the op's own
+    Python body, forward and backward, through a plain ``torch.autograd.Function``
+    (``<op>_eager``): the same code without the dispatcher's round trip and torch.compile's
+    ``disable`` wrapper, which cost ~100 us a call on the CPU (bench/NOTES.md, session 6), as
+    much as a small batch's kernels."""
+    fwd_op.register_autograd(lambda ctx, dout, _dlse: _grads(ctx, bwd_op, dout), setup_context=_save)
+    fwd_body, bwd_body = getattr(fwd_op, "_init_fn", None), getattr(bwd_op, "_init_fn", None)
+    if fwd_body is None or bwd_body is None:  # a torch without the op's own function: no shortcut
+        return fwd_op
+
+    # forward(ctx, ...) rather than a separate setup_context: with one, every apply binds its
+    # arguments through inspect.signature (tens of us a call)
+    def forward(ctx, *inputs):
+        output = fwd_body(*inputs)
+        _save(ctx, inputs, output)
+        return output
 
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, *tensors = ctx.saved_tensors
-        extras = list(ctx.extras)
-        for i, t in zip(ctx.tensor_pos, tensors):
-            extras[i] = t
-        dq, dk, dv = bwd_op(dout.contiguous(), q, k, v, out, lse, *extras)
-        return (dq, dk, dv, *([None] * len(extras)))
+        return _grads(ctx, bwd_body, dout)
 
-    fwd_op.register_autograd(backward, setup_context=setup_context)
+    eager = type(
+        f"{getattr(fwd_op, '_name', 'op')}_eager", (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "backward": staticmethod(backward)},
+    )
+
+    def call(q, k, v, *extras):
+        if plain_eager((q, k, v, *extras)):
+            return eager.apply(q, k, v, *extras)
+        return fwd_op(q, k, v, *extras)
+
+    return call
 
 
 def call_plan_blocks(

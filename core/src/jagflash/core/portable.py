@@ -27,6 +27,8 @@ rows contiguous.
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -345,7 +347,13 @@ def launch_options(cfg: dict[str, int]) -> dict[str, int]:
 def plan_blocks(backend: str, head_dim: int) -> dict[str, tuple[int, int]]:
     """``(block_m, block_n)`` of every pass of ``backend``'s kernels: what a Plan for them holds.
     ``tlx-sm90`` runs its own forward and dK/dV passes and the portable dQ pass (its tiles:
-    ``jagflash.core.backend.tlx_sm90_blocks``)."""
+    ``jagflash.core.backend.tlx_sm90_blocks``). Every call asks (a plan's check): computed
+    once per (backend, head dim)."""
+    return dict(_plan_blocks(backend, head_dim))
+
+
+@functools.cache
+def _plan_blocks(backend: str, head_dim: int) -> tuple[tuple[str, tuple[int, int]], ...]:
     tlx = backend == "tlx-sm90"
     blocks = {
         p: (cfg["BLOCK_M"], cfg["BLOCK_N"])
@@ -356,4 +364,4 @@ def plan_blocks(backend: str, head_dim: int) -> dict[str, tuple[int, int]]:
         from jagflash.core.backend import tlx_sm90_blocks
 
         blocks.update(tlx_sm90_blocks(head_dim))
-    return blocks
+    return tuple(blocks.items())

@@ -198,18 +198,24 @@ class PlanInfo:
 
     @classmethod
     def from_ints(cls, ints: Sequence[int]) -> PlanInfo:
-        ints = [int(x) for x in ints]
-        n = 15
-        if len(ints) != n + 6 * len(PASSES) or ints[0] != _MAGIC or ints[1] != _VERSION:
-            raise InvalidInput("plan", ["plan_info is not the info of a jagflash Plan (version 1)"])
-        passes = tuple(
-            PassLayout(*ints[n + 6 * i : n + 5 + 6 * i], zigzag=bool(ints[n + 5 + 6 * i]))
-            for i in range(len(PASSES))
-        )
-        return cls(
-            SCHEDULES[ints[2]], SCHEDULES[ints[3]], *ints[4:12], bool(ints[12]), ints[13],  # type: ignore[arg-type]
-            ints[14], passes,  # type: ignore[arg-type]
-        )
+        """The info a Plan's ``op_args`` carried (every call with a plan decodes it: the
+        decoded, frozen infos of the last plans are kept)."""
+        return _info_from_ints(tuple(int(x) for x in ints))
+
+
+@functools.lru_cache(maxsize=64)
+def _info_from_ints(ints: tuple[int, ...]) -> PlanInfo:
+    n = 15
+    if len(ints) != n + 6 * len(PASSES) or ints[0] != _MAGIC or ints[1] != _VERSION:
+        raise InvalidInput("plan", ["plan_info is not the info of a jagflash Plan (version 1)"])
+    passes = tuple(
+        PassLayout(*ints[n + 6 * i : n + 5 + 6 * i], zigzag=bool(ints[n + 5 + 6 * i]))
+        for i in range(len(PASSES))
+    )
+    return PlanInfo(
+        SCHEDULES[ints[2]], SCHEDULES[ints[3]], *ints[4:12], bool(ints[12]), ints[13],  # type: ignore[arg-type]
+        ints[14], passes,  # type: ignore[arg-type]
+    )
 
 
 @dataclass(frozen=True, eq=False)

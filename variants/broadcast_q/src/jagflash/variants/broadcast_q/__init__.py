@@ -91,7 +91,7 @@ def broadcast_q_attention(
     elif plan is not None and needs_grad and not plan.info.backward:
         reasons.append("the plan has no backward passes: build it with backward=True")
     raise_if("broadcast_q_attention", reasons)
-    out, lse = op.broadcast_q_fwd(
+    out, lse = op.call_fwd(
         q, k, v, kv_offsets, -1 if max_seqlen_kv is None else int(max_seqlen_kv),
         default_scale(scale, q.shape[-1]), bool(return_lse), bool(deterministic), backend or "",
         *(plan.op_args() if plan is not None and backend != "reference" else (None, None, None)),

@@ -90,7 +90,7 @@ def dense_attention(
         plan_args = (None, None, None)
     else:
         plan_args = _default_plan(q, k, causal, needs_grad, backend)
-    out, lse = op.dense_fwd(
+    out, lse = op.call_fwd(
         q, k, v, bool(causal), default_scale(scale, q.shape[-1]), bool(return_lse),
         bool(deterministic), backend or "", *plan_args,
     )

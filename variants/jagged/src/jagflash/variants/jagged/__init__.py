@@ -137,7 +137,7 @@ def jagged_attention(
         plan_args = (None, None, None)  # no plan needed, or the op refuses these offsets
     else:
         plan_args = _own_plan(q, k, q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv, needs_grad, backend)
-    out, lse = op.jagged_fwd(
+    out, lse = op.call_fwd(
         q, k, v, q_offsets, kv_offsets,
         -1 if max_seqlen_q is None else int(max_seqlen_q),
         -1 if max_seqlen_kv is None else int(max_seqlen_kv),

@@ -159,4 +159,5 @@ def _(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_k
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-register_autograd(jagged_fwd, jagged_bwd)
+# what the public function calls: the op, or its body in plain eager mode (core.ops)
+call_fwd = register_autograd(jagged_fwd, jagged_bwd)
