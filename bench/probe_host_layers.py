@@ -2,7 +2,8 @@
 broadcast-Q Lq256 x 64 host-bound (0.93 ms of host per call, 0.30 ms of GPU, session 5), with
 the time inside the custom op where cProfile cannot see (dynamo's wrapper). This issues 50
 calls back to back without synchronising at each layer, from the public call down to the
-kernel launch (the public call, the custom op, the op's body called directly, the variant's TLX
+kernel launch (the public call, the variant's caller, which takes the eager path, the custom op
+through the dispatcher, the op's body called directly, the variant's TLX
 module, ``tlx_attention.forward``), and the op body's pieces alone (the offsets check, backend
 selection, the plan check), prints the host time per call of each, and cProfiles the op body.
 
@@ -46,6 +47,7 @@ def main() -> None:
     op_args = (q, k, v, offs, b.max_kv, scale, False, False, "", *plan.op_args())
     layers = {
         "public broadcast_q_attention": lambda: broadcast_q_attention(q, k, v, offs, max_seqlen_kv=b.max_kv, plan=plan),
+        "caller op.call_fwd (eager path)": lambda: op.call_fwd(*op_args),
         "custom op broadcast_q_fwd": lambda: op.broadcast_q_fwd(*op_args),
         "op body, called directly": lambda: op.broadcast_q_fwd._init_fn(*op_args),
         "kernels_tlx_sm90.forward": lambda: kernels_tlx_sm90.forward(q, k, v, offs, left=-1, right=-1, scale=scale, plan=plan),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from jagflash.core.capability import InvalidInput, Problem
 
@@ -189,8 +190,6 @@ def plain_eager(args: tuple) -> bool:
         return False
     if torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active():
         return False
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
     if _get_current_dispatch_mode() is not None:
         return False
     return all(type(a) is torch.Tensor for a in args if isinstance(a, torch.Tensor))

@@ -119,6 +119,11 @@ def default_walk(left: int, right: int) -> str:
     return "head" if left < 0 and right < 0 else "slot"
 
 
+def _head_major(walk: str | None, left: int, right: int) -> bool:
+    """The kernels' ``HEAD_MAJOR`` for a call's ``walk`` (``None``: :func:`default_walk`)."""
+    return (walk or default_walk(left, right)) == "head"
+
+
 def use_one_pass(deterministic: bool, left: int, right: int, head_dim: int) -> bool:
     """Whether a variant's TLX backward runs the one-pass :func:`backward` (dQ order varies)
     rather than the two passes: where it measured faster (D 128, causal or not; a window's left
@@ -623,7 +628,6 @@ def forward(
     reasons = _walk_reasons(walk)
     if reasons:
         raise ValueError("tlx_attention.forward: " + "; ".join(reasons))
-    walk = walk or default_walk(left, right)
     q, k, v = (t.contiguous() for t in (q, k, v))
     _, hq, dim = q.shape
     tq = (q_offsets.numel() - 1) * q.shape[0] if q_shared else q.shape[0]
@@ -651,7 +655,7 @@ def forward(
         out.stride(0), out.stride(1), tq, triton.cdiv(lay.rows, programs), scale, left, right, lay.heads,
         **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NUM_KV=NUM_KV,
         PIPELINE=pipeline, ZIGZAG=_zigzag(plan, "fwd"), Q_SHARED=q_shared,
-        FOLD_SCALE=scale > 0, HEAD_MAJOR=walk == "head", num_warps=4, num_stages=1,
+        FOLD_SCALE=scale > 0, HEAD_MAJOR=_head_major(walk, left, right), num_warps=4, num_stages=1,
     )
     return out, lse
 
@@ -742,7 +746,7 @@ def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, left, right, blocks
 
 
 def _launch_dkdv(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, lay, dq_acc,
-                 left, right, scale, q_shared, dq_write="tma", walk="slot"):
+                 left, right, scale, q_shared, dq_write="tma", walk=None):
     """One launch of :func:`_dkdv_kernel`; ``vectors``: :func:`backward_vectors`'s; ``dq_acc``
     (fp32 ``[rows, Hq * D]``) fuses dQ in (and then K/V are indexed opaquely: ``OPAQUE_INDEX``)."""
     _, hq, dim = q.shape
@@ -768,7 +772,7 @@ def _launch_dkdv(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, la
         dk if dq_acc is None else dq_acc, 0 if dq_acc is None else dq_acc.stride(0), lay.heads,
         **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=block_m, BLOCK_N=block_n,
         NUM_Q=NUM_Q, ZIGZAG=_zigzag(plan, "dkdv"), Q_SHARED=q_shared, FUSED_DQ=0 if dq_acc is None else DQ_WRITES[dq_write],
-        DQ_STAGES=DQ_STAGES, OPAQUE_INDEX=dq_acc is not None, PAD=VEC_PAD, HEAD_MAJOR=walk == "head", num_warps=4, num_stages=1,
+        DQ_STAGES=DQ_STAGES, OPAQUE_INDEX=dq_acc is not None, PAD=VEC_PAD, HEAD_MAJOR=_head_major(walk, left, right), num_warps=4, num_stages=1,
     )
 
 
@@ -796,7 +800,6 @@ def backward_dkdv(
     reasons = _walk_reasons(walk)
     if reasons:
         raise ValueError("tlx_attention.backward_dkdv: " + "; ".join(reasons))
-    walk = walk or default_walk(left, right)
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     tq = dout.shape[0]  # the rows of dO, LSE and delta (B * Lq for broadcast-Q: see forward)
     dk, dv = alloc_like(k), alloc_like(v)
@@ -850,7 +853,6 @@ def backward(
         )
     if reasons:
         raise ValueError("tlx_attention.backward: " + "; ".join(reasons))
-    walk = walk or default_walk(left, right)
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     lq, hq, dim = q.shape
     tq = dout.shape[0]
@@ -871,6 +873,12 @@ def backward(
     dq = torch.empty_like(q)
     torch.mul(acc.view(lq, hq, dim), scale, out=dq)
     return dq, dk, dv
+
+
+def _walk_suffix(head_major: bool, causal: bool) -> str:
+    """A compile configuration's name names its walk only where it is not :func:`default_walk`'s."""
+    walk = "head" if head_major else "slot"
+    return "" if walk == default_walk(-1, 0 if causal else -1) else f"_{walk}walk"
 
 
 def compile_configs():
@@ -907,7 +915,7 @@ def compile_configs():
                 # version 2 carries P in fp32: a few per-tile values spill outside the kv loop
                 # (8-56 B, none inside it; at D 64 only unfolded, in fp16).
                 configs.append((
-                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{'_slotwalk' if head_major == causal else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
+                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{_walk_suffix(head_major, causal)}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
                     _fwd_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
                     {64: 0 if fold else 8, 128: 20 if fold else 56}[dim] if pipeline else 0,
@@ -951,7 +959,7 @@ def compile_configs():
                 else:
                     known_spill = {64: 0, 128: 388 if causal else 80}[dim]  # 64 B in the slot walk
                 configs.append((
-                    f"tlx_{'bwd' if fused else 'dkdv'}{'_slotwalk' if head_major == causal else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
+                    f"tlx_{'bwd' if fused else 'dkdv'}{_walk_suffix(head_major, causal)}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1}, known_spill,
                 ))
     return configs
