@@ -18,7 +18,7 @@
 #
 # Steps (default: ceilings tests demo bench, in this order): ceilings (versions + bf16 matmul and
 # copy ceilings), tlx-tests (the TLX kernels' sm90 tests alone, first), tests (pytest -m "gpu or sm90" on core and variants), demo
-# (jagflash.variants.jagged.demo), tlx-ab (TLX forward consumer v1 vs v2, and v2 walking the table head-major), schedule-ab (schedules none /
+# (jagflash.variants.jagged.demo), tlx-ab (TLX forward on grouped / static / dynamic plans, each walked slot by slot and head by head), schedule-ab (schedules none /
 # static / dynamic, plan build time), probe (python $PROBE, a one-off measurement script), bench (python -m jagflash.bench; arguments after `--`).
 # A failing step does not stop the next. Everything a step prints is tee'd to $OUT/<step>.log; the bench writes
 # $OUT/bench/{results.csv,results.md,tflops_*.png,meta.json,rows.jsonl}. The short bench table is
@@ -187,7 +187,7 @@ fi
 if has_step demo; then
     run_step demo "$(cap "${DEMO_TIMEOUT_S:-60}" "$bench_reserve")" "$PY" -m jagflash.variants.jagged.demo
 fi
-if has_step tlx-ab; then  # TLX forward v1, v2, v2 walking head-major (core.tlx_attention): 6 compiles
+if has_step tlx-ab; then  # TLX forward tile orders (core.tlx_attention._ab): 4 compiles
     run_step tlx-ab "$(cap 240 "$bench_reserve")" "$PY" -m jagflash.core.tlx_attention
 fi
 if has_step schedule-ab; then  # portable kernels with schedule none / static / dynamic, plan build time

@@ -8,7 +8,8 @@ Run on the GPU: ``python bench/probe_backward.py [--quick]`` (gpu.sh:
 Prints ms (median of do_bench) and TFLOP/s with the FlashAttention convention (backward = 2.5 x
 the forward's 4 * sum(Lq * Lk) * D * H over visible pairs), and the largest difference between
 the two modes' gradients. A/B: the one pass walking its table in the order a call does not get
-by default (``tlx_attention.default_walk``: the head walk unmasked, the slot walk causal)."""
+by default (``tlx_attention.default_walk``: the head walk unmasked, the slot walk causal), and
+on a dynamic plan (cost-sorted table, atomic tile counter) in both walks."""
 
 from __future__ import annotations
 
@@ -47,10 +48,16 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
         dkdv_blocks=(tlx_attention.ONE_PASS_BLOCK_M, 128), backward=True,
     )
 
-    def fused(dq_write, walk=None):
+    dynamic_plan = make_core_plan(
+        offs, offs, total_q=total, total_kv=total, heads_q=heads, heads_kv=heads, window=(-1, right),
+        block_m=tlx_attention.BLOCK_M, block_n=tlx_attention.BLOCK_N,
+        dkdv_blocks=(tlx_attention.ONE_PASS_BLOCK_M, 128), backward=True, schedule="dynamic",
+    )
+
+    def fused(dq_write, walk=None, dynamic=False):
         return tlx_attention.backward(
-            dout, qd, kd, vd, od, lse, offs, offs, left=-1, right=right, scale=scale, plan=one_pass_plan,
-            dq_write=dq_write, walk=walk,
+            dout, qd, kd, vd, od, lse, offs, offs, left=-1, right=right, scale=scale,
+            plan=dynamic_plan if dynamic else one_pass_plan, dq_write=dq_write, walk=walk,
         )
 
     def split():
@@ -82,6 +89,8 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
         "kernels: two pass (determ.)": split,
         "kernels: one pass, TMA dQ": functools.partial(fused, "tma"),
         f"kernels: one pass, {other_walk} walk": functools.partial(fused, "tma", other_walk),
+        "kernels: one pass, dynamic slot": functools.partial(fused, "tma", "slot", True),
+        "kernels: one pass, dynamic head": functools.partial(fused, "tma", "head", True),
     }
     for mode, run in runs.items():
         if "one pass" in mode and dim not in tlx_attention.ONE_PASS_HEAD_DIMS:

@@ -108,9 +108,91 @@ def test_forward_refuses_an_unknown_walk() -> None:
         tlx_attention.forward(q, q, q, offs, offs, 4, left=-1, right=-1, scale=0.125, walk="diagonal")
 
 
-def test_default_walk_is_the_head_walk_only_without_a_mask() -> None:
-    """Measured (bench/NOTES.md, session 6): the head walk wins unmasked, loses causal."""
+def test_default_walk_is_the_slot_walk_only_on_a_static_plan_with_a_mask() -> None:
+    """Measured (bench/NOTES.md, sessions 6 and 7): the head walk wins unmasked and on a dynamic
+    plan; with a mask a static plan's zigzag deal needs the slot walk's cost order."""
     assert tlx_attention.default_walk(-1, -1) == "head"
     assert tlx_attention.default_walk(-1, 0) == "slot"
     assert tlx_attention.default_walk(128, -1) == "slot"
     assert tlx_attention.default_walk(128, 0) == "slot"
+    for window in ((-1, -1), (-1, 0), (128, -1), (128, 0)):
+        assert tlx_attention.default_walk(*window, dynamic=True) == "head"
+
+
+def test_default_schedules_are_dynamic_for_tlx_where_tile_costs_differ() -> None:
+    """The TLX kernels get the atomic tile counter wherever tiles differ in cost, for the
+    forward and for the one-pass backward (D 128, no left bound); dense unmasked batches (equal
+    costs) and the portable kernels keep the static defaults; explicit choices stand."""
+    from jagflash.core.schedule import (
+        DEFAULT_BACKWARD_SCHEDULE,
+        DEFAULT_SCHEDULE,
+        default_schedules,
+        resolve_schedules,
+    )
+
+    static = (DEFAULT_SCHEDULE, DEFAULT_BACKWARD_SCHEDULE)
+    assert default_schedules("tlx-sm90", 128) == ("dynamic", "dynamic")
+    assert default_schedules("tlx-sm90", 128, window=(-1, 0)) == ("dynamic", "dynamic")
+    assert default_schedules("tlx-sm90", 128, window=(-1, 0), equal_costs=True) == static
+    assert default_schedules("tlx-sm90", 64) == ("dynamic", DEFAULT_BACKWARD_SCHEDULE)
+    assert default_schedules("tlx-sm90", 128, window=(64, 0)) == ("dynamic", DEFAULT_BACKWARD_SCHEDULE)
+    for backend in ("portable", "interpreter"):
+        assert default_schedules(backend, 128) == static
+    assert resolve_schedules("default", "default", "tlx-sm90", 128) == ("dynamic", "dynamic")
+    assert resolve_schedules("static", None, "tlx-sm90", 128) == ("static", None)
+    assert resolve_schedules("default", "none", "portable", 64) == static
+
+
+class _Launches:
+    """Stands in for a TLX kernel: records each launch's arguments, bound to the kernel's own
+    signature (a launch that passes an argument twice, or misses one, fails here, on the CPU,
+    as it would in Triton's binder on the GPU)."""
+
+    def __init__(self, kernel):
+        import inspect
+
+        self.signature = inspect.signature(kernel.fn)
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def launch(*args, num_warps, num_stages, **kwargs):
+            bound = self.signature.bind(*args, **kwargs)
+            self.calls.append((grid, bound.arguments))
+
+        return launch
+
+
+@pytest.mark.parametrize("schedule", ["grouped", "dynamic"])
+def test_launches_bind_to_the_kernels_signatures(monkeypatch, schedule) -> None:
+    """forward, backward (one pass) and backward_dkdv launch their kernels with every argument
+    bound once; a dynamic plan hands each launch a fresh zeroed int32 tile counter, the others
+    pass an unused tensor and DYNAMIC off."""
+    from jagflash.core.schedule import make_plan
+
+    fwd, dkdv = _Launches(tlx_attention._fwd_kernel), _Launches(tlx_attention._dkdv_kernel)
+    monkeypatch.setattr(tlx_attention, "_fwd_kernel", fwd)
+    monkeypatch.setattr(tlx_attention, "_dkdv_kernel", dkdv)
+    monkeypatch.setattr(tlx_attention, "num_workers", lambda device: 3)
+    offs = torch.tensor([0, 100, 100, 300], dtype=torch.int32)
+    q = torch.randn(300, 2, 128).to(torch.float16)
+    plan = make_plan(
+        offs, offs, total_q=300, total_kv=300, heads_q=2, heads_kv=2, window=(-1, 0),
+        block_m=tlx_attention.BLOCK_M, block_n=tlx_attention.BLOCK_N,
+        dkdv_blocks=(tlx_attention.ONE_PASS_BLOCK_M, tlx_attention.BLOCK_N), backward=True,
+        schedule=schedule,
+    )
+    kw = {"left": -1, "right": 0, "scale": 0.125, "plan": plan}
+    _, lse = tlx_attention.forward(q, q, q, offs, offs, 200, **kw)
+    lse.zero_()
+    tlx_attention.backward(q, q, q, q, q, lse, offs, offs, **kw)
+    tlx_attention.backward_dkdv(q, q, q, q, lse, lse, offs, offs, **kw)
+    calls = fwd.calls + dkdv.calls
+    assert len(calls) == 3
+    for grid, args in calls:
+        assert grid == (3,)
+        assert args["DYNAMIC"] is (schedule == "dynamic")
+        if schedule == "dynamic":
+            assert args["COUNTER"].dtype == torch.int32
+            assert args["COUNTER"].tolist() == [0]
+    if schedule == "dynamic":
+        assert len({args["COUNTER"].data_ptr() for _, args in calls}) == 3

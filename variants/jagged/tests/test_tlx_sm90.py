@@ -58,13 +58,14 @@ CASES = {
 }
 
 
-# The default consumer (version 2) on the static schedule at every dtype and head dim; version 1
-# and the batch-order table ("none") at bf16 only (what they change does not depend on the
-# dtype): 56 cases instead of the full 96, for the GPU suite's time.
+# The default consumer (version 2) on the static schedule at every dtype and head dim; version 1,
+# the batch-order table ("none") and the atomic tile counter ("dynamic") at bf16 only (what they
+# change does not depend on the dtype): 64 cases instead of the full 128, for the GPU suite's time.
 FORWARD_VARIANTS = [
     *((dtype, dim, True, "static") for dtype in (torch.bfloat16, torch.float16) for dim in (64, 128)),
     *((torch.bfloat16, dim, False, "static") for dim in (64, 128)),
     (torch.bfloat16, 128, True, "none"),
+    (torch.bfloat16, 128, True, "dynamic"),
 ]
 
 
@@ -79,7 +80,7 @@ def test_tlx_forward_matches_reference(name, causal, head_dim, dtype, pipeline, 
     check_against_reference(_forward(causal, pipeline, schedule), _reference(causal), t, atol=SPEC.atol[dtype])
 
 
-@pytest.mark.parametrize("schedule", ["static", "none"])
+@pytest.mark.parametrize("schedule", ["static", "none", "dynamic"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["odd_lengths", "lognormal"])
 def test_tlx_forward_other_walk_matches_reference(name, causal, schedule) -> None:
@@ -212,10 +213,12 @@ def test_tlx_fused_backward_matches_reference(name, causal, dq_write) -> None:
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_tlx_backward_walk_changes_no_dkdv_bit(causal) -> None:
-    """The walk only reorders the kv-tiles: each tile's dK/dV is computed alone, so the head
-    walk's are bitwise the slot walk's; dQ (summed in a varying order) agrees to rounding. The
-    one pass, then the two passes' dK/dV."""
+    """The walk and the deal only reorder the kv-tiles: each tile's dK/dV is computed alone, so
+    the head walk's and a dynamic plan's (atomic tile counter, both walks) are bitwise the
+    default's; dQ (summed in a varying order) agrees to rounding. The one pass, then the two
+    passes' dK/dV."""
     from jagflash.core import tlx_attention
+    from jagflash.core.schedule import make_plan
 
     q_lens, k_lens, hq, hkv = CASES["lognormal"]
     t = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal).build("cuda", requires_grad=False)
@@ -224,13 +227,21 @@ def test_tlx_backward_walk_changes_no_dkdv_bit(causal) -> None:
     left, right = mask_bounds(causal)
     out = ref_out.to(q.dtype)
     kw = {"left": left, "right": right, "scale": 128**-0.5}
-    slot = tlx_attention.backward(dout, q, k, v, out, lse32, qo, ko, walk="slot", **kw)
-    head = tlx_attention.backward(dout, q, k, v, out, lse32, qo, ko, walk="head", **kw)
-    assert torch.equal(slot[1], head[1])
-    assert torch.equal(slot[2], head[2])
-    torch.testing.assert_close(slot[0], head[0], rtol=0, atol=2e-2)
+    dynamic = make_plan(
+        qo, ko, total_q=q.shape[0], total_kv=k.shape[0], heads_q=hq, heads_kv=hkv, window=(left, right),
+        block_m=tlx_attention.BLOCK_M, block_n=tlx_attention.BLOCK_N,
+        dkdv_blocks=(tlx_attention.ONE_PASS_BLOCK_M, tlx_attention.BLOCK_N), backward=True, schedule="dynamic",
+    )
+    others = {"slot": {"walk": "slot"}, "head": {"walk": "head"}, "dynamic slot": {"walk": "slot", "plan": dynamic}, "dynamic head": {"walk": "head", "plan": dynamic}}
+    base = tlx_attention.backward(dout, q, k, v, out, lse32, qo, ko, **kw)
+    for name, extra in others.items():
+        got = tlx_attention.backward(dout, q, k, v, out, lse32, qo, ko, **extra, **kw)
+        assert torch.equal(base[1], got[1]), name
+        assert torch.equal(base[2], got[2]), name
+        torch.testing.assert_close(base[0], got[0], rtol=0, atol=2e-2, msg=name)
     delta = (ref_out.double() * dout.double()).sum(-1).transpose(0, 1).float().contiguous()
-    slot = tlx_attention.backward_dkdv(dout, q, k, v, lse32, delta, qo, ko, walk="slot", **kw)
-    head = tlx_attention.backward_dkdv(dout, q, k, v, lse32, delta, qo, ko, walk="head", **kw)
-    for a, b in zip(slot, head):
-        assert torch.equal(a, b)
+    base = tlx_attention.backward_dkdv(dout, q, k, v, lse32, delta, qo, ko, **kw)
+    for name, extra in others.items():
+        got = tlx_attention.backward_dkdv(dout, q, k, v, lse32, delta, qo, ko, **extra, **kw)
+        for a, b in zip(base, got):
+            assert torch.equal(a, b), name

@@ -235,6 +235,11 @@ def tlx_sm90_blocks(head_dim: int) -> dict[str, tuple[int, int]]:
     return {"fwd": (128, 128), "dkdv": (dkdv_m, 128)}
 
 
+#: Head dims of the TLX one-pass backward (``jagflash.core.tlx_attention.backward``: each
+#: consumer warpgroup computes dQ for half the head dim, 64 columns).
+TLX_ONE_PASS_HEAD_DIMS = (128,)
+
+
 def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
     """The TLX warp-specialised kernels of ``jagflash.core.tlx_attention`` (Hopper only):
     forward, and a backward that runs in one pass with dQ reduce-added from every kv-tile where

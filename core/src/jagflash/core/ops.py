@@ -235,16 +235,24 @@ def register_autograd(fwd_op, bwd_op):
     return call
 
 
-def call_plan_blocks(
-    spec, layout: str, q: torch.Tensor, k: torch.Tensor, *, causal: bool, backend: str | None
-) -> dict[str, tuple[int, int]]:
-    """Tile sizes of the Plan a call (or ``make_plan``) lays out: those of the backend the
-    call's forward will run on (``jagflash.core.backend.plan_backend``); the reference backend
-    takes no plan, so a call headed there gets the portable kernels' sizes."""
+def call_plan_layout(
+    spec, layout: str, q: torch.Tensor, k: torch.Tensor, *, causal: bool, backend: str | None,
+    schedule: str = "default", backward_schedule: str | None = "default", equal_costs: bool = False,
+) -> tuple[dict[str, tuple[int, int]], str, str | None]:
+    """Tile sizes and schedules ``(blocks, schedule, backward_schedule)`` of the Plan a call (or
+    ``make_plan``) lays out: for the backend the call's forward will run on
+    (``jagflash.core.backend.plan_backend``; the reference backend takes no plan, so a call
+    headed there gets the portable kernels'), ``"default"`` schedules resolved for it
+    (``jagflash.core.schedule.default_schedules``; ``equal_costs``: see there)."""
     from jagflash.core.backend import plan_backend
     from jagflash.core.portable import plan_blocks
+    from jagflash.core.schedule import resolve_schedules
 
     name = plan_backend(spec, make_problem(layout, q, k, causal=causal), q.device, backend)
     if name == "reference":
         name = "interpreter" if q.device.type == "cpu" else "portable"
-    return plan_blocks(name, q.shape[-1])
+    dim = q.shape[-1]
+    fwd, bwd = resolve_schedules(
+        schedule, backward_schedule, name, dim, window=(-1, 0 if causal else -1), equal_costs=equal_costs
+    )
+    return plan_blocks(name, dim), fwd, bwd

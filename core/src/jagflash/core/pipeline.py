@@ -69,6 +69,32 @@ def ring_release(empties, slot):
 
 
 @triton.jit
+def tile_publish(ids, fulls, empties, counter, index, NUM: tl.constexpr):
+    """Producer side of a tile-index ring (a dynamic schedule's persistent kernels): wait until
+    slot ``counter`` of the ring of NUM int32 buffers ``ids`` is free, write the table index
+    ``index`` there and mark it full. Only the producer takes tiles from the schedule's atomic
+    counter; the consumers learn each index from the ring (:func:`tile_take`), so all roles
+    walk the same tiles. Every thread of the producer writes the same value; Triton's
+    warpgroup barrier orders the writes before the one thread that arrives."""
+    slot, phase = ring_slot(counter, NUM)
+    tlx.barrier_wait(empties[slot], phase ^ 1)
+    tlx.local_store(ids[slot], tl.full([1], index, tl.int32))
+    tlx.barrier_arrive(fulls[slot], 1)
+
+
+@triton.jit
+def tile_take(ids, fulls, empties, counter, NUM: tl.constexpr):
+    """Consumer side of a tile-index ring: the index in slot ``counter`` once the producer
+    published it (:func:`tile_publish`); the slot is released at once (the empty barrier counts
+    one arrival per consumer warpgroup)."""
+    slot, phase = ring_slot(counter, NUM)
+    tlx.barrier_wait(fulls[slot], phase)
+    index = tl.sum(tlx.local_load(ids[slot]), 0)
+    tlx.barrier_arrive(empties[slot], 1)
+    return index
+
+
+@triton.jit
 def opaque_zero(x):
     """An int32 zero computed from ``x`` (a scalar that changes every iteration) by inline PTX
     the compiler cannot see through. Indexing a buffer with ``i + opaque_zero(counter)`` inside

@@ -77,6 +77,7 @@ from jagflash.core.jagged import dkdv_q_ranges, kv_tile_ranges, mask_bounds, seq
 from jagflash.core.math import upper_bound
 
 __all__ = [
+    "BACKEND_DEFAULT",
     "BENCH_JAGGED",
     "DEFAULT_BACKWARD_SCHEDULE",
     "DEFAULT_SCHEDULE",
@@ -88,6 +89,7 @@ __all__ = [
     "PlanInfo",
     "Simulation",
     "check_plan",
+    "default_schedules",
     "default_workers",
     "launch",
     "make_plan",
@@ -96,12 +98,14 @@ __all__ = [
     "plan_info",
     "plan_launch",
     "resolve_plan",
+    "resolve_schedules",
     "section_costs",
     "sequences_in_flight",
     "simulate",
     "simulate_plan",
     "sort_kind",
     "tile_costs",
+    "tile_counter",
     "workload_plan",
     "workload_plan_kwargs",
 ]
@@ -123,6 +127,44 @@ def sort_kind(schedule: str) -> int:
 #: batch (causal lognormal 2.12 ms vs 2.26), and within 3 % of the fastest order.
 DEFAULT_SCHEDULE = "grouped"
 DEFAULT_BACKWARD_SCHEDULE: str | None = "none"
+#: ``schedule=`` / ``backward_schedule=`` of the variants' calls and ``make_plan``: the schedules
+#: measured fastest for the kernels the plan is for (:func:`default_schedules`).
+BACKEND_DEFAULT = "default"
+
+
+def default_schedules(
+    backend: str, head_dim: int, *, window: tuple[int, int] = (-1, -1), equal_costs: bool = False
+) -> tuple[str, str | None]:
+    """``(schedule, backward_schedule)`` of a plan for ``backend``'s kernels when the caller names
+    none. ``equal_costs``: every tile of a pass costs the same (a dense batch without a mask),
+    so a static deal is already balanced.
+
+    The portable kernels: :data:`DEFAULT_SCHEDULE` and :data:`DEFAULT_BACKWARD_SCHEDULE`. The
+    TLX kernels: ``"dynamic"`` (cost-sorted table, an atomic tile counter, walked head by head:
+    ``tlx_attention.default_walk``) wherever tile costs differ, for the forward and for the
+    one-pass backward (D 128, no left bound; the two passes' portable dQ pass keeps batch
+    order). Measured on the H200, kernels alone, bf16 H16 D128 (bench/NOTES.md, 2026-12-01
+    session 7), dynamic + head walk against the previous defaults: forward causal lognormal
+    1.81 vs 1.96 ms, dense 4x4096 causal 0.509 vs 0.572, 4x8192 H32 causal 3.75 vs 4.86,
+    unmasked lognormal 2.93 vs 2.96; one-pass backward lognormal 8.97 vs 9.34 ms, causal 5.84
+    vs 6.29, dense causal 1.72 vs 1.79; but dense unmasked 3.03 vs 2.87 (equal costs: nothing
+    to balance), which keeps the static defaults."""
+    if backend != "tlx-sm90" or equal_costs:
+        return DEFAULT_SCHEDULE, DEFAULT_BACKWARD_SCHEDULE
+    from jagflash.core.backend import TLX_ONE_PASS_HEAD_DIMS
+
+    one_pass = window[0] < 0 and head_dim in TLX_ONE_PASS_HEAD_DIMS
+    return "dynamic", "dynamic" if one_pass else DEFAULT_BACKWARD_SCHEDULE
+
+
+def resolve_schedules(
+    schedule: str, backward_schedule: str | None, backend: str, head_dim: int, *,
+    window: tuple[int, int] = (-1, -1), equal_costs: bool = False,
+) -> tuple[str, str | None]:
+    """``schedule`` and ``backward_schedule`` with :data:`BACKEND_DEFAULT` replaced by
+    :func:`default_schedules`' (other values, and ``None`` for "the forward's", as given)."""
+    fwd, bwd = default_schedules(backend, head_dim, window=window, equal_costs=equal_costs)
+    return (fwd if schedule == BACKEND_DEFAULT else schedule), (bwd if backward_schedule == BACKEND_DEFAULT else backward_schedule)
 PASSES = ("fwd", "dq", "dkdv")
 #: Which side a pass tiles: q-tiles (forward, dQ) or kv-tiles (dK/dV).
 _SIDE = {"fwd": "q", "dq": "q", "dkdv": "kv"}
@@ -934,6 +976,15 @@ def occupancies() -> dict[str, int]:
     return {f"{getattr(k[0], '__name__', k[0])} {dict(k[3])}": v for k, v in _occupancies.items()}
 
 
+def tile_counter(plan: Plan, pass_: str) -> torch.Tensor:
+    """The ``COUNTER`` argument of one launch of a persistent kernel over ``pass_``: for a dynamic
+    schedule a fresh zeroed int32 (so that no two launches ever share one, and a CUDA graph
+    replays it from zero), else ``plan.meta`` (never read)."""
+    if plan.info.schedule_of(pass_) == "dynamic":
+        return torch.zeros(1, dtype=torch.int32, device=plan.tiles.device)
+    return plan.meta
+
+
 def launch(kernel, plan: Plan, pass_: str, tensors: Sequence, scalars: Sequence, **kw) -> None:
     """Launch a persistent ``kernel(*tensors, TILES, COUNT, COUNTER, *scalars, n_workers,
     DYNAMIC=, ZIGZAG=, **kw)`` over one pass of ``plan`` (the loop it runs is in
@@ -949,7 +1000,7 @@ def launch(kernel, plan: Plan, pass_: str, tensors: Sequence, scalars: Sequence,
     device = plan.tiles.device
     kind = plan.info.schedule_of(pass_)
     dynamic = kind == "dynamic"
-    counter = torch.zeros(1, dtype=torch.int32, device=device) if dynamic else plan.meta
+    counter = tile_counter(plan, pass_)
     head = (*tensors, plan.section(pass_), plan.meta[PASSES.index(pass_) :], counter, *scalars)
     occupancy = 1
     if kind != "none" and not plan.info.workers:

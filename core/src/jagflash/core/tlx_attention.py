@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from jagflash.core.backend import tlx_sm90_blocks
+from jagflash.core.backend import TLX_ONE_PASS_HEAD_DIMS, tlx_sm90_blocks
 from jagflash.core.jagged import seq_lengths
 from jagflash.core.math import (
     LOG2E,
@@ -70,10 +70,12 @@ from jagflash.core.pipeline import (
     ring_release,
     ring_slot,
     rows_descriptor,
+    tile_publish,
+    tile_take,
     tma_load,
 )
-from jagflash.core.portable import atomic_add_rows, kernel_flags
-from jagflash.core.schedule import PASSES, make_plan
+from jagflash.core.portable import atomic_add_rows, kernel_flags, sched_first, sched_next
+from jagflash.core.schedule import PASSES, default_schedules, make_plan, tile_counter
 
 # q-tile rows (each consumer warpgroup takes half), kv rows: the same at every head dim and mask
 BLOCK_M, BLOCK_N = tlx_sm90_blocks(128)["fwd"]
@@ -82,8 +84,11 @@ NUM_KV = 2  # K/V ring depth
 # tlx_sm90_blocks (by head dim and mask); the one-pass backward always steps 64 queries.
 ONE_PASS_BLOCK_M = 64
 NUM_Q = 2  # Q/dO ring depth of the dK/dV pass
+#: Tile-index ring depth of a dynamic schedule: the producer claims a tile one ahead of the one it
+#: loads for, and the Q / K/V buffers keep it at most one more tile ahead of the consumers.
+ID_RING = tl.constexpr(2)
 HEAD_DIMS = (64, 128)
-ONE_PASS_HEAD_DIMS = (128,)  # the one-pass backward's: each consumer's dQ columns are D / 2 = 64
+ONE_PASS_HEAD_DIMS = TLX_ONE_PASS_HEAD_DIMS
 # The per-query vectors of the dK/dV kernel (log2 LSE and delta) are packed per sequence, each
 # sequence's rows starting at a multiple of VEC_PAD, padding rows holding lse2 = +inf (P = 0) and
 # delta = 0: the kernel then loads a step's vectors without a mask, from an aligned base, in pairs.
@@ -108,20 +113,23 @@ def _walk_reasons(walk: str | None) -> list[str]:
     return [] if walk is None or walk in WALKS else [f"walk must be None or one of {WALKS}, got {walk!r}"]
 
 
-def default_walk(left: int, right: int) -> str:
+def default_walk(left: int, right: int, dynamic: bool = False) -> str:
     """The walk a call gets when it names none: ``"head"`` (one head's tiles at a time, for L2
-    locality) without a mask, ``"slot"`` (the cost order across heads) with one. Measured on the
-    H200, kernels alone, bf16 D128 (bench/NOTES.md, 2026-12-01 session 6): unmasked, head vs
-    slot: forward dense 4x4096 0.917 vs 0.979 ms, 4x8192 H32 6.97 vs 7.83, lognormal 3.01 vs
-    3.06; one-pass backward dense 2.90 vs 3.00, lognormal 9.43 vs 9.43. Causal, the head walk
-    gives up the cost balance across heads: backward lognormal 6.86 vs 6.36 ms, dense 2.34 vs
-    1.80; forward mixed (dense 4x4096 0.678 vs 0.572, 4x8192 H32 4.06 vs 4.66)."""
-    return "head" if left < 0 and right < 0 else "slot"
+    locality) without a mask or on a dynamic plan, ``"slot"`` (the cost order across heads) on
+    a static plan with a mask, whose zigzag deal needs that order to balance the programs.
+    Measured on the H200, kernels alone, bf16 D128 (bench/NOTES.md, 2026-12-01 sessions 6 and
+    7). Unmasked, head vs slot: forward dense 4x4096 0.917 vs 0.979 ms, 4x8192 H32 6.97 vs
+    7.83, lognormal 3.01 vs 3.06; one-pass backward dense 2.90 vs 3.00. Causal on a static
+    plan the head walk loses the balance (backward lognormal 6.86 vs 6.36 ms, dense 2.34 vs
+    1.80; forward dense 4x4096 0.657 vs 0.553); on a dynamic plan it keeps both (forward dense
+    4x4096 causal 0.509 ms, 4x8192 H32 3.75 vs the static slot walk's 4.78, lognormal 1.81 vs
+    1.95; backward lognormal causal 5.84 vs 6.29)."""
+    return "head" if dynamic or (left < 0 and right < 0) else "slot"
 
 
-def _head_major(walk: str | None, left: int, right: int) -> bool:
+def _head_major(walk: str | None, left: int, right: int, dynamic: bool) -> bool:
     """The kernels' ``HEAD_MAJOR`` for a call's ``walk`` (``None``: :func:`default_walk`)."""
-    return (walk or default_walk(left, right)) == "head"
+    return (walk or default_walk(left, right, dynamic)) == "head"
 
 
 def use_one_pass(deterministic: bool, left: int, right: int, head_dim: int) -> bool:
@@ -133,25 +141,61 @@ def use_one_pass(deterministic: bool, left: int, right: int, head_dim: int) -> b
 
 
 @triton.jit
-def _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG: tl.constexpr, heads=1, HEAD_MAJOR: tl.constexpr = False):
-    """Row ``r * nprog + w`` of a Plan pass's cost-sorted table, ``w`` the program or, on odd
-    rounds of a zigzag schedule, its mirror: (in range, sequence, head, first row). Producer and
-    consumers call it with the same arguments, so they walk the same tiles without talking.
+def _walk_first(pid, COUNTER, ids, id_fulls, id_empties, PRODUCER: tl.constexpr, DYNAMIC: tl.constexpr):
+    """The first table index ``i`` of this program's walk over a Plan pass and its round ``r``.
 
-    ``HEAD_MAJOR`` (A/B, off): the table holds each tile slot's ``heads`` heads side by side;
-    walk it one head at a time instead (the n-th tile walked is slot ``n % slots`` of head
-    ``n // slots``), so the tiles that run at once share a head's K/V in L2, as the uTLX
-    tutorial's grid order does. It gives up the cost order across heads (each head's tiles
-    still come heaviest first)."""
-    w = pid
-    if ZIGZAG:
-        w = tl.where(r % 2 == 1, nprog - 1 - pid, pid)
-    t = r * nprog + w
-    count = tl.load(COUNT).to(tl.int32)
-    ok = t < count
+    Static (``DYNAMIC`` off): every role computes the indices itself (``sched_first`` /
+    ``sched_next``: program ``pid``'s slot of each round, mirrored on odd rounds of a zigzag
+    deal), so producer and consumers walk the same tiles without talking. Dynamic: only the
+    producer takes indices from the launch's atomic counter, one tile ahead of the one it loads
+    for, and publishes each in the tile-index ring (``ids``, ``id_fulls``, ``id_empties``:
+    :func:`jagflash.core.pipeline.tile_publish`); the consumers take them from there in the same
+    order. The walk ends at the first index past the pass's tile count."""
+    if DYNAMIC:
+        if PRODUCER:
+            i, r = sched_first(pid, COUNTER, True)
+            tile_publish(ids, id_fulls, id_empties, r, i, ID_RING)
+        else:
+            r = pid * 0
+            i = tile_take(ids, id_fulls, id_empties, r, ID_RING)
+    else:
+        i, r = sched_first(pid, COUNTER, False)
+    return i, r
+
+
+@triton.jit
+def _walk_next(i, r, pid, nprog, COUNTER, ids, id_fulls, id_empties, PRODUCER: tl.constexpr,
+               DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr):
+    """The index after ``i`` (round ``r``) of this program's walk, and its round: see
+    :func:`_walk_first`. The producer calls it before it loads for tile ``i`` (so a dynamic
+    claim's latency hides behind that tile), the consumers after they finish it."""
+    if DYNAMIC:
+        if PRODUCER:
+            i, r = sched_next(i, r, pid, nprog, COUNTER, True, ZIGZAG)
+            tile_publish(ids, id_fulls, id_empties, r, i, ID_RING)
+        else:
+            r = r + 1
+            i = tile_take(ids, id_fulls, id_empties, r, ID_RING)
+    else:
+        i, r = sched_next(i, r, pid, nprog, COUNTER, False, ZIGZAG)
+    return i, r
+
+
+@triton.jit
+def _plan_row(i, TILES, count, heads, HEAD_MAJOR: tl.constexpr):
+    """Row ``i`` of a Plan pass's table (walked in the order of :func:`_walk_first`): (in range,
+    sequence, head, first row).
+
+    ``HEAD_MAJOR``: the table holds each tile slot's ``heads`` heads side by side; walk it one
+    head at a time instead (the i-th tile walked is slot ``i % slots`` of head ``i // slots``),
+    so the tiles that run at once share a head's K/V in L2, as the uTLX tutorial's grid order
+    does. It gives up the cost order across heads (each head's tiles still come heaviest
+    first), which a static deal pays for on masked batches and a dynamic one does not."""
+    ok = i < count
+    t = i
     if HEAD_MAJOR:
         slots = tl.maximum(count // heads, 1)
-        t = (t % slots) * heads + t // slots
+        t = (i % slots) * heads + i // slots
     row = TILES + tl.where(ok, t, 0).to(tl.int64) * 3
     return ok, tl.load(row, mask=ok, other=0), tl.load(row + 1, mask=ok, other=0), tl.load(row + 2, mask=ok, other=0)
 
@@ -167,10 +211,10 @@ def _starts(q_offsets, kv_offsets, b):
 
 
 @triton.jit
-def _tile(r, pid, nprog, TILES, COUNT, q_offsets, kv_offsets, ZIGZAG: tl.constexpr, heads, HEAD_MAJOR: tl.constexpr):
-    """The forward q-tile of round ``r`` of program ``pid``: (live, head, first row, q start,
-    lq, kv start, lk)."""
-    ok, b, h, m0 = _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG, heads, HEAD_MAJOR)
+def _tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR: tl.constexpr):
+    """The forward q-tile at index ``i`` of the walk: (live, head, first row, q start, lq, kv
+    start, lk)."""
+    ok, b, h, m0 = _plan_row(i, TILES, count, heads, HEAD_MAJOR)
     q_start, lq, k_start, lk = _starts(q_offsets, kv_offsets, b)
     return ok & (m0 < lq), h, m0, q_start, lq, k_start, lk
 
@@ -286,12 +330,12 @@ def _consume(
 
 @triton.jit
 def _fwd_kernel(
-    desc_q, desc_k, desc_v, O, LSE, q_offsets, kv_offsets, TILES, COUNT,
-    stride_ot, stride_oh, total_q, n_rounds, scale, left, right, heads,
+    desc_q, desc_k, desc_v, O, LSE, q_offsets, kv_offsets, TILES, COUNT, COUNTER,
+    stride_ot, stride_oh, total_q, scale, left, right, heads,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_KV: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     PIPELINE: tl.constexpr, ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False,
-    FOLD_SCALE: tl.constexpr = False, HEAD_MAJOR: tl.constexpr = False,
+    FOLD_SCALE: tl.constexpr = False, HEAD_MAJOR: tl.constexpr = False, DYNAMIC: tl.constexpr = False,
 ):
     HALF: tl.constexpr = BLOCK_M // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -308,13 +352,19 @@ def _fwd_kernel(
     k_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
     v_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
+    ids = tlx.local_alloc((1,), tl.int32, ID_RING)  # the tile-index ring (DYNAMIC)
+    id_fulls = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=1)
+    id_empties = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=2)
 
     with tlx.async_tasks():
         with tlx.async_task("default", registers=24):  # producer: TMA loads
+            count = tl.load(COUNT).to(tl.int32)
             kv_cnt = 0
             tile_cnt = 0
-            for r in range(0, n_rounds):
-                live, h, m0, q_start, lq, k_start, lk = _tile(r, pid, nprog, TILES, COUNT, q_offsets, kv_offsets, ZIGZAG, heads, HEAD_MAJOR)
+            i, r = _walk_first(pid, COUNTER, ids, id_fulls, id_empties, True, DYNAMIC)
+            while i < count:
+                i_next, r = _walk_next(i, r, pid, nprog, COUNTER, ids, id_fulls, id_empties, True, DYNAMIC, ZIGZAG)
+                live, h, m0, q_start, lq, k_start, lk = _tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR)
                 if live:
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                     q_row = _q_row(q_start, m0, Q_SHARED)
@@ -326,16 +376,19 @@ def _fwd_kernel(
                         ring_load(desc_v, v_tiles, v_fulls, v_empties, kv_cnt, k_start + n0, col, NUM_KV, ELEM * BLOCK_N * HEAD_DIM)
                         kv_cnt += 1
                     tile_cnt += 1
+                i = i_next
 
         with tlx.async_task(num_warps=4, registers=240, replicate=2):  # consumers
             cid: tl.constexpr = tlx.async_task_replica_id()
             if cid == 1:
                 tlx.named_barrier_arrive(9, 256)  # let warpgroup 0 issue first
             qk_scale2 = scale * LOG2E
+            count = tl.load(COUNT).to(tl.int32)
             kv_cnt = 0
             tile_cnt = 0
-            for r in range(0, n_rounds):
-                live, h, m0, q_start, lq, k_start, lk = _tile(r, pid, nprog, TILES, COUNT, q_offsets, kv_offsets, ZIGZAG, heads, HEAD_MAJOR)
+            i, r = _walk_first(pid, COUNTER, ids, id_fulls, id_empties, False, DYNAMIC)
+            while i < count:
+                live, h, m0, q_start, lq, k_start, lk = _tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR)
                 if live:
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                     rows = m0 + cid * HALF + tl.arange(0, HALF)
@@ -380,6 +433,7 @@ def _fwd_kernel(
                     tl.store(o_ptrs, out.to(dtype), mask=valid[:, None])
                     tl.store(LSE + h.to(tl.int64) * total_q + o_rows, lse, mask=valid)
                     tile_cnt += 1
+                i, r = _walk_next(i, r, pid, nprog, COUNTER, ids, id_fulls, id_empties, False, DYNAMIC, ZIGZAG)
 
 
 @triton.jit
@@ -476,13 +530,13 @@ def _dkdv_steps(
 @triton.jit
 def _dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, DK, DV, LSE2, DELTA, VEC_TILE, q_offsets, kv_offsets, TILES, COUNT,
-    stride_dkt, stride_dkh, stride_dvt, stride_dvh, vec_rows, n_rounds, scale, left, right,
+    COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, vec_rows, scale, left, right,
     desc_dq, DQ, stride_acc, heads,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_Q: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False, FUSED_DQ: tl.constexpr = 0,
     DQ_STAGES: tl.constexpr = 1, OPAQUE_INDEX: tl.constexpr = False, PAD: tl.constexpr = 64,
-    HEAD_MAJOR: tl.constexpr = False,
+    HEAD_MAJOR: tl.constexpr = False, DYNAMIC: tl.constexpr = False,
 ):
     """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
     the GQA group, and with ``FUSED_DQ`` (1: TMA reduce-add, 2: atomics) each tile's share of
@@ -490,8 +544,8 @@ def _dkdv_kernel(
     dQ pass, which runs first). A producer streams K/V once per tile and Q/dO through a ring
     of NUM_Q slots; two consumer warpgroups take 64 kv rows each and share every Q/dO slot.
     ``LSE2``, ``DELTA``, ``VEC_TILE``, ``vec_rows``: the packed vectors of
-    :func:`backward_vectors` (``PAD``: :data:`VEC_PAD`). ``heads``, ``HEAD_MAJOR``: the walk of
-    the table (``_plan_row``)."""
+    :func:`backward_vectors` (``PAD``: :data:`VEC_PAD`). ``heads``, ``HEAD_MAJOR``, ``COUNTER``,
+    ``DYNAMIC``, ``ZIGZAG``: the walk of the table (:func:`_walk_first`, :func:`_plan_row`)."""
     HALF: tl.constexpr = BLOCK_N // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     ELEM: tl.constexpr = tlx.size_of(dtype)
@@ -513,13 +567,19 @@ def _dkdv_kernel(
     kv_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
     q_fulls = tlx.alloc_barriers(num_barriers=NUM_Q, arrive_count=1)
     q_empties = tlx.alloc_barriers(num_barriers=NUM_Q, arrive_count=2)
+    ids = tlx.local_alloc((1,), tl.int32, ID_RING)  # the tile-index ring (DYNAMIC)
+    id_fulls = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=1)
+    id_empties = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=2)
 
     with tlx.async_tasks():
         with tlx.async_task("default", registers=24):  # producer: TMA loads
+            count = tl.load(COUNT).to(tl.int32)
             q_cnt = 0
             tile_cnt = 0
-            for r in range(0, n_rounds):
-                ok, b, hk, n0 = _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG, heads, HEAD_MAJOR)
+            i, r = _walk_first(pid, COUNTER, ids, id_fulls, id_empties, True, DYNAMIC)
+            while i < count:
+                i_next, r = _walk_next(i, r, pid, nprog, COUNTER, ids, id_fulls, id_empties, True, DYNAMIC, ZIGZAG)
+                ok, b, hk, n0 = _plan_row(i, TILES, count, heads, HEAD_MAJOR)
                 q_start, lq, k_start, lk = _starts(q_offsets, kv_offsets, b)
                 if ok & (n0 < lk):
                     lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
@@ -538,14 +598,17 @@ def _dkdv_kernel(
                             tlx.async_descriptor_load(desc_do, do_tiles[slot], [q_start + m0, col], q_fulls[slot])
                             q_cnt += 1
                     tile_cnt += 1
+                i = i_next
 
         with tlx.async_task(num_warps=4, registers=240, replicate=2):  # consumers
             cid: tl.constexpr = tlx.async_task_replica_id()
             qk_scale2 = scale * LOG2E
+            count = tl.load(COUNT).to(tl.int32)
             q_cnt = 0
             tile_cnt = 0
-            for r in range(0, n_rounds):
-                ok, b, hk, n0 = _plan_row(r, pid, nprog, TILES, COUNT, ZIGZAG, heads, HEAD_MAJOR)
+            i, r = _walk_first(pid, COUNTER, ids, id_fulls, id_empties, False, DYNAMIC)
+            while i < count:
+                ok, b, hk, n0 = _plan_row(i, TILES, count, heads, HEAD_MAJOR)
                 q_start, lq, k_start, lk = _starts(q_offsets, kv_offsets, b)
                 if ok & (n0 < lk):
                     lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
@@ -575,15 +638,20 @@ def _dkdv_kernel(
                     tl.store(DK + out_rows[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :], (dk * scale).to(dtype), mask=valid[:, None])
                     tl.store(DV + out_rows[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :], dv.to(dtype), mask=valid[:, None])
                     tile_cnt += 1
+                i, r = _walk_next(i, r, pid, nprog, COUNTER, ids, id_fulls, id_empties, False, DYNAMIC, ZIGZAG)
             if FUSED_DQ == 1:
                 tlx.async_descriptor_store_wait(0)  # the stages must outlive their last stores
 
 
-def _zigzag(plan, pass_: str) -> bool:
-    """Whether the kernel deals ``pass_``'s table zigzag: the sorted static schedules (grouped,
-    static) do; batch order and a dynamic plan's table are walked round-robin (the producer and
-    the consumers must agree on the order without talking, so there is no tile counter)."""
-    return plan.info.schedule_of(pass_) in ("static", "grouped") and plan.info.layout(pass_).zigzag
+def _deal(plan, pass_: str) -> tuple[torch.Tensor, dict]:
+    """How a launch deals ``pass_``'s table to the programs: the kernel's ``COUNTER`` argument,
+    and its ``DYNAMIC`` (a dynamic schedule: the producer takes tiles from that atomic counter,
+    :func:`_walk_first`) and ``ZIGZAG`` (the sorted static schedules, grouped and static; batch
+    order is dealt round-robin)."""
+    kind = plan.info.schedule_of(pass_)
+    return tile_counter(plan, pass_), {
+        "DYNAMIC": kind == "dynamic", "ZIGZAG": kind in ("static", "grouped") and plan.info.layout(pass_).zigzag,
+    }
 
 
 def forward(
@@ -609,8 +677,7 @@ def forward(
 
     ``plan``: a :class:`jagflash.core.schedule.Plan` whose forward pass has 128-row q-tiles
     (built here, with the default schedule, when not given): its table sets the tile order,
-    dealt zigzag for a grouped or static plan. A dynamic plan's table is walked statically all
-    the same: the producer and the consumers must agree on the order without talking.
+    dealt zigzag for a grouped or static plan, taken from an atomic counter for a dynamic one.
 
     ``pipeline``: the consumer version. ``True`` (default): version 2, software-pipelined (QK^T
     of tile j in flight while P V of tile j-1 issues); ``False``: version 1 (no overlap inside a
@@ -635,10 +702,11 @@ def forward(
     out = alloc((tq, hq, dim), q.dtype, q.device)
     lse = alloc((hq, tq), torch.float32, q.device)
     if plan is None:
+        schedule, _ = default_schedules("tlx-sm90", dim, window=(left, right))
         plan = make_plan(
             q_offsets, kv_offsets, total_q=tq, total_kv=k.shape[0], heads_q=hq, heads_kv=hkv,
             window=(left, right), block_m=BLOCK_M, block_n=BLOCK_N, max_seqlen_q=max_seqlen_q,
-            backward=False,
+            backward=False, schedule=schedule,
         )
     lay = plan.info.layout("fwd")
     if lay.block_m != BLOCK_M:
@@ -648,14 +716,15 @@ def forward(
     if k.shape[0] == 0:  # no keys anywhere: every row sees nothing (no descriptor over 0 rows)
         return out.zero_(), lse.fill_(float("-inf"))
     programs = min(num_workers(q.device), lay.rows)
+    counter, deal = _deal(plan, "fwd")
     _fwd_kernel[(programs,)](
         rows_descriptor(q, BLOCK_M // 2, dim), rows_descriptor(k, BLOCK_N, dim),
         rows_descriptor(v, BLOCK_N, dim), out, lse, q_offsets, kv_offsets,
-        plan.section("fwd"), plan.meta[PASSES.index("fwd"):],
-        out.stride(0), out.stride(1), tq, triton.cdiv(lay.rows, programs), scale, left, right, lay.heads,
+        plan.section("fwd"), plan.meta[PASSES.index("fwd"):], counter,
+        out.stride(0), out.stride(1), tq, scale, left, right, lay.heads, **deal,
         **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NUM_KV=NUM_KV,
-        PIPELINE=pipeline, ZIGZAG=_zigzag(plan, "fwd"), Q_SHARED=q_shared,
-        FOLD_SCALE=scale > 0, HEAD_MAJOR=_head_major(walk, left, right), num_warps=4, num_stages=1,
+        PIPELINE=pipeline, Q_SHARED=q_shared,
+        FOLD_SCALE=scale > 0, HEAD_MAJOR=_head_major(walk, left, right, deal["DYNAMIC"]), num_warps=4, num_stages=1,
     )
     return out, lse
 
@@ -729,12 +798,15 @@ def backward_vectors(
     return lse2, packed_delta, vec_tile
 
 
-def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, left, right, blocks, who):
-    """The plan (made if none was given) and its dK/dV layout, whose tiles must be ``blocks``."""
+def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, dim, left, right, blocks, who):
+    """The plan (made with the TLX kernels' default schedules if none was given) and its dK/dV
+    layout, whose tiles must be ``blocks``."""
     if plan is None:
+        schedule, backward_schedule = default_schedules("tlx-sm90", dim, window=(left, right))
         plan = make_plan(
             q_offsets, kv_offsets, total_q=tq, total_kv=tk, heads_q=hq, heads_kv=hkv,
             window=(left, right), block_m=BLOCK_M, block_n=BLOCK_N, dkdv_blocks=blocks, backward=True,
+            schedule=schedule, backward_schedule=backward_schedule,
         )
     lay = plan.info.layout("dkdv")
     if (lay.block_m, lay.block_n) != tuple(blocks):
@@ -762,17 +834,18 @@ def _launch_dkdv(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, la
             dq_acc, shape=list(dq_acc.shape), strides=[dq_acc.stride(0), 1],
             block_shape=[block_m, dim // 2],
         )
+    counter, deal = _deal(plan, "dkdv")
     _dkdv_kernel[(programs,)](
         rows_descriptor(q, block_m, dim), rows_descriptor(k, block_n // 2, dim),
         rows_descriptor(v, block_n // 2, dim), rows_descriptor(dout, block_m, dim),
         dk, dv, *vectors, q_offsets, kv_offsets,
-        plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):],
+        plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):], counter,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), vectors[0].shape[1],
-        triton.cdiv(lay.rows, programs), scale, left, right, desc_dq,
+        scale, left, right, desc_dq,
         dk if dq_acc is None else dq_acc, 0 if dq_acc is None else dq_acc.stride(0), lay.heads,
-        **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=block_m, BLOCK_N=block_n,
-        NUM_Q=NUM_Q, ZIGZAG=_zigzag(plan, "dkdv"), Q_SHARED=q_shared, FUSED_DQ=0 if dq_acc is None else DQ_WRITES[dq_write],
-        DQ_STAGES=DQ_STAGES, OPAQUE_INDEX=dq_acc is not None, PAD=VEC_PAD, HEAD_MAJOR=_head_major(walk, left, right), num_warps=4, num_stages=1,
+        **deal, **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=block_m, BLOCK_N=block_n,
+        NUM_Q=NUM_Q, Q_SHARED=q_shared, FUSED_DQ=0 if dq_acc is None else DQ_WRITES[dq_write],
+        DQ_STAGES=DQ_STAGES, OPAQUE_INDEX=dq_acc is not None, PAD=VEC_PAD, HEAD_MAJOR=_head_major(walk, left, right, deal["DYNAMIC"]), num_warps=4, num_stages=1,
     )
 
 
@@ -804,7 +877,7 @@ def backward_dkdv(
     tq = dout.shape[0]  # the rows of dO, LSE and delta (B * Lq for broadcast-Q: see forward)
     dk, dv = alloc_like(k), alloc_like(v)
     blocks = tlx_sm90_blocks(q.shape[-1])["dkdv"]
-    plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], q.shape[1], k.shape[1], left, right, blocks, "the dK/dV pass")
+    plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], q.shape[1], k.shape[1], q.shape[-1], left, right, blocks, "the dK/dV pass")
     if k.shape[0] == 0 or lay.rows == 0:
         return dk, dv
     if tq == 0:  # no queries anywhere: no gradient (and no descriptor over 0 rows)
@@ -858,7 +931,7 @@ def backward(
     tq = dout.shape[0]
     dk, dv = alloc_like(k), alloc_like(v)
     blocks = (ONE_PASS_BLOCK_M, tlx_sm90_blocks(dim)["dkdv"][1])
-    plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], hq, k.shape[1], left, right, blocks, "the one-pass backward")
+    plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], hq, k.shape[1], dim, left, right, blocks, "the one-pass backward")
     # The accumulator has dQ's layout in fp32 (queries as rows; broadcast-Q: the Lq shared rows,
     # which every sequence adds into). A q-tile that runs past its sequence's end adds exact
     # zeros into the next sequence's rows (TMA clips the rows past the last). Zeroed, so rows
@@ -875,10 +948,12 @@ def backward(
     return dq, dk, dv
 
 
-def _walk_suffix(head_major: bool, causal: bool) -> str:
-    """A compile configuration's name names its walk only where it is not :func:`default_walk`'s."""
+def _walk_suffix(head_major: bool, causal: bool, dynamic: bool) -> str:
+    """A compile configuration's name names its walk only where it is not :func:`default_walk`'s,
+    and a dynamic deal (the atomic tile counter) as ``_dynamic``."""
     walk = "head" if head_major else "slot"
-    return "" if walk == default_walk(-1, 0 if causal else -1) else f"_{walk}walk"
+    name = "" if walk == default_walk(-1, 0 if causal else -1, dynamic) else f"_{walk}walk"
+    return name + ("_dynamic" if dynamic else "")
 
 
 def compile_configs():
@@ -887,43 +962,50 @@ def compile_configs():
     configs = []
     for dtype in ("fp16", "bf16"):
         for dim in HEAD_DIMS:
-            # head_major: the default walk (default_walk) is the head walk exactly when unmasked
-            for causal, pipeline, shared, fold, head_major in (
-                (False, True, False, True, True), (True, True, False, True, False),
-                (False, False, False, True, True), (True, False, False, True, False),
-                (False, True, True, True, True),  # broadcast-Q
-                (False, True, False, False, True), (True, True, False, False, False),  # scale <= 0
-                (False, True, False, True, False),  # walk="slot" unmasked
+            # What calls launch (schedule.default_schedules, default_walk): jagged and
+            # broadcast-Q batches a dynamic plan walked head by head; dense unmasked a static
+            # one walked head by head; a caller's static causal plan the slot walk.
+            for causal, pipeline, shared, fold, head_major, dynamic in (
+                (False, True, False, True, True, True), (True, True, False, True, True, True),
+                (False, True, False, True, True, False), (True, True, False, True, False, False),
+                (False, False, False, True, True, False), (True, False, False, True, False, False),  # v1
+                (False, True, True, True, True, True),  # broadcast-Q
+                (False, True, False, False, True, True), (True, True, False, False, True, True),  # scale <= 0
+                (False, True, False, True, False, False),  # walk="slot" unmasked
             ):
                 signature = {
                     "desc_q": f"tensordesc<{dtype}[{BLOCK_M // 2},{dim}]>",
                     "desc_k": f"tensordesc<{dtype}[{BLOCK_N},{dim}]>",
                     "desc_v": f"tensordesc<{dtype}[{BLOCK_N},{dim}]>",
                     "O": f"*{dtype}", "LSE": "*fp32", "q_offsets": "*i32", "kv_offsets": "*i32",
-                    "TILES": "*i32", "COUNT": "*i64", "stride_ot": "i32:16", "stride_oh": "i32:16",
-                    "total_q": "i32", "n_rounds": "i32", "scale": "fp32", "left": "i32", "right": "i32",
+                    "TILES": "*i32", "COUNT": "*i64", "COUNTER": "*i32" if dynamic else "*i64", "stride_ot": "i32:16",
+                    "stride_oh": "i32:16", "total_q": "i32", "scale": "fp32", "left": "i32", "right": "i32",
                     "heads": "i32",
                 }
                 constexprs = {
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
                     "NUM_KV": NUM_KV, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal,
                     "PIPELINE": pipeline, "ZIGZAG": True, "Q_SHARED": shared,
-                    "FOLD_SCALE": fold, "HEAD_MAJOR": head_major,
+                    "FOLD_SCALE": fold, "HEAD_MAJOR": head_major, "DYNAMIC": dynamic,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
                 # version 2 carries P in fp32: a few per-tile values spill outside the kv loop
-                # (8-56 B, none inside it; at D 64 only unfolded, in fp16).
+                # (8-56 B, none inside it; at D 64 only unfolded, in fp16; the dynamic walk's
+                # tile-index ring adds a few).
                 configs.append((
-                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{_walk_suffix(head_major, causal)}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
+                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{_walk_suffix(head_major, causal, dynamic)}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
                     _fwd_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
-                    {64: 0 if fold else 8, 128: 20 if fold else 56}[dim] if pipeline else 0,
+                    {64: 0 if fold else 8, 128: (52 if dynamic else 24) if fold else 56}[dim] if pipeline else 0,
                 ))
-            for causal, shared, fused, head_major in (
-                (False, False, True, True), (True, False, True, False), (False, True, True, True),
-                (False, False, False, True), (True, False, False, False), (False, True, False, True),
-                (False, False, True, False),  # walk="slot" unmasked
+            # the one pass on a dynamic plan (jagged, broadcast-Q) and on dense unmasked's
+            # static one; the two passes' dK/dV on batch order (portable dQ pass first)
+            for causal, shared, fused, head_major, dynamic in (
+                (False, False, True, True, True), (True, False, True, True, True), (False, True, True, True, True),
+                (False, False, True, True, False), (True, False, True, False, False),
+                (False, False, False, True, False), (True, False, False, False, False), (False, True, False, True, False),
+                (False, False, True, False, False),  # walk="slot" unmasked
             ):
                 if fused and dim not in ONE_PASS_HEAD_DIMS:
                     continue  # the one pass is D 128 only
@@ -937,8 +1019,8 @@ def compile_configs():
                     "desc_do": f"tensordesc<{dtype}[{bm},{dim}]>",
                     "DK": f"*{dtype}", "DV": f"*{dtype}", "LSE2": "*fp32", "DELTA": "*fp32", "VEC_TILE": "*i32",
                     "q_offsets": "*i32", "kv_offsets": "*i32", "TILES": "*i32", "COUNT": "*i64",
-                    "stride_dkt": "i32:16", "stride_dkh": "i32:16", "stride_dvt": "i32:16", "stride_dvh": "i32:16",
-                    "vec_rows": "i32:16", "n_rounds": "i32", "scale": "fp32", "left": "i32", "right": "i32",
+                    "COUNTER": "*i32" if dynamic else "*i64", "stride_dkt": "i32:16", "stride_dkh": "i32:16", "stride_dvt": "i32:16", "stride_dvh": "i32:16",
+                    "vec_rows": "i32:16", "scale": "fp32", "left": "i32", "right": "i32",
                     "desc_dq": f"tensordesc<fp32[{bm},{dim // 2}]>" if fused else f"tensordesc<{dtype}[{bm},{dim}]>",
                     "DQ": "*fp32", "stride_acc": "i32:16", "heads": "i32",
                 }
@@ -946,7 +1028,7 @@ def compile_configs():
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": bm, "BLOCK_N": bn,
                     "NUM_Q": NUM_Q, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal, "ZIGZAG": True,
                     "Q_SHARED": shared, "FUSED_DQ": DQ_WRITES["tma"] if fused else 0, "DQ_STAGES": DQ_STAGES,
-                    "OPAQUE_INDEX": fused, "PAD": VEC_PAD, "HEAD_MAJOR": head_major,
+                    "OPAQUE_INDEX": fused, "PAD": VEC_PAD, "HEAD_MAJOR": head_major, "DYNAMIC": dynamic,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
@@ -955,23 +1037,24 @@ def compile_configs():
                 # tile; the masked steps need the most; the configurations compile the default
                 # TMA write): bench/NOTES.md.
                 if fused:
-                    known_spill = 700 if causal else 272
+                    known_spill = 720 if causal else 280
                 else:
-                    known_spill = {64: 0, 128: 388 if causal else 80}[dim]  # 64 B in the slot walk
+                    known_spill = {64: 0, 128: 424 if causal else 104}[dim]
                 configs.append((
-                    f"tlx_{'bwd' if fused else 'dkdv'}{_walk_suffix(head_major, causal)}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
+                    f"tlx_{'bwd' if fused else 'dkdv'}{_walk_suffix(head_major, causal, dynamic)}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1}, known_spill,
                 ))
     return configs
 
 
 def _ab(argv: list[str] | None = None) -> int:
-    """A/B of the forward's consumer versions on one GPU: ``python -m jagflash.core.tlx_attention``.
+    """A/B of the forward's tile orders on one GPU: ``python -m jagflash.core.tlx_attention``.
 
-    Times v1 (no QK/PV overlap), v2 (software-pipelined, the default) and v2 walking the table
-    one head at a time (``walk="head"``) on a lognormal jagged batch and a dense one (bf16, H16,
-    D128, causal and not) and dense 4 x 8192 H32 (its K/V, 256 MB, are five times the L2),
-    checks that each matches v1, and prints TFLOP/s."""
+    Times the default consumer (version 2) on plans of each schedule (grouped: the default;
+    static; dynamic: the atomic tile counter) walked slot by slot and head by head, on a
+    lognormal jagged batch and a dense one (bf16, H16, D128, causal and not) and dense
+    4 x 8192 H32 (its K/V, 256 MB, are five times the L2), checks that each matches the call's
+    default, and prints TFLOP/s."""
     import argparse
     import functools
 
@@ -989,7 +1072,7 @@ def _ab(argv: list[str] | None = None) -> int:
         "dense4x8192h32": ([8192] * 4, 32),
     }
     dim = 128
-    print(f"{'batch':14s} {'causal':6s} {'version':8s} {'ms':>8s} {'TFLOP/s':>8s} {'max|x-v1|':>11s}")
+    print(f"{'batch':14s} {'causal':6s} {'order':14s} {'ms':>8s} {'TFLOP/s':>8s} {'max|x-dflt|':>11s}")
     for name, (lens, heads) in batches.items():
         total, longest = sum(lens), max(lens)
         q, k, v = (torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -999,16 +1082,22 @@ def _ab(argv: list[str] | None = None) -> int:
             right = 0 if causal else -1
             flops = 4 * int(visible_pairs(lt, lt, -1, right).sum()) * dim * heads
             outs = {}
-            for version, pipeline, walk in (("v1", False, "slot"), ("v2", True, "slot"), ("v2-head", True, "head")):
-                run = functools.partial(
-                    forward, q, k, v, offs, offs, longest, left=-1, right=right,
-                    scale=dim**-0.5, pipeline=pipeline, walk=walk,
+            for order in ("default", *(f"{s}-{w}" for s in ("grouped", "static", "dynamic") for w in WALKS)):
+                schedule, walk = order.split("-") if "-" in order else (None, None)
+                plan = None if schedule is None else make_plan(
+                    offs, offs, total_q=total, total_kv=total, heads_q=heads, heads_kv=heads,
+                    window=(-1, right), block_m=BLOCK_M, block_n=BLOCK_N, max_seqlen_q=longest,
+                    backward=False, schedule=schedule,
                 )
-                outs[version] = run()[0]
+                run = functools.partial(
+                    forward, q, k, v, offs, offs, longest, left=-1, right=right, scale=dim**-0.5,
+                    plan=plan, walk=walk,
+                )
+                outs[order] = run()[0]
                 ms = do_bench(run, warmup=25, rep=args.reps_ms, return_mode="median")
-                diff = (outs[version].float() - outs["v1"].float()).abs().max().item()
+                diff = (outs[order].float() - outs["default"].float()).abs().max().item()
                 del run
-                print(f"{name:14s} {causal!s:6s} {version:8s} {ms:8.3f} {flops / ms / 1e9:8.1f} {diff:11.2e}", flush=True)
+                print(f"{name:14s} {causal!s:6s} {order:14s} {ms:8.3f} {flops / ms / 1e9:8.1f} {diff:11.2e}", flush=True)
     return 0
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.jagged import check_offsets
-from jagflash.core.ops import call_plan_blocks, call_problem, check_qkv, default_scale, raise_if
+from jagflash.core.ops import call_plan_layout, call_problem, check_qkv, default_scale, raise_if
 from jagflash.core.registry import Variant
-from jagflash.core.schedule import DEFAULT_BACKWARD_SCHEDULE, DEFAULT_SCHEDULE, Plan
+from jagflash.core.schedule import BACKEND_DEFAULT, Plan
 from jagflash.core.schedule import make_plan as _core_make_plan
 from jagflash.variants.broadcast_q import op
 from jagflash.variants.broadcast_q.spec import SPEC
@@ -104,8 +104,8 @@ def make_plan(
     k: torch.Tensor,
     kv_offsets: torch.Tensor,
     *,
-    schedule: str = DEFAULT_SCHEDULE,
-    backward_schedule: str | None = DEFAULT_BACKWARD_SCHEDULE,
+    schedule: str = BACKEND_DEFAULT,
+    backward_schedule: str | None = BACKEND_DEFAULT,
     workers: int | None = None,
     max_seqlen_kv: int | None = None,
     backward: bool = True,
@@ -117,7 +117,10 @@ def make_plan(
     shapes and device. The other arguments as for ``jagflash.variants.jagged.make_plan``
     (``backend``: default the one a call with these shapes picks)."""
     raise_if("jagflash.variants.broadcast_q.make_plan", check_qkv(q, k, k, rank=3, layout_doc="[rows, H, D]"))
-    blocks = call_plan_blocks(SPEC, "broadcast_q", q, k, causal=False, backend=backend)
+    blocks, schedule, backward_schedule = call_plan_layout(
+        SPEC, "broadcast_q", q, k, causal=False, backend=backend, schedule=schedule,
+        backward_schedule=backward_schedule,
+    )
     return _core_make_plan(
         op.output_offsets(q, kv_offsets), kv_offsets, total_q=(kv_offsets.numel() - 1) * q.shape[0],
         total_kv=k.shape[0], heads_q=q.shape[1], heads_kv=k.shape[1], block_m=blocks["fwd"][0],

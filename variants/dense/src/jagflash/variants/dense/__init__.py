@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from jagflash.core.ops import call_plan_blocks, call_problem, check_qkv, default_scale, raise_if
+from jagflash.core.ops import call_plan_layout, call_problem, check_qkv, default_scale, raise_if
 from jagflash.core.registry import Variant
 from jagflash.core.schedule import (
-    DEFAULT_BACKWARD_SCHEDULE,
-    DEFAULT_SCHEDULE,
+    BACKEND_DEFAULT,
     PTR_DENSE,
     Plan,
     PlanInfo,
@@ -109,11 +108,17 @@ def _default_plan(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool
     is chosen inside the opaque op, so the forward and backward ops each lay out their own."""
     if torch.compiler.is_compiling():
         return None, None, None
-    blocks = call_plan_blocks(SPEC, "dense", q, k, causal=causal, backend=backend)
-    key = (q.device, tuple(q.shape), tuple(k.shape), bool(causal), bool(backward), tuple(sorted(blocks.items())))
+    blocks, schedule, backward_schedule = _layout(q, k, causal, backend, BACKEND_DEFAULT, BACKEND_DEFAULT)
+    key = (
+        q.device, tuple(q.shape), tuple(k.shape), bool(causal), bool(backward), tuple(sorted(blocks.items())),
+        schedule, backward_schedule,
+    )
     hit = _PLANS.get(key)
     if hit is None:
-        hit = _build(q, k, causal=causal, blocks=blocks, backward=backward)
+        hit = _build(
+            q, k, causal=causal, blocks=blocks, schedule=schedule, backward_schedule=backward_schedule,
+            backward=backward,
+        )
         if not (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             while len(_PLANS) >= _PLANS_KEPT:
                 _PLANS.pop(next(iter(_PLANS)))
@@ -121,10 +126,18 @@ def _default_plan(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool
     return hit
 
 
+def _layout(q, k, causal, backend, schedule, backward_schedule):
+    """Tile sizes and schedules of a dense plan (``call_plan_layout``): without a mask every
+    tile costs the same, which is what the default schedules are chosen on."""
+    return call_plan_layout(
+        SPEC, "dense", q, k, causal=causal, backend=backend, schedule=schedule,
+        backward_schedule=backward_schedule, equal_costs=not causal,
+    )
+
+
 def _build(
     q: torch.Tensor, k: torch.Tensor, *, causal: bool, blocks: dict[str, tuple[int, int]],
-    schedule: str = DEFAULT_SCHEDULE, backward_schedule: str | None = DEFAULT_BACKWARD_SCHEDULE,
-    workers: int | None = None, backward: bool = True,
+    schedule: str, backward_schedule: str | None, workers: int | None = None, backward: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     b, nq, nk = q.shape[0], q.shape[1], k.shape[1]
     info = plan_info(
@@ -143,8 +156,8 @@ def make_plan(
     k: torch.Tensor,
     *,
     causal: bool = False,
-    schedule: str = DEFAULT_SCHEDULE,
-    backward_schedule: str | None = DEFAULT_BACKWARD_SCHEDULE,
+    schedule: str = BACKEND_DEFAULT,
+    backward_schedule: str | None = BACKEND_DEFAULT,
     workers: int | None = None,
     backward: bool = True,
     backend: str | None = None,
@@ -157,9 +170,10 @@ def make_plan(
     if not reasons and q.shape[0] != k.shape[0]:
         reasons.append(f"q and k batch sizes differ: {q.shape[0]} vs {k.shape[0]}")
     raise_if("jagflash.variants.dense.make_plan", reasons)
+    blocks, schedule, backward_schedule = _layout(q, k, causal, backend, schedule, backward_schedule)
     tiles, meta, info = _build(
-        q, k, causal=causal, blocks=call_plan_blocks(SPEC, "dense", q, k, causal=causal, backend=backend),
-        schedule=schedule, backward_schedule=backward_schedule, workers=workers, backward=backward,
+        q, k, causal=causal, blocks=blocks, schedule=schedule, backward_schedule=backward_schedule,
+        workers=workers, backward=backward,
     )
     return Plan(tiles, meta, PlanInfo.from_ints(info))
 

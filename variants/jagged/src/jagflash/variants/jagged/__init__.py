@@ -14,11 +14,10 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.jagged import check_offsets
-from jagflash.core.ops import call_plan_blocks, call_problem, check_qkv, default_scale, raise_if
+from jagflash.core.ops import call_plan_layout, call_problem, check_qkv, default_scale, raise_if
 from jagflash.core.registry import Variant
 from jagflash.core.schedule import (
-    DEFAULT_BACKWARD_SCHEDULE,
-    DEFAULT_SCHEDULE,
+    BACKEND_DEFAULT,
     PTR_SAME_CALL,
     Plan,
     build_plan,
@@ -156,8 +155,8 @@ def make_plan(
     kv_offsets: torch.Tensor,
     *,
     causal: bool = False,
-    schedule: str = DEFAULT_SCHEDULE,
-    backward_schedule: str | None = DEFAULT_BACKWARD_SCHEDULE,
+    schedule: str = BACKEND_DEFAULT,
+    backward_schedule: str | None = BACKEND_DEFAULT,
     workers: int | None = None,
     max_seqlen_q: int | None = None,
     max_seqlen_kv: int | None = None,
@@ -175,12 +174,15 @@ def make_plan(
             shapes and device are read).
         q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv: as for
             :func:`jagged_attention` (the max lengths only tighten the table's size).
-        schedule: ``"grouped"`` (default: sequences sorted by cost, each one's tiles kept
-            together for L2 locality, dealt zigzag to persistent workers), ``"static"`` (tiles
-            sorted by cost, dealt zigzag), ``"dynamic"`` (sorted, taken from an atomic counter) or ``"none"``
-            (batch order, one program a tile: the baseline).
-        backward_schedule: the backward passes' own kind (default ``"none"``, batch order,
-            which measured fastest on the H200; ``None``: ``schedule``'s).
+        schedule: ``"default"`` (the fastest measured for the backend the plan is for:
+            ``jagflash.core.schedule.default_schedules``; ``"dynamic"`` for the TLX kernels,
+            ``"grouped"`` for the portable ones), ``"grouped"`` (sequences sorted by cost, each
+            one's tiles kept together for L2 locality, dealt zigzag to persistent workers),
+            ``"static"`` (tiles sorted by cost, dealt zigzag), ``"dynamic"`` (sorted, taken from
+            an atomic counter) or ``"none"`` (batch order, one program a tile: the baseline).
+        backward_schedule: the backward passes' own kind (``"default"``: as for ``schedule``;
+            the TLX one-pass backward's is ``"dynamic"``, else ``"none"``, batch order;
+            ``None``: ``schedule``'s).
         workers: persistent programs per launch; default the GPU's SM count (4 on the CPU).
         backward: lay out the backward passes too (``False`` for inference).
         backend: the kernels the plan is for (their tile sizes): default the backend a call
@@ -188,7 +190,10 @@ def make_plan(
             dims 64 and 128, else ``portable`` on a GPU, ``interpreter`` on the CPU).
     """
     raise_if("jagflash.variants.jagged.make_plan", check_qkv(q, k, k, rank=3, layout_doc="[T, H, D]"))
-    blocks = call_plan_blocks(SPEC, "jagged", q, k, causal=causal, backend=backend)
+    blocks, schedule, backward_schedule = call_plan_layout(
+        SPEC, "jagged", q, k, causal=causal, backend=backend, schedule=schedule,
+        backward_schedule=backward_schedule,
+    )
     return _core_make_plan(
         q_offsets, kv_offsets, total_q=q.shape[0], total_kv=k.shape[0], heads_q=q.shape[1],
         heads_kv=k.shape[1], causal=causal, block_m=blocks["fwd"][0], block_n=blocks["fwd"][1],
@@ -204,12 +209,12 @@ def _own_plan(q, k, q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv, 
     cannot follow that choice), none: the forward and backward ops each build their own."""
     if torch.compiler.is_compiling():
         return None, None, None
+    blocks, schedule, backward_schedule = call_plan_layout(SPEC, "jagged", q, k, causal=causal, backend=backend)
     info = plan_info(
         batch=q_offsets.numel() - 1, total_q=q.shape[0], total_kv=k.shape[0], heads_q=q.shape[1],
-        heads_kv=k.shape[1], causal=causal,
-        blocks=call_plan_blocks(SPEC, "jagged", q, k, causal=causal, backend=backend), max_seqlen_q=max_seqlen_q,
-        max_seqlen_kv=max_seqlen_kv, schedule=DEFAULT_SCHEDULE,
-        backward_schedule=DEFAULT_BACKWARD_SCHEDULE, backward=backward, q_ptr=PTR_SAME_CALL,
+        heads_kv=k.shape[1], causal=causal, blocks=blocks, max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv, schedule=schedule,
+        backward_schedule=backward_schedule, backward=backward, q_ptr=PTR_SAME_CALL,
         kv_ptr=PTR_SAME_CALL,
     ).to_ints()
     tiles, meta = build_plan(q_offsets, kv_offsets, info)
