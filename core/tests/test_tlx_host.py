@@ -196,3 +196,32 @@ def test_launches_bind_to_the_kernels_signatures(monkeypatch, schedule) -> None:
             assert args["COUNTER"].tolist() == [0]
     if schedule == "dynamic":
         assert len({args["COUNTER"].data_ptr() for _, args in calls}) == 3
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize(("heads", "group", "slots"), [(8, 1, 5), (8, 4, 3), (16, 4, 1), (6, 2, 7)])
+def test_head_walk_visits_every_table_row_once_kv_head_by_kv_head(heads, group, slots) -> None:
+    """``_plan_row`` with ``HEAD_MAJOR``: the walk is a permutation of the table's rows (each slot
+    holds its ``heads`` heads side by side), and runs one K/V head's GROUP query heads at a
+    time, slot after slot (under the interpreter: it is plain Triton)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def walk(TILES, COUNT, OUT, heads, GROUP: tl.constexpr, N: tl.constexpr):
+        count = tl.load(COUNT).to(tl.int32)
+        for i in tl.static_range(N):
+            _ok, b, h, _start = tlx_attention._plan_row(i, TILES, count, heads, True, GROUP)
+            tl.store(OUT + i * 2, b)
+            tl.store(OUT + i * 2 + 1, h)
+
+    count = slots * heads
+    tiles = torch.tensor([[s, h, 0] for s in range(slots) for h in range(heads)], dtype=torch.int32)
+    out = torch.full((count, 2), -1, dtype=torch.int32)
+    walk[(1,)](tiles, torch.tensor([count], dtype=torch.int64), out, heads, GROUP=group, N=count)
+    pairs = [tuple(p) for p in out.tolist()]
+    assert sorted(pairs) == sorted((s, h) for s in range(slots) for h in range(heads))
+    span = slots * group
+    for n, (s, h) in enumerate(pairs):
+        assert h // group == n // span  # one K/V head at a time
+        assert s == (n % span) // group  # slot after slot, its GROUP query heads side by side

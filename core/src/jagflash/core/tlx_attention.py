@@ -123,7 +123,9 @@ def default_walk(left: int, right: int, dynamic: bool = False) -> str:
     plan the head walk loses the balance (backward lognormal 6.86 vs 6.36 ms, dense 2.34 vs
     1.80; forward dense 4x4096 0.657 vs 0.553); on a dynamic plan it keeps both (forward dense
     4x4096 causal 0.509 ms, 4x8192 H32 3.75 vs the static slot walk's 4.78, lognormal 1.81 vs
-    1.95; backward lognormal causal 5.84 vs 6.29)."""
+    1.95; backward lognormal causal 5.84 vs 6.29). With GQA the walk goes K/V head by K/V head
+    (``_plan_row``): causal 16:4 1.73 ms, level with the grouped slot walk's 1.72 (walking
+    query heads one at a time: 1.81)."""
     return "head" if dynamic or (left < 0 and right < 0) else "slot"
 
 
@@ -182,20 +184,22 @@ def _walk_next(i, r, pid, nprog, COUNTER, ids, id_fulls, id_empties, PRODUCER: t
 
 
 @triton.jit
-def _plan_row(i, TILES, count, heads, HEAD_MAJOR: tl.constexpr):
+def _plan_row(i, TILES, count, heads, HEAD_MAJOR: tl.constexpr, GROUP: tl.constexpr = 1):
     """Row ``i`` of a Plan pass's table (walked in the order of :func:`_walk_first`): (in range,
     sequence, head, first row).
 
     ``HEAD_MAJOR``: the table holds each tile slot's ``heads`` heads side by side; walk it one
-    head at a time instead (the i-th tile walked is slot ``i % slots`` of head ``i // slots``),
-    so the tiles that run at once share a head's K/V in L2, as the uTLX tutorial's grid order
-    does. It gives up the cost order across heads (each head's tiles still come heaviest
-    first), which a static deal pays for on masked batches and a dynamic one does not."""
+    K/V head at a time instead: the GROUP query heads that share it (GQA; the forward's table
+    holds query heads) side by side, slot after slot, then the next K/V head. The tiles that run
+    at once then share one K/V head in L2, as the uTLX tutorial's grid order does. It gives up
+    the cost order across heads (each head's tiles still come heaviest first), which a static
+    deal pays for on masked batches and a dynamic one does not."""
     ok = i < count
     t = i
     if HEAD_MAJOR:
-        slots = tl.maximum(count // heads, 1)
-        t = (i % slots) * heads + i // slots
+        span = tl.maximum(count // heads, 1) * GROUP  # the tiles of one K/V head
+        rem = i % span
+        t = (rem // GROUP) * heads + (i // span) * GROUP + rem % GROUP
     row = TILES + tl.where(ok, t, 0).to(tl.int64) * 3
     return ok, tl.load(row, mask=ok, other=0), tl.load(row + 1, mask=ok, other=0), tl.load(row + 2, mask=ok, other=0)
 
@@ -211,10 +215,10 @@ def _starts(q_offsets, kv_offsets, b):
 
 
 @triton.jit
-def _tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR: tl.constexpr):
+def _tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR: tl.constexpr, GROUP: tl.constexpr):
     """The forward q-tile at index ``i`` of the walk: (live, head, first row, q start, lq, kv
     start, lk)."""
-    ok, b, h, m0 = _plan_row(i, TILES, count, heads, HEAD_MAJOR)
+    ok, b, h, m0 = _plan_row(i, TILES, count, heads, HEAD_MAJOR, GROUP)
     q_start, lq, k_start, lk = _starts(q_offsets, kv_offsets, b)
     return ok & (m0 < lq), h, m0, q_start, lq, k_start, lk
 
@@ -364,7 +368,7 @@ def _fwd_kernel(
             i, r = _walk_first(pid, COUNTER, ids, id_fulls, id_empties, True, DYNAMIC)
             while i < count:
                 i_next, r = _walk_next(i, r, pid, nprog, COUNTER, ids, id_fulls, id_empties, True, DYNAMIC, ZIGZAG)
-                live, h, m0, q_start, lq, k_start, lk = _tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR)
+                live, h, m0, q_start, lq, k_start, lk = _tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
                 if live:
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                     q_row = _q_row(q_start, m0, Q_SHARED)
@@ -388,7 +392,7 @@ def _fwd_kernel(
             tile_cnt = 0
             i, r = _walk_first(pid, COUNTER, ids, id_fulls, id_empties, False, DYNAMIC)
             while i < count:
-                live, h, m0, q_start, lq, k_start, lk = _tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR)
+                live, h, m0, q_start, lq, k_start, lk = _tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
                 if live:
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                     rows = m0 + cid * HALF + tl.arange(0, HALF)
@@ -997,7 +1001,7 @@ def compile_configs():
                     f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{_walk_suffix(head_major, causal, dynamic)}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
                     _fwd_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
-                    {64: 0 if fold else 8, 128: (52 if dynamic else 24) if fold else 56}[dim] if pipeline else 0,
+                    {64: 0 if fold else 8, 128: (52 if dynamic else 24) if fold else 60}[dim] if pipeline else 0,
                 ))
             # the one pass on a dynamic plan (jagged, broadcast-Q) and on dense unmasked's
             # static one; the two passes' dK/dV on batch order (portable dQ pass first)
@@ -1052,9 +1056,9 @@ def _ab(argv: list[str] | None = None) -> int:
 
     Times the default consumer (version 2) on plans of each schedule (grouped: the default;
     static; dynamic: the atomic tile counter) walked slot by slot and head by head, on a
-    lognormal jagged batch and a dense one (bf16, H16, D128, causal and not) and dense
-    4 x 8192 H32 (its K/V, 256 MB, are five times the L2), checks that each matches the call's
-    default, and prints TFLOP/s."""
+    lognormal jagged batch (H16, and GQA 16:4) and a dense one (bf16, H16, D128, causal and not)
+    and dense 4 x 8192 H32 (its K/V, 256 MB, are five times the L2), checks that each matches
+    the call's default, and prints TFLOP/s. ``--batches gqa4``: only the batches so named."""
     import argparse
     import functools
 
@@ -1064,18 +1068,22 @@ def _ab(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=_ab.__doc__.splitlines()[0])
     parser.add_argument("--reps-ms", type=int, default=300, help="do_bench rep time per case")
+    parser.add_argument("--batches", default="", help="only the batches whose name contains this")
     args = parser.parse_args(argv)
     gen = torch.Generator().manual_seed(0)
     lognormal = torch.clamp((torch.exp(torch.randn(128, generator=gen)) * 512).round(), 1, 4096)
-    batches = {
-        "lognormal128": (lognormal.long().tolist(), 16), "dense4x4096": ([4096] * 4, 16),
-        "dense4x8192h32": ([8192] * 4, 32),
+    batches = {  # lengths, q heads, kv heads
+        "lognormal128": (lognormal.long().tolist(), 16, 16), "lognormal128gqa4": (lognormal.long().tolist(), 16, 4),
+        "dense4x4096": ([4096] * 4, 16, 16), "dense4x8192h32": ([8192] * 4, 32, 32),
     }
     dim = 128
-    print(f"{'batch':14s} {'causal':6s} {'order':14s} {'ms':>8s} {'TFLOP/s':>8s} {'max|x-dflt|':>11s}")
-    for name, (lens, heads) in batches.items():
+    print(f"{'batch':16s} {'causal':6s} {'order':14s} {'ms':>8s} {'TFLOP/s':>8s} {'max|x-dflt|':>11s}")
+    for name, (lens, heads, kv_heads) in batches.items():
+        if args.batches not in name:
+            continue
         total, longest = sum(lens), max(lens)
-        q, k, v = (torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        q = torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(total, kv_heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         offs = offsets_from_lengths(lens, "cuda")
         lt = torch.tensor(lens)
         for causal in (False, True):
@@ -1085,7 +1093,7 @@ def _ab(argv: list[str] | None = None) -> int:
             for order in ("default", *(f"{s}-{w}" for s in ("grouped", "static", "dynamic") for w in WALKS)):
                 schedule, walk = order.split("-") if "-" in order else (None, None)
                 plan = None if schedule is None else make_plan(
-                    offs, offs, total_q=total, total_kv=total, heads_q=heads, heads_kv=heads,
+                    offs, offs, total_q=total, total_kv=total, heads_q=heads, heads_kv=kv_heads,
                     window=(-1, right), block_m=BLOCK_M, block_n=BLOCK_N, max_seqlen_q=longest,
                     backward=False, schedule=schedule,
                 )
@@ -1097,7 +1105,7 @@ def _ab(argv: list[str] | None = None) -> int:
                 ms = do_bench(run, warmup=25, rep=args.reps_ms, return_mode="median")
                 diff = (outs[order].float() - outs["default"].float()).abs().max().item()
                 del run
-                print(f"{name:14s} {causal!s:6s} {order:14s} {ms:8.3f} {flops / ms / 1e9:8.1f} {diff:11.2e}", flush=True)
+                print(f"{name:16s} {causal!s:6s} {order:14s} {ms:8.3f} {flops / ms / 1e9:8.1f} {diff:11.2e}", flush=True)
     return 0
 
 
