@@ -1,7 +1,8 @@
 """Probe (H200): the TLX one-pass backward (dQ added from every kv-tile, by fp32 atomics or by
 staged TMA reduce-adds) against the deterministic two-pass one (portable dQ pass + TLX dK/dV
 pass), kernels alone, on the bench's jagged lognormal batch and dense 4 x 4096 (bf16, H16, D128,
-causal and not) and the lognormal batch at D64 (two passes only: the one pass is D 128).
+causal and not) and the lognormal batch at D64 (where the one pass computes whole dQ rows on
+alternate steps, ``tlx_attention.dq_cols``; the variants' D 64 backward is still the portable one).
 
 Run on the GPU: ``python bench/probe_backward.py [--quick]`` (gpu.sh:
 ``PROBE=bench/probe_backward.py``); ``--quick``: the lognormal batch only.
@@ -83,6 +84,18 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
         return dq, dk, dv
 
     ref = split()
+    delta = kernels_portable.backward_dq(
+        dout, qd, kd, vd, od, lse, offs, offs, plan, left=-1, right=right, scale=scale, backend="portable"
+    )[1]
+
+    def dkdv_alone():
+        # The one pass's kernel without dQ (its 64-query steps, its plan): what the dQ costs.
+        # The diff column compares its dK, dV (dQ is the reference's, not computed here).
+        dk, dv = tlx_attention.backward_dkdv(
+            dout, qd, kd, vd, lse, delta, offs, offs, left=-1, right=right, scale=scale, plan=one_pass_plan
+        )
+        return ref[0], dk, dv
+
     other_walk = "slot" if tlx_attention.default_walk(-1, right) == "head" else "head"
     runs = {
         "kernels: one pass, atomic dQ": functools.partial(fused, "atomic"),
@@ -92,9 +105,14 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
         "kernels: one pass, dynamic slot": functools.partial(fused, "tma", "slot", True),
         "kernels: one pass, dynamic head": functools.partial(fused, "tma", "head", True),
     }
+    if tlx_attention.tlx_sm90_blocks(dim)["dkdv"][0] == tlx_attention.ONE_PASS_BLOCK_M:
+        runs["kernels: dK/dV alone, no dQ"] = dkdv_alone
+    if dim not in tlx_attention.TLX_ONE_PASS_HEAD_DIMS:  # what the variants run there now
+        runs["kernels: portable backward"] = functools.partial(
+            kernels_portable.backward, dout, qd, kd, vd, od, lse, offs, offs, plan, left=-1,
+            right=right, scale=scale, backend="portable",
+        )
     for mode, run in runs.items():
-        if "one pass" in mode and dim not in tlx_attention.ONE_PASS_HEAD_DIMS:
-            continue  # the one pass is D 128 only, and D 64 steps 32 queries already
         got = run()
         diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, ref))
         ms = do_bench(run, warmup=10, rep=200, return_mode="median")
@@ -123,7 +141,8 @@ def main() -> None:
         for causal in (False, True):
             _case(name, lens, causal)
     if not quick:
-        _case("lognormal d64", lognormal, False, dim=64)
+        for causal in (False, True):  # the one pass at D 64: whole dQ rows on alternate steps
+            _case("lognormal d64", lognormal, causal, dim=64)
 
 if __name__ == "__main__":
     main()

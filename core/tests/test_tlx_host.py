@@ -10,13 +10,20 @@ tlx_attention = pytest.importorskip("jagflash.core.tlx_attention", reason="needs
 
 
 def test_one_pass_backward_lists_every_reason_it_refuses() -> None:
-    """An unknown dQ write and a head dim the kernel does not split (D 64): both named."""
-    q = torch.zeros(4, 1, 64, dtype=torch.float16)
+    """An unknown dQ write and a head dim the kernel has no dQ tiles for (D 32): both named."""
+    q = torch.zeros(4, 1, 32, dtype=torch.float16)
     offs = torch.tensor([0, 4], dtype=torch.int32)
     with pytest.raises(ValueError, match="dq_write must be one of") as err:
         tlx_attention.backward(q, q, q, q, q, torch.zeros(1, 4), offs, offs, left=-1, right=-1, scale=0.125, dq_write="scatter")
-    assert "head dims (128,)" in str(err.value)
-    assert "got 64" in str(err.value)
+    assert "head dims (64, 128)" in str(err.value)
+    assert "got 32" in str(err.value)
+
+
+def test_dq_tiles_are_half_the_head_dim_or_whole_rows_at_d64() -> None:
+    """D 128: each consumer warpgroup computes 64 of the columns every step; D 64: whole rows
+    (64 columns) every other step, never a 32-column slice of K."""
+    assert tlx_attention.dq_cols(128) == 64
+    assert tlx_attention.dq_cols(64) == 64
 
 
 def test_one_pass_only_where_it_measured_faster(monkeypatch) -> None:

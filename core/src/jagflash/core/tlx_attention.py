@@ -88,7 +88,9 @@ NUM_Q = 2  # Q/dO ring depth of the dK/dV pass
 #: loads for, and the Q / K/V buffers keep it at most one more tile ahead of the consumers.
 ID_RING = tl.constexpr(2)
 HEAD_DIMS = (64, 128)
-ONE_PASS_HEAD_DIMS = TLX_ONE_PASS_HEAD_DIMS
+#: Head dims the one-pass backward takes (:func:`dq_cols`); the variants run it by default only
+#: where it was measured faster (``backend.TLX_ONE_PASS_HEAD_DIMS``, :func:`use_one_pass`).
+ONE_PASS_HEAD_DIMS = (64, 128)
 # The per-query vectors of the dK/dV kernel (log2 LSE and delta) are packed per sequence, each
 # sequence's rows starting at a multiple of VEC_PAD, padding rows holding lse2 = +inf (P = 0) and
 # delta = 0: the kernel then loads a step's vectors without a mask, from an aligned base, in pairs.
@@ -134,12 +136,19 @@ def _head_major(walk: str | None, left: int, right: int, dynamic: bool) -> bool:
     return (walk or default_walk(left, right, dynamic)) == "head"
 
 
+def dq_cols(head_dim: int) -> int:
+    """Columns of dQ one consumer warpgroup of the one pass computes at once (``DQ_COLS``): half
+    the head dim, 64 at D 128; the whole head dim at D 64, on alternate steps, since half of
+    it (32 columns, 64 bytes) would slice K off its 128-byte swizzle (``_dkdv_steps``)."""
+    return head_dim if head_dim < 128 else head_dim // 2
+
+
 def use_one_pass(deterministic: bool, left: int, right: int, head_dim: int) -> bool:
     """Whether a variant's TLX backward runs the one-pass :func:`backward` (dQ order varies)
     rather than the two passes: where it measured faster (D 128, causal or not; a window's left
     bound is not yet measured) and the call does not ask for a deterministic backward, and only
     while :data:`ONE_PASS_BACKWARD` is on."""
-    return ONE_PASS_BACKWARD and not deterministic and left < 0 and head_dim in ONE_PASS_HEAD_DIMS
+    return ONE_PASS_BACKWARD and not deterministic and left < 0 and head_dim in TLX_ONE_PASS_HEAD_DIMS
 
 
 @triton.jit
@@ -441,6 +450,23 @@ def _fwd_kernel(
 
 
 @triton.jit
+def _dq_write(dq, desc_dq, dq_stages, counter, q_row, col, DQ, stride_acc, rows, lq,
+              CID: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_STAGES: tl.constexpr,
+              DQ_COLS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Add one warpgroup's fp32 dQ tile (BLOCK_M queries from accumulator row ``q_row``, DQ_COLS
+    columns from ``col``) into the accumulator: ``FUSED_DQ == 1`` through its ring of
+    ``dq_stages`` (``counter``: its running count of writes) and a TMA reduce-add to
+    ``desc_dq``, ``FUSED_DQ == 2`` with fp32 atomics to ``DQ`` (rows past ``lq`` skipped)."""
+    if FUSED_DQ == 1:
+        dq_reduce_add(desc_dq, dq_stages, DQ_STAGES * CID, DQ_STAGES, counter, dq, q_row, col)
+    else:
+        cols = col + tl.arange(0, DQ_COLS)
+        acc_rows = q_row + tl.arange(0, BLOCK_M)
+        ptrs = DQ + acc_rows.to(tl.int64)[:, None] * stride_acc + cols[None, :]
+        atomic_add_rows(ptrs, dq, rows, lq, cols, DQ_COLS, True)
+
+
+@triton.jit
 def _dkdv_steps(
     dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows,
     q_cnt, start, end, lq, lk, qk_scale2, left, right,
@@ -448,7 +474,7 @@ def _dkdv_steps(
     CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, NUM_Q: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
     FUSED_DQ: tl.constexpr, Q_SHARED: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-    DQ_STAGES: tl.constexpr, OPAQUE_INDEX: tl.constexpr,
+    DQ_STAGES: tl.constexpr, OPAQUE_INDEX: tl.constexpr, DQ_COLS: tl.constexpr,
 ):
     """One consumer warpgroup's HALF kv rows (``k_tiles[CID]``, ``v_tiles[CID]``) against the q-tiles
     ``[start, end)`` of one query head (``lse_h``, ``delta_h``: its packed vectors at the
@@ -462,8 +488,13 @@ def _dkdv_steps(
     dS K[:, half], a 64 x D/2 fp32 tile that no other warpgroup of the program adds to. It goes
     into the fp32 accumulator ``[rows, Hq * D]`` at row ``q_start + m0`` (broadcast-Q: ``m0``),
     column ``dq_col + CID * D/2``: ``FUSED_DQ == 1`` through ``dq_stages`` and a TMA
-    reduce-add to ``desc_dq``, ``FUSED_DQ == 2`` with fp32 atomics to ``DQ``."""
-    HALF_D: tl.constexpr = HEAD_DIM // 2
+    reduce-add to ``desc_dq``, ``FUSED_DQ == 2`` with fp32 atomics to ``DQ``.
+
+    ``DQ_COLS`` (:func:`dq_cols`): the columns of dQ a warpgroup computes at once, D/2 as above
+    or, at D 64 (whose halves of K, 32 columns, would fall off its 128-byte swizzle), the whole
+    row: then the warpgroup whose ``CID`` is the step's parity computes dQ = dS K over both K
+    tiles and writes it, and the other goes straight on to its next step (every other step
+    each, so the two stay balanced)."""
     for m0 in range(start, end, BLOCK_M):
         # OPAQUE_INDEX: K/V descriptors rebuilt each step instead of hoisted out of the loop and
         # spilled (the one pass: 12.6 -> 9.8 ms; the two passes' dK/dV: no gain, bench/NOTES.md)
@@ -503,26 +534,33 @@ def _dkdv_steps(
         dk = tlx.async_dot(ds_buf, q_buf, dk)
         if FUSED_DQ > 0:
             # Both halves of dS^T are in shared memory once both warpgroups pass here; the
-            # other pair of buffers is free: both finished the previous step's dQ before it.
+            # other pair of buffers is free: both finished the previous step's dQ before it
+            # (the one that computes it, with whole rows, arrives here only after it has).
             tlx.named_barrier_wait(11, 256)
-            dq = tlx.async_dot(
-                tlx.local_trans(ds_tiles[pair]), tlx.local_slice(k_tiles[zero], [0, CID * HALF_D], [HALF, HALF_D])
-            )
-            dq = tlx.async_dot(
-                tlx.local_trans(ds_tiles[pair + 1]), tlx.local_slice(k_tiles[1 + zero], [0, CID * HALF_D], [HALF, HALF_D]), dq
-            )
-            dq = tlx.async_dot_wait(0, dq)
-            dk = tlx.async_dot_wait(0, dk)
-            dv = tlx.async_dot_wait(0, dv)
-            ring_release(q_empties, slot)  # released before the dQ write-back
-            col = dq_col + CID * HALF_D
-            if FUSED_DQ == 1:  # staged TMA reduce-add
-                dq_reduce_add(desc_dq, dq_stages, DQ_STAGES * CID, DQ_STAGES, q_cnt, dq, _q_row(q_start, m0, Q_SHARED), col)
-            else:  # fp32 atomics from registers
-                cols = col + tl.arange(0, HALF_D)
-                acc_rows = _q_row(q_start, m0, Q_SHARED) + tl.arange(0, BLOCK_M)
-                ptrs = DQ + acc_rows.to(tl.int64)[:, None] * stride_acc + cols[None, :]
-                atomic_add_rows(ptrs, dq, rows, lq, cols, HALF_D, True)
+            q_row = _q_row(q_start, m0, Q_SHARED)
+            if DQ_COLS == HEAD_DIM:
+                # (dK and dV waited for outside the branch: a wgmma wait inside a run-time
+                # branch on a product issued before it does not compile)
+                dk = tlx.async_dot_wait(0, dk)
+                dv = tlx.async_dot_wait(0, dv)
+                ring_release(q_empties, slot)  # dQ reads dS and K only
+                if q_cnt % 2 == CID:
+                    dq = tlx.async_dot(tlx.local_trans(ds_tiles[pair]), k_tiles[zero])
+                    dq = tlx.async_dot(tlx.local_trans(ds_tiles[pair + 1]), k_tiles[1 + zero], dq)
+                    dq = tlx.async_dot_wait(0, dq)
+                    _dq_write(dq, desc_dq, dq_stages, q_cnt // 2, q_row, dq_col, DQ, stride_acc, rows, lq, CID, FUSED_DQ, DQ_STAGES, DQ_COLS, BLOCK_M)
+            else:
+                dq = tlx.async_dot(
+                    tlx.local_trans(ds_tiles[pair]), tlx.local_slice(k_tiles[zero], [0, CID * DQ_COLS], [HALF, DQ_COLS])
+                )
+                dq = tlx.async_dot(
+                    tlx.local_trans(ds_tiles[pair + 1]), tlx.local_slice(k_tiles[1 + zero], [0, CID * DQ_COLS], [HALF, DQ_COLS]), dq
+                )
+                dq = tlx.async_dot_wait(0, dq)
+                dk = tlx.async_dot_wait(0, dk)
+                dv = tlx.async_dot_wait(0, dv)
+                ring_release(q_empties, slot)  # released before the dQ write-back
+                _dq_write(dq, desc_dq, dq_stages, q_cnt, q_row, dq_col + CID * DQ_COLS, DQ, stride_acc, rows, lq, CID, FUSED_DQ, DQ_STAGES, DQ_COLS, BLOCK_M)
         else:
             dk = tlx.async_dot_wait(0, dk)
             dv = tlx.async_dot_wait(0, dv)
@@ -540,7 +578,7 @@ def _dkdv_kernel(
     NUM_Q: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False, FUSED_DQ: tl.constexpr = 0,
     DQ_STAGES: tl.constexpr = 1, OPAQUE_INDEX: tl.constexpr = False, PAD: tl.constexpr = 64,
-    HEAD_MAJOR: tl.constexpr = False, DYNAMIC: tl.constexpr = False,
+    HEAD_MAJOR: tl.constexpr = False, DYNAMIC: tl.constexpr = False, DQ_COLS: tl.constexpr = 64,
 ):
     """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
     the GQA group, and with ``FUSED_DQ`` (1: TMA reduce-add, 2: atomics) each tile's share of
@@ -563,7 +601,7 @@ def _dkdv_kernel(
     if FUSED_DQ > 0:
         # dS^T, one per consumer, double-buffered by step (the dQ product reads both)
         ds_tiles = tlx.local_alloc((HALF, BLOCK_M), dtype, 4)
-        dq_stages = tlx.local_alloc((BLOCK_M, HEAD_DIM // 2), tl.float32, 2 * DQ_STAGES)  # per consumer
+        dq_stages = tlx.local_alloc((BLOCK_M, DQ_COLS), tl.float32, 2 * DQ_STAGES)  # per consumer
     else:
         ds_tiles = tlx.local_alloc((HALF, BLOCK_M), dtype, 2)  # dS^T, one per consumer
         dq_stages = k_tiles  # unused
@@ -632,9 +670,9 @@ def _dkdv_kernel(
                         lse_h = LSE2 + head_row
                         delta_h = DELTA + head_row
                         dq_col = head * HEAD_DIM
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, lo, full_lo, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, OPAQUE_INDEX)
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_lo, full_hi, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, OPAQUE_INDEX)
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_hi, hi, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, OPAQUE_INDEX)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, lo, full_lo, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, OPAQUE_INDEX, DQ_COLS)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_lo, full_hi, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, OPAQUE_INDEX, DQ_COLS)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_hi, hi, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, OPAQUE_INDEX, DQ_COLS)
                     tlx.barrier_arrive(kv_empties[cid], 1)
                     valid = kv_rows < lk
                     offs_d = tl.arange(0, HEAD_DIM)
@@ -836,7 +874,7 @@ def _launch_dkdv(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, la
 
         desc_dq = TensorDescriptor(
             dq_acc, shape=list(dq_acc.shape), strides=[dq_acc.stride(0), 1],
-            block_shape=[block_m, dim // 2],
+            block_shape=[block_m, dq_cols(dim)],
         )
     counter, deal = _deal(plan, "dkdv")
     _dkdv_kernel[(programs,)](
@@ -849,7 +887,8 @@ def _launch_dkdv(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, la
         dk if dq_acc is None else dq_acc, 0 if dq_acc is None else dq_acc.stride(0), lay.heads,
         **deal, **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=block_m, BLOCK_N=block_n,
         NUM_Q=NUM_Q, Q_SHARED=q_shared, FUSED_DQ=0 if dq_acc is None else DQ_WRITES[dq_write],
-        DQ_STAGES=DQ_STAGES, OPAQUE_INDEX=dq_acc is not None, PAD=VEC_PAD, HEAD_MAJOR=_head_major(walk, left, right, deal["DYNAMIC"]), num_warps=4, num_stages=1,
+        DQ_STAGES=DQ_STAGES, OPAQUE_INDEX=dq_acc is not None, PAD=VEC_PAD, HEAD_MAJOR=_head_major(walk, left, right, deal["DYNAMIC"]), DQ_COLS=dq_cols(dim),
+        num_warps=4, num_stages=1,
     )
 
 
@@ -925,8 +964,8 @@ def backward(
     reasons += _walk_reasons(walk)
     if q.shape[-1] not in ONE_PASS_HEAD_DIMS:
         reasons.append(
-            f"the one-pass backward takes head dims {ONE_PASS_HEAD_DIMS} (each consumer warpgroup "
-            f"computes dQ for half the head dim, 64 columns), got {q.shape[-1]}: run the two passes"
+            f"the one-pass backward takes head dims {ONE_PASS_HEAD_DIMS} (its dQ tiles are 64 columns "
+            f"wide, the 128-byte swizzle of 16-bit K), got {q.shape[-1]}: run the two passes"
         )
     if reasons:
         raise ValueError("tlx_attention.backward: " + "; ".join(reasons))
@@ -1012,7 +1051,7 @@ def compile_configs():
                 (False, False, True, False, False),  # walk="slot" unmasked
             ):
                 if fused and dim not in ONE_PASS_HEAD_DIMS:
-                    continue  # the one pass is D 128 only
+                    continue
                 bm, bn = tlx_sm90_blocks(dim)["dkdv"]
                 if fused:
                     bm = ONE_PASS_BLOCK_M
@@ -1025,7 +1064,7 @@ def compile_configs():
                     "q_offsets": "*i32", "kv_offsets": "*i32", "TILES": "*i32", "COUNT": "*i64",
                     "COUNTER": "*i32" if dynamic else "*i64", "stride_dkt": "i32:16", "stride_dkh": "i32:16", "stride_dvt": "i32:16", "stride_dvh": "i32:16",
                     "vec_rows": "i32:16", "scale": "fp32", "left": "i32", "right": "i32",
-                    "desc_dq": f"tensordesc<fp32[{bm},{dim // 2}]>" if fused else f"tensordesc<{dtype}[{bm},{dim}]>",
+                    "desc_dq": f"tensordesc<fp32[{bm},{dq_cols(dim)}]>" if fused else f"tensordesc<{dtype}[{bm},{dim}]>",
                     "DQ": "*fp32", "stride_acc": "i32:16", "heads": "i32",
                 }
                 constexprs = {
@@ -1033,6 +1072,7 @@ def compile_configs():
                     "NUM_Q": NUM_Q, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal, "ZIGZAG": True,
                     "Q_SHARED": shared, "FUSED_DQ": DQ_WRITES["tma"] if fused else 0, "DQ_STAGES": DQ_STAGES,
                     "OPAQUE_INDEX": fused, "PAD": VEC_PAD, "HEAD_MAJOR": head_major, "DYNAMIC": dynamic,
+                    "DQ_COLS": dq_cols(dim),
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
@@ -1041,7 +1081,7 @@ def compile_configs():
                 # tile; the masked steps need the most; the configurations compile the default
                 # TMA write): bench/NOTES.md.
                 if fused:
-                    known_spill = 720 if causal else 280
+                    known_spill = {64: 12 if causal else 0, 128: 720 if causal else 280}[dim]
                 else:
                     known_spill = {64: 0, 128: 424 if causal else 104}[dim]
                 configs.append((
