@@ -19,7 +19,10 @@
 # Steps (default: ceilings tests demo bench, in this order): ceilings (versions + bf16 matmul and
 # copy ceilings), tlx-tests (the TLX kernels' sm90 tests alone, first), tests (pytest -m "gpu or sm90" on core and variants), demo
 # (jagflash.variants.jagged.demo), tlx-ab (TLX forward on grouped / static / dynamic plans, each walked slot by slot and head by head), schedule-ab (schedules none /
-# static / dynamic, plan build time), probe (python $PROBE, a one-off measurement script), bench (python -m jagflash.bench; arguments after `--`).
+# static / dynamic, plan build time), probe (python $PROBE, a one-off measurement script), ncu (Nsight Compute, --clock-control none, on
+# one launch of bench/probe_ncu.py's kernel: NCU_ARGS its arguments, NCU_KERNEL the kernel-name regex
+# (default: _fwd_kernel with NCU_ARGS="--kernel fwd", else _dkdv_kernel), NCU_TIMEOUT_S (240); writes
+# ncu-report.ncu-rep, ncu-details.txt, ncu-sass.csv and prints the stall summary), bench (python -m jagflash.bench; arguments after `--`).
 # A failing step does not stop the next. Everything a step prints is tee'd to $OUT/<step>.log; the bench writes
 # $OUT/bench/{results.csv,results.md,tflops_*.png,meta.json,rows.jsonl}. The short bench table is
 # printed last; at the end everything under $OUT is packed into $OUT/gpu-out.tgz (the device tool
@@ -58,8 +61,8 @@ bench_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --) shift; bench_args=("$@"); break ;;
-        ceilings|tlx-tests|tests|demo|tlx-ab|schedule-ab|probe|bench) steps+=("$1"); shift ;;
-        *) echo "gpu.sh: unknown step '$1' (steps: ceilings tlx-tests tests demo tlx-ab schedule-ab probe bench; bench args after --)" >&2; exit 2 ;;
+        ceilings|tlx-tests|tests|demo|tlx-ab|schedule-ab|probe|ncu|bench) steps+=("$1"); shift ;;
+        *) echo "gpu.sh: unknown step '$1' (steps: ceilings tlx-tests tests demo tlx-ab schedule-ab probe ncu bench; bench args after --)" >&2; exit 2 ;;
     esac
 done
 [ ${#steps[@]} -eq 0 ] && steps=(ceilings tests demo bench)
@@ -196,6 +199,22 @@ if has_step schedule-ab; then  # portable kernels with schedule none / static / 
 fi
 if has_step probe; then  # a one-off measurement script: PROBE=path/to/script.py
     run_step probe "$(cap "${PROBE_TIMEOUT_S:-180}" "$bench_reserve")" "$PY" "${PROBE:-bench/probe.py}" ${PROBE_ARGS:-}
+fi
+if has_step ncu; then  # Nsight Compute on one launch of bench/probe_ncu.py's kernel (NCU_ARGS)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    NCU_REPS=$(echo "${NCU_ARGS:-}" | sed -n 's/.*--reps \([0-9]*\).*/\1/p'); NCU_REPS=${NCU_REPS:-3}
+    case " ${NCU_ARGS:-} " in *" --kernel fwd "*) NCU_KERNEL=${NCU_KERNEL:-_fwd_kernel} ;; esac
+    run_step ncu "$(cap "${NCU_TIMEOUT_S:-240}" "$bench_reserve")" bash -c "
+        '$NCU' --clock-control none --kernel-name regex:'${NCU_KERNEL:-_dkdv_kernel}' \
+            --launch-skip $((NCU_REPS - 1)) --launch-count 1 --import-source no \
+            --section SpeedOfLight --section WarpStateStats --section SourceCounters \
+            --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
+            -f -o '$OUT/ncu-report' '$PY' bench/probe_ncu.py ${NCU_ARGS:-} &&
+        '$NCU' --import '$OUT/ncu-report.ncu-rep' --page details > '$OUT/ncu-details.txt' 2>&1;
+        '$NCU' --import '$OUT/ncu-report.ncu-rep' --page source --csv --print-source sass > '$OUT/ncu-sass.csv' 2>&1;
+        head -c 20000 '$OUT/ncu-details.txt';
+        '$PY' bench/probe_ncu.py --summarize '$OUT/ncu-sass.csv';
+        rm -f '$OUT/ncu-report.ncu-rep'"  # (its exports stay; the report itself may outgrow what comes back)
 fi
 if has_step bench; then
     budget=$(( $(left) - 45 ))

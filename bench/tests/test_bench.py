@@ -372,3 +372,29 @@ def test_smoke_run_end_to_end(tmp_path):
     assert list(out.glob("tflops_*.png"))
     assert "TFLOP/s at the median" in done.stdout
     print(f"smoke run took {elapsed:.1f} s")
+
+
+def test_probe_ncu_summarizes_a_source_page_export(tmp_path, capsys) -> None:
+    """bench/probe_ncu.py --summarize: finds the instruction and stall-sampling columns by their
+    headers (after ncu's preamble lines), ranks instructions, totals opcodes and reasons."""
+    spec = importlib.util.spec_from_file_location("probe_ncu", REPO / "bench" / "probe_ncu.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    path = tmp_path / "sass.csv"
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["==PROF== preamble"])
+        w.writerow(["Address", "Source", "Warp Stall Sampling (All Samples)", "stall_barrier", "stall_long_sb"])
+        w.writerow(["0x10", "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24", "1,200", "0", "0"])
+        w.writerow(["0x20", "@P0 SYNCS.PHASECHK.TRANS64 P0, [R2+URZ], R3", "300", "300", "0"])
+        w.writerow(["0x30", "LDG.E R5, desc[UR6][R6.64]", "500", "0", "500"])
+    assert probe.main(["--summarize", str(path), "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "3 SASS lines, 2000 samples" in out
+    top = out.split("-- top 2 instructions by samples")[1].split("--")[0]
+    assert "HGMMA" in top.splitlines()[1]
+    assert "LDG" in top.splitlines()[2]
+    assert "SYNCS" not in top
+    assert "60.0%  HGMMA" in out
+    assert "300  stall_barrier" in out
+    assert "500  stall_long_sb" in out
