@@ -20,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from jagflash.core.capability import InvalidInput, Problem
+from jagflash.core.schedule import BACKEND_DEFAULT
 
 __all__ = [
     "alloc",
@@ -237,7 +238,8 @@ def register_autograd(fwd_op, bwd_op):
 
 def call_plan_layout(
     spec, layout: str, q: torch.Tensor, k: torch.Tensor, *, causal: bool, backend: str | None,
-    schedule: str = "default", backward_schedule: str | None = "default", equal_costs: bool = False,
+    schedule: str = BACKEND_DEFAULT, backward_schedule: str | None = BACKEND_DEFAULT,
+    equal_costs: bool = False,
 ) -> tuple[dict[str, tuple[int, int]], str, str | None]:
     """Tile sizes and schedules ``(blocks, schedule, backward_schedule)`` of the Plan a call (or
     ``make_plan``) lays out: for the backend the call's forward will run on

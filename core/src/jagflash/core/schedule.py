@@ -165,6 +165,8 @@ def resolve_schedules(
     :func:`default_schedules`' (other values, and ``None`` for "the forward's", as given)."""
     fwd, bwd = default_schedules(backend, head_dim, window=window, equal_costs=equal_costs)
     return (fwd if schedule == BACKEND_DEFAULT else schedule), (bwd if backward_schedule == BACKEND_DEFAULT else backward_schedule)
+
+
 PASSES = ("fwd", "dq", "dkdv")
 #: Which side a pass tiles: q-tiles (forward, dQ) or kv-tiles (dK/dV).
 _SIDE = {"fwd": "q", "dq": "q", "dkdv": "kv"}
