@@ -43,7 +43,8 @@
 # TESTS_TIMEOUT_S (170), TESTS_PATHS (core variants), TESTS_K (a pytest -k), TESTS_MAXFAIL (20; a
 # small one lets pytest print its failures before the timeout), TLX_TESTS_K (a pytest -k for tlx-tests),
 # TESTS_SHARD / TLX_TESTS_SHARD (I/N: the I-th of N round-robin shares, the testing plugin's
-# --shard: the whole GPU suite no longer fits one call, run it as N calls),
+# --shard: the whole GPU suite ran ~13 minutes serially, more than one call), TESTS_WORKERS (4:
+# pytest-xdist processes for both test steps; 0: serial),
 # TLX_TESTS_TIMEOUT_S (220), PROBE, PROBE_ARGS (its arguments, split on spaces), PROBE_TIMEOUT_S (180), DEMO_TIMEOUT_S (60), JAGFLASH_GIT_COMMIT
 # (the commit to record).
 
@@ -176,16 +177,23 @@ plugin=(-p jagflash.testing.plugin)
 if "$PY" -c "import importlib.metadata as m, sys; sys.exit(not any(e.value.startswith('jagflash.testing') for e in m.entry_points(group='pytest11')))" 2>/dev/null; then
     plugin=()
 fi
+# The GPU image has pytest-xdist: the suites run in TESTS_WORKERS processes (default 4, 0: one),
+# most of their time being Triton compiles, which run in parallel on the host's cores (the
+# kernels themselves are small; Triton's on-disk cache is shared between the workers).
+xdist=()
+if [ "${TESTS_WORKERS:-4}" != 0 ] && "$PY" -c "import xdist" 2>/dev/null; then
+    xdist=(-n "${TESTS_WORKERS:-4}")
+fi
 TLX_TESTS=variants/jagged/tests/test_tlx_sm90.py
 if has_step tlx-tests; then  # the TLX kernels' own tests first: they decide the next step
     run_step tlx-tests "$(cap "${TLX_TESTS_TIMEOUT_S:-220}" "$bench_reserve")" \
-        "$PY" -m pytest ${plugin[@]+"${plugin[@]}"} -m sm90 --maxfail=40 -q -p no:cacheprovider -rf --durations=15 ${TLX_TESTS_K:+-k "$TLX_TESTS_K"} ${TLX_TESTS_SHARD:+--shard "$TLX_TESTS_SHARD"} "$TLX_TESTS"
+        "$PY" -m pytest ${plugin[@]+"${plugin[@]}"} ${xdist[@]+"${xdist[@]}"} -m sm90 --maxfail=40 -q -p no:cacheprovider -rf --durations=15 ${TLX_TESTS_K:+-k "$TLX_TESTS_K"} ${TLX_TESTS_SHARD:+--shard "$TLX_TESTS_SHARD"} "$TLX_TESTS"
 fi
 if has_step tests; then
     ignore=()
     has_step tlx-tests && ignore=(--ignore "$TLX_TESTS")
     run_step tests "$(cap "${TESTS_TIMEOUT_S:-170}" "$bench_reserve")" \
-        "$PY" -m pytest ${plugin[@]+"${plugin[@]}"} -m "gpu or sm90" --maxfail="${TESTS_MAXFAIL:-20}" -q -p no:cacheprovider -rf --durations=15 ${TESTS_K:+-k "$TESTS_K"} ${TESTS_SHARD:+--shard "$TESTS_SHARD"} ${ignore[@]+"${ignore[@]}"} ${TESTS_PATHS:-core variants}
+        "$PY" -m pytest ${plugin[@]+"${plugin[@]}"} ${xdist[@]+"${xdist[@]}"} -m "gpu or sm90" --maxfail="${TESTS_MAXFAIL:-20}" -q -p no:cacheprovider -rf --durations=15 ${TESTS_K:+-k "$TESTS_K"} ${TESTS_SHARD:+--shard "$TESTS_SHARD"} ${ignore[@]+"${ignore[@]}"} ${TESTS_PATHS:-core variants}
 fi
 if has_step demo; then
     run_step demo "$(cap "${DEMO_TIMEOUT_S:-60}" "$bench_reserve")" "$PY" -m jagflash.variants.jagged.demo
