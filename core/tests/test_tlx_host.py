@@ -108,11 +108,12 @@ def test_backward_vectors_pack_each_sequence_at_a_multiple_of_the_pad(given_delt
 
 
 def test_forward_refuses_an_unknown_walk() -> None:
-    """Before any launch, naming the walks it knows."""
+    """Before any launch, naming the walks it knows (and every other reason: Q tiles in flight)."""
     q = torch.zeros(4, 1, 128, dtype=torch.float16)
     offs = torch.tensor([0, 4], dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"walk must be None or one of \('slot', 'head'\), got 'diagonal'"):
-        tlx_attention.forward(q, q, q, offs, offs, 4, left=-1, right=-1, scale=0.125, walk="diagonal")
+    with pytest.raises(ValueError, match=r"walk must be None or one of \('slot', 'head'\), got 'diagonal'") as err:
+        tlx_attention.forward(q, q, q, offs, offs, 4, left=-1, right=-1, scale=0.125, walk="diagonal", q_bufs=3)
+    assert "q_bufs must be 1 or 2, got 3" in str(err.value)
 
 
 def test_default_walk_is_the_slot_walk_only_on_a_static_plan_with_a_mask() -> None:
@@ -233,31 +234,3 @@ def test_head_walk_visits_every_table_row_once_kv_head_by_kv_head(heads, group, 
         assert h // group == n // span  # one K/V head at a time
         assert s == (n % span) // group  # slot after slot, its GROUP query heads side by side
 
-
-def test_variants_plans_take_the_tlx_defaults_when_laid_out_for_tlx(monkeypatch) -> None:
-    """The variants' make_plan with schedule="default" (their default): a plan for the TLX
-    kernels is dynamic where tile costs differ (jagged, dense causal, broadcast-Q; the backward
-    too at D 128), static for dense without a mask; a plan for the portable kernels keeps their
-    defaults; a schedule the caller names stands."""
-    from jagflash.core import backend
-    from jagflash.variants.broadcast_q import make_plan as bq_plan
-    from jagflash.variants.dense import make_plan as dense_plan
-    from jagflash.variants.jagged import make_plan as jagged_plan
-
-    q = torch.zeros(300, 4, 128, dtype=torch.float16)
-    offs = torch.tensor([0, 100, 300], dtype=torch.int32)
-    qd = torch.zeros(2, 64, 4, 128, dtype=torch.float16)
-
-    def schedules(plan):
-        return plan.info.schedule, plan.info.backward_schedule
-
-    monkeypatch.setattr(backend, "plan_backend", lambda *a, **k: "tlx-sm90")
-    assert schedules(jagged_plan(q, q, offs, offs)) == ("dynamic", "dynamic")
-    assert schedules(jagged_plan(q, q, offs, offs, causal=True)) == ("dynamic", "dynamic")
-    assert schedules(jagged_plan(q[..., :64], q[..., :64], offs, offs)) == ("dynamic", "none")
-    assert schedules(jagged_plan(q, q, offs, offs, schedule="grouped", backward_schedule=None)) == ("grouped", "grouped")
-    assert schedules(dense_plan(qd, qd)) == ("grouped", "none")
-    assert schedules(dense_plan(qd, qd, causal=True)) == ("dynamic", "dynamic")
-    assert schedules(bq_plan(q[:64], q, offs)) == ("dynamic", "dynamic")
-    monkeypatch.setattr(backend, "plan_backend", lambda *a, **k: "portable")
-    assert schedules(jagged_plan(q, q, offs, offs, causal=True)) == ("grouped", "none")

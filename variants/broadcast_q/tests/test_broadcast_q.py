@@ -20,7 +20,7 @@ from jagflash.core.capability import InvalidInput, UnsupportedProblem
 from jagflash.core.jagged import offsets_from_lengths
 from jagflash.testing import broadcast_q_reference, check_against_reference
 from jagflash.testing.strategies import length_lists, lengths
-from jagflash.variants.broadcast_q import SPEC, broadcast_q_attention
+from jagflash.variants.broadcast_q import SPEC, broadcast_q_attention, make_plan
 from jagflash.variants.broadcast_q import op as bop
 
 pytestmark = pytest.mark.interpret if not torch.cuda.is_available() else pytest.mark.gpu
@@ -462,3 +462,20 @@ def test_gpu_tlx_one_pass_backward(dq_write: str) -> None:
         scale=dim**-0.5, q_shared=True, dq_write=dq_write,
     )
     assert_close_all(["dq", "dk", "dv"], list(got), grads[torch.float64], grads[torch.bfloat16], SPEC.atol[case.dtype])
+
+
+def test_default_schedules_follow_the_plan_backend(monkeypatch) -> None:
+    """make_plan with schedule="default": dynamic for the TLX kernels (tile costs follow the
+    K/V lengths), grouped / batch order for the portable ones (the plan backend stubbed, so
+    this runs on the CPU)."""
+    from jagflash.core import backend
+
+    q = torch.zeros(64, 4, 128, dtype=torch.float16)
+    k = torch.zeros(300, 4, 128, dtype=torch.float16)
+    offs = torch.tensor([0, 100, 300], dtype=torch.int32)
+    monkeypatch.setattr(backend, "plan_backend", lambda *a, **k: "tlx-sm90")
+    plan = make_plan(q, k, offs)
+    assert (plan.info.schedule, plan.info.backward_schedule) == ("dynamic", "dynamic")
+    monkeypatch.setattr(backend, "plan_backend", lambda *a, **k: "portable")
+    plan = make_plan(q, k, offs)
+    assert (plan.info.schedule, plan.info.backward_schedule) == ("grouped", "none")

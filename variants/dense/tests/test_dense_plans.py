@@ -54,3 +54,22 @@ def test_plan_reused_and_refused(device: str) -> None:
     msg = str(info.value)
     assert "the plan was built for Tq=40, this call has 41" in msg
     assert "mask (left, right)=(-1, -1), this call has (-1, 0)" in msg
+
+
+def test_default_schedules_follow_the_plan_backend_and_the_mask(monkeypatch) -> None:
+    """make_plan with schedule="default": for the TLX kernels static without a mask (every
+    tile costs the same: nothing for a tile counter to balance) and dynamic with one; for the
+    portable ones grouped / batch order (the plan backend stubbed, so this runs on the CPU)."""
+    from jagflash.core import backend
+    from jagflash.variants.dense import make_plan
+
+    q = torch.zeros(2, 64, 4, 128, dtype=torch.float16)
+
+    def schedules(plan):
+        return plan.info.schedule, plan.info.backward_schedule
+
+    monkeypatch.setattr(backend, "plan_backend", lambda *a, **k: "tlx-sm90")
+    assert schedules(make_plan(q, q)) == ("grouped", "none")
+    assert schedules(make_plan(q, q, causal=True)) == ("dynamic", "dynamic")
+    monkeypatch.setattr(backend, "plan_backend", lambda *a, **k: "portable")
+    assert schedules(make_plan(q, q, causal=True)) == ("grouped", "none")

@@ -207,3 +207,26 @@ def test_cuda_graph_forward_backward_with_prebuilt_plan(schedule: str) -> None:
     assert torch.equal(out, want)
     for x, g in zip(leaves, grads):
         assert torch.equal(x.grad, g)
+
+
+def test_default_schedules_follow_the_plan_backend(monkeypatch) -> None:
+    """make_plan with schedule="default" (its default) resolves per backend (the plan backend
+    stubbed, so this runs on the CPU): for the TLX kernels dynamic forward and backward at
+    D 128, causal or not, batch order backward at D 64; for the portable ones grouped / batch
+    order; a schedule the caller names stands."""
+    from jagflash.core import backend
+    from jagflash.variants.jagged import make_plan
+
+    q = torch.zeros(300, 4, 128, dtype=torch.float16)
+    offs = torch.tensor([0, 100, 300], dtype=torch.int32)
+
+    def schedules(plan):
+        return plan.info.schedule, plan.info.backward_schedule
+
+    monkeypatch.setattr(backend, "plan_backend", lambda *a, **k: "tlx-sm90")
+    assert schedules(make_plan(q, q, offs, offs)) == ("dynamic", "dynamic")
+    assert schedules(make_plan(q, q, offs, offs, causal=True)) == ("dynamic", "dynamic")
+    assert schedules(make_plan(q[..., :64], q[..., :64], offs, offs)) == ("dynamic", "none")
+    assert schedules(make_plan(q, q, offs, offs, schedule="grouped", backward_schedule=None)) == ("grouped", "grouped")
+    monkeypatch.setattr(backend, "plan_backend", lambda *a, **k: "portable")
+    assert schedules(make_plan(q, q, offs, offs, causal=True)) == ("grouped", "none")

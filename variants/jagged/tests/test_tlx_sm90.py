@@ -95,6 +95,28 @@ def test_tlx_forward_other_walk_matches_reference(name, causal, schedule) -> Non
     check_against_reference(_forward(causal, True, schedule, walk=walk), _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["odd_lengths", "lognormal"])
+def test_tlx_forward_with_two_q_tiles_in_flight_matches_reference(name, causal) -> None:
+    """``q_bufs=2`` (A/B): the producer loads the next tile's Q while the consumers run this
+    one, through a ring of two Q tiles per consumer."""
+    from jagflash.core import tlx_attention
+
+    q_lens, k_lens, hq, hkv = CASES[name]
+    case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
+    t = case.build("cuda", requires_grad=False)
+    t.pop("dout")
+    left, right = mask_bounds(causal)
+
+    def run(q, k, v, q_offsets, kv_offsets):
+        max_q = int((q_offsets[1:] - q_offsets[:-1]).max())
+        return tlx_attention.forward(
+            q, k, v, q_offsets, kv_offsets, max_q, left=left, right=right, scale=q.shape[-1] ** -0.5, q_bufs=2
+        )
+
+    check_against_reference(run, _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
+
+
 @pytest.mark.parametrize("pipeline", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_gt_lk"])

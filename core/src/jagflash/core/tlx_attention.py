@@ -349,6 +349,7 @@ def _fwd_kernel(
     NUM_KV: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     PIPELINE: tl.constexpr, ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False,
     FOLD_SCALE: tl.constexpr = False, HEAD_MAJOR: tl.constexpr = False, DYNAMIC: tl.constexpr = False,
+    Q_BUFS: tl.constexpr = 1,
 ):
     HALF: tl.constexpr = BLOCK_M // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -356,11 +357,12 @@ def _fwd_kernel(
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
 
-    q_tiles = tlx.local_alloc((HALF, HEAD_DIM), dtype, 2)
+    # Q, a half per consumer, Q_BUFS tiles deep (2: the next tile's Q loads during this one)
+    q_tiles = tlx.local_alloc((HALF, HEAD_DIM), dtype, 2 * Q_BUFS)
     k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_KV)
     v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_KV)
-    q_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
-    q_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    q_fulls = tlx.alloc_barriers(num_barriers=2 * Q_BUFS, arrive_count=1)
+    q_empties = tlx.alloc_barriers(num_barriers=2 * Q_BUFS, arrive_count=1)
     k_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
     k_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
@@ -381,8 +383,9 @@ def _fwd_kernel(
                 if live:
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                     q_row = _q_row(q_start, m0, Q_SHARED)
+                    qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
                     for c in tl.static_range(2):
-                        tma_load(desc_q, q_tiles[c], q_fulls[c], q_empties[c], tile_cnt & 1, q_row + c * HALF, h * HEAD_DIM, ELEM * HALF * HEAD_DIM)
+                        tma_load(desc_q, q_tiles[2 * qb + c], q_fulls[2 * qb + c], q_empties[2 * qb + c], q_phase, q_row + c * HALF, h * HEAD_DIM, ELEM * HALF * HEAD_DIM)
                     col = (h // GROUP) * HEAD_DIM
                     for n0 in range(lo, hi, BLOCK_N):
                         ring_load(desc_k, k_tiles, k_fulls, k_empties, kv_cnt, k_start + n0, col, NUM_KV, ELEM * BLOCK_N * HEAD_DIM)
@@ -406,8 +409,9 @@ def _fwd_kernel(
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                     rows = m0 + cid * HALF + tl.arange(0, HALF)
                     col_lo, col_hi = band_bounds(rows, lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
-                    tlx.barrier_wait(q_fulls[cid], tile_cnt & 1)
-                    q_buf = q_tiles[cid]
+                    qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
+                    tlx.barrier_wait(q_fulls[2 * qb + cid], q_phase)
+                    q_buf = q_tiles[2 * qb + cid]
                     m_i = tl.full([HALF], float("-inf"), tl.float32)
                     l_i = tl.zeros([HALF], tl.float32)
                     acc = tl.zeros([HALF, HEAD_DIM], tl.float32)
@@ -437,7 +441,7 @@ def _fwd_kernel(
                         acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, lo, full_lo, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE)
                         acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, full_lo, full_hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False, FOLD_SCALE)
                         acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, full_hi, hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE)
-                    tlx.barrier_arrive(q_empties[cid], 1)
+                    tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
                     out, lse = finish_softmax(acc, m_i, l_i)
                     valid = rows < lq
                     offs_d = tl.arange(0, HEAD_DIM)
@@ -711,6 +715,7 @@ def forward(
     plan=None,
     q_shared: bool = False,
     walk: str | None = None,
+    q_bufs: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` fp32 (inputs are made contiguous: TMA needs it).
 
@@ -733,8 +738,15 @@ def forward(
 
     ``walk``: the order the programs walk the plan's table in: ``"slot"`` (as laid out: every
     head of a tile slot, then the next slot) or ``"head"`` (one head's slots at a time, for L2
-    locality; see ``_plan_row``); ``None`` (default): :func:`default_walk`."""
+    locality; see ``_plan_row``); ``None`` (default): :func:`default_walk`.
+
+    ``q_bufs`` (A/B, default 1): Q tiles in flight per program; 2 lets the producer load the next
+    tile's Q (and so its first K/V) while the consumers run this one, which pays where tiles are
+    short (many short sequences). Measured in session 5 on older kernels: +1 % on lognormal, but
+    dense causal 33 % slower (not explained); not yet measured on short sequences."""
     reasons = _walk_reasons(walk)
+    if q_bufs not in (1, 2):
+        reasons.append(f"q_bufs must be 1 or 2, got {q_bufs!r}")
     if reasons:
         raise ValueError("tlx_attention.forward: " + "; ".join(reasons))
     q, k, v = (t.contiguous() for t in (q, k, v))
@@ -765,7 +777,7 @@ def forward(
         plan.section("fwd"), plan.meta[PASSES.index("fwd"):], counter,
         out.stride(0), out.stride(1), tq, scale, left, right, lay.heads, **deal,
         **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NUM_KV=NUM_KV,
-        PIPELINE=pipeline, Q_SHARED=q_shared,
+        PIPELINE=pipeline, Q_SHARED=q_shared, Q_BUFS=q_bufs,
         FOLD_SCALE=scale > 0, HEAD_MAJOR=_head_major(walk, left, right, deal["DYNAMIC"]), num_warps=4, num_stages=1,
     )
     return out, lse
@@ -1008,13 +1020,14 @@ def compile_configs():
             # What calls launch (schedule.default_schedules, default_walk): jagged and
             # broadcast-Q batches a dynamic plan walked head by head; dense unmasked a static
             # one walked head by head; a caller's static causal plan the slot walk.
-            for causal, pipeline, shared, fold, head_major, dynamic in (
-                (False, True, False, True, True, True), (True, True, False, True, True, True),
-                (False, True, False, True, True, False), (True, True, False, True, False, False),
-                (False, False, False, True, True, False), (True, False, False, True, False, False),  # v1
-                (False, True, True, True, True, True),  # broadcast-Q
-                (False, True, False, False, True, True), (True, True, False, False, True, True),  # scale <= 0
-                (False, True, False, True, False, False),  # walk="slot" unmasked
+            for causal, pipeline, shared, fold, head_major, dynamic, q_bufs in (
+                (False, True, False, True, True, True, 1), (True, True, False, True, True, True, 1),
+                (False, True, False, True, True, False, 1), (True, True, False, True, False, False, 1),
+                (False, False, False, True, True, False, 1), (True, False, False, True, False, False, 1),  # v1
+                (False, True, True, True, True, True, 1),  # broadcast-Q
+                (False, True, False, False, True, True, 1), (True, True, False, False, True, True, 1),  # scale <= 0
+                (False, True, False, True, False, False, 1),  # walk="slot" unmasked
+                (False, True, False, True, True, True, 2), (True, True, False, True, True, True, 2),  # q_bufs=2
             ):
                 signature = {
                     "desc_q": f"tensordesc<{dtype}[{BLOCK_M // 2},{dim}]>",
@@ -1029,7 +1042,7 @@ def compile_configs():
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
                     "NUM_KV": NUM_KV, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal,
                     "PIPELINE": pipeline, "ZIGZAG": True, "Q_SHARED": shared,
-                    "FOLD_SCALE": fold, "HEAD_MAJOR": head_major, "DYNAMIC": dynamic,
+                    "FOLD_SCALE": fold, "HEAD_MAJOR": head_major, "DYNAMIC": dynamic, "Q_BUFS": q_bufs,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
@@ -1037,7 +1050,7 @@ def compile_configs():
                 # (8-56 B, none inside it; at D 64 only unfolded, in fp16; the dynamic walk's
                 # tile-index ring adds a few).
                 configs.append((
-                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{_walk_suffix(head_major, causal, dynamic)}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
+                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{_walk_suffix(head_major, causal, dynamic)}{'_q2' if q_bufs == 2 else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
                     _fwd_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
                     {64: 0 if fold else 8, 128: (52 if dynamic else 24) if fold else 60}[dim] if pipeline else 0,
@@ -1096,9 +1109,11 @@ def _ab(argv: list[str] | None = None) -> int:
 
     Times the default consumer (version 2) on plans of each schedule (grouped: the default;
     static; dynamic: the atomic tile counter) walked slot by slot and head by head, on a
-    lognormal jagged batch (H16, and GQA 16:4) and a dense one (bf16, H16, D128, causal and not)
-    and dense 4 x 8192 H32 (its K/V, 256 MB, are five times the L2), checks that each matches
-    the call's default, and prints TFLOP/s. ``--batches gqa4``: only the batches so named."""
+    lognormal jagged batch (H16, and GQA 16:4), 2,048 sequences of 1-63 tokens, and a dense one
+    (bf16, H16, D128, causal and not) and dense 4 x 8192 H32 (its K/V, 256 MB, are five times the
+    L2), and the default order with two Q tiles in flight (``q_bufs=2``); checks that each
+    matches the call's default, and prints TFLOP/s. ``--batches gqa4``: only the batches so
+    named."""
     import argparse
     import functools
 
@@ -1112,9 +1127,11 @@ def _ab(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     gen = torch.Generator().manual_seed(0)
     lognormal = torch.clamp((torch.exp(torch.randn(128, generator=gen)) * 512).round(), 1, 4096)
+    tiny = torch.randint(1, 64, (2048,), generator=gen)  # the bench's jagged-tiny shape
     batches = {  # lengths, q heads, kv heads
         "lognormal128": (lognormal.long().tolist(), 16, 16), "lognormal128gqa4": (lognormal.long().tolist(), 16, 4),
-        "dense4x4096": ([4096] * 4, 16, 16), "dense4x8192h32": ([8192] * 4, 32, 32),
+        "tiny2048": (tiny.tolist(), 16, 16), "dense4x4096": ([4096] * 4, 16, 16),
+        "dense4x8192h32": ([8192] * 4, 32, 32),
     }
     dim = 128
     print(f"{'batch':16s} {'causal':6s} {'order':14s} {'ms':>8s} {'TFLOP/s':>8s} {'max|x-dflt|':>11s}")
@@ -1130,8 +1147,9 @@ def _ab(argv: list[str] | None = None) -> int:
             right = 0 if causal else -1
             flops = 4 * int(visible_pairs(lt, lt, -1, right).sum()) * dim * heads
             outs = {}
-            for order in ("default", *(f"{s}-{w}" for s in ("grouped", "static", "dynamic") for w in WALKS)):
-                schedule, walk = order.split("-") if "-" in order else (None, None)
+            orders = ("default", *(f"{s}-{w}" for s in ("grouped", "static", "dynamic") for w in WALKS), "default-q2")
+            for order in orders:
+                schedule, walk = order.split("-") if order.count("-") == 1 and "q2" not in order else (None, None)
                 plan = None if schedule is None else make_plan(
                     offs, offs, total_q=total, total_kv=total, heads_q=heads, heads_kv=kv_heads,
                     window=(-1, right), block_m=BLOCK_M, block_n=BLOCK_N, max_seqlen_q=longest,
@@ -1139,7 +1157,7 @@ def _ab(argv: list[str] | None = None) -> int:
                 )
                 run = functools.partial(
                     forward, q, k, v, offs, offs, longest, left=-1, right=right, scale=dim**-0.5,
-                    plan=plan, walk=walk,
+                    plan=plan, walk=walk, q_bufs=2 if order.endswith("q2") else 1,
                 )
                 outs[order] = run()[0]
                 ms = do_bench(run, warmup=25, rep=args.reps_ms, return_mode="median")
