@@ -1124,6 +1124,7 @@ def _ab(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=_ab.__doc__.splitlines()[0])
     parser.add_argument("--reps-ms", type=int, default=300, help="do_bench rep time per case")
     parser.add_argument("--batches", default="", help="only the batches whose name contains this")
+    parser.add_argument("--orders", default="", help="only these orders (comma-separated, e.g. default,default-q2)")
     args = parser.parse_args(argv)
     gen = torch.Generator().manual_seed(0)
     lognormal = torch.clamp((torch.exp(torch.randn(128, generator=gen)) * 512).round(), 1, 4096)
@@ -1149,6 +1150,8 @@ def _ab(argv: list[str] | None = None) -> int:
             outs = {}
             orders = ("default", *(f"{s}-{w}" for s in ("grouped", "static", "dynamic") for w in WALKS), "default-q2")
             for order in orders:
+                if args.orders and order != "default" and order not in args.orders.split(","):
+                    continue  # (the default always runs: the others are compared with it)
                 schedule, walk = order.split("-") if order.count("-") == 1 and "q2" not in order else (None, None)
                 plan = None if schedule is None else make_plan(
                     offs, offs, total_q=total, total_kv=total, heads_q=heads, heads_kv=kv_heads,
