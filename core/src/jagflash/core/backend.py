@@ -235,8 +235,9 @@ def tlx_sm90_blocks(head_dim: int) -> dict[str, tuple[int, int]]:
     return {"fwd": (128, 128), "dkdv": (dkdv_m, 128)}
 
 
-#: Head dims of the TLX one-pass backward (``jagflash.core.tlx_attention.backward``: each
-#: consumer warpgroup computes dQ for half the head dim, 64 columns).
+#: Head dims where the variants run the TLX one-pass backward (``tlx_attention.use_one_pass``,
+#: ``schedule.default_schedules``): where it measured faster than the two passes. The kernel
+#: also takes D 64 (``tlx_attention.ONE_PASS_HEAD_DIMS``), not yet measured there.
 TLX_ONE_PASS_HEAD_DIMS = (128,)
 
 

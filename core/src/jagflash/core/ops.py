@@ -20,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from jagflash.core.capability import InvalidInput, Problem
-from jagflash.core.schedule import BACKEND_DEFAULT
+from jagflash.core.schedule import BACKEND_DEFAULT, resolve_schedules
 
 __all__ = [
     "alloc",
@@ -248,7 +248,6 @@ def call_plan_layout(
     (``jagflash.core.schedule.default_schedules``; ``equal_costs``: see there)."""
     from jagflash.core.backend import plan_backend
     from jagflash.core.portable import plan_blocks
-    from jagflash.core.schedule import resolve_schedules
 
     name = plan_backend(spec, make_problem(layout, q, k, causal=causal), q.device, backend)
     if name == "reference":

@@ -87,10 +87,9 @@ def tile_take(ids, fulls, empties, counter, NUM: tl.constexpr):
     """Consumer side of a tile-index ring: the index in slot ``counter`` once the producer
     published it (:func:`tile_publish`); the slot is released at once (the empty barrier counts
     one arrival per consumer warpgroup)."""
-    slot, phase = ring_slot(counter, NUM)
-    tlx.barrier_wait(fulls[slot], phase)
-    index = tl.sum(tlx.local_load(ids[slot]), 0)
-    tlx.barrier_arrive(empties[slot], 1)
+    buf, slot = ring_acquire(ids, fulls, counter, NUM)
+    index = tl.sum(tlx.local_load(buf), 0)
+    ring_release(empties, slot)
     return index
 
 

@@ -89,6 +89,7 @@ __all__ = [
     "PlanInfo",
     "Simulation",
     "check_plan",
+    "deal_flags",
     "default_schedules",
     "default_workers",
     "launch",
@@ -933,16 +934,26 @@ def resolve_plan(
     return Plan(plan_tiles, plan_meta, info, q_offsets, kv_offsets)
 
 
-def plan_launch(info: PlanInfo, pass_: str, device: torch.device, occupancy: int = 1) -> tuple[int, bool, bool]:
-    """``(programs, dynamic, zigzag)`` of a pass's launch: one program per table row for
-    ``schedule="none"``, else ``workers`` (default: SMs x ``occupancy``, the programs of this
-    kernel one SM holds at once) persistent programs, at most one per row."""
-    lay = info.layout(pass_)
+def deal_flags(info: PlanInfo, pass_: str) -> tuple[bool, bool]:
+    """``(dynamic, zigzag)``: how a persistent kernel (portable or TLX) deals ``pass_``'s table
+    to its programs. ``dynamic``: from the launch's atomic tile counter (a dynamic schedule);
+    ``zigzag``: a static deal that mirrors its odd rounds, where the pass is laid out for it
+    (grouped, static); batch order (``"none"``) and a dynamic deal have no rounds to mirror."""
     kind = info.schedule_of(pass_)
-    if kind == "none":
-        return lay.rows, False, False
+    return kind == "dynamic", kind in ("static", "grouped") and info.layout(pass_).zigzag
+
+
+def plan_launch(info: PlanInfo, pass_: str, device: torch.device, occupancy: int = 1) -> tuple[int, bool, bool]:
+    """``(programs, dynamic, zigzag)`` of a pass's launch of the portable kernels: one program
+    per table row for ``schedule="none"``, else ``workers`` (default: SMs x ``occupancy``, the
+    programs of this kernel one SM holds at once) persistent programs, at most one per row;
+    :func:`deal_flags`."""
+    lay = info.layout(pass_)
+    dynamic, zigzag = deal_flags(info, pass_)
+    if info.schedule_of(pass_) == "none":
+        return lay.rows, dynamic, zigzag
     workers = info.workers or default_workers(device) * max(1, occupancy)
-    return max(1, min(workers, lay.rows)), kind == "dynamic", lay.zigzag
+    return max(1, min(workers, lay.rows)), dynamic, zigzag
 
 
 _occupancies: dict[tuple, int] = {}
@@ -1000,14 +1011,13 @@ def launch(kernel, plan: Plan, pass_: str, tensors: Sequence, scalars: Sequence,
     if lay.rows == 0:
         return
     device = plan.tiles.device
-    kind = plan.info.schedule_of(pass_)
-    dynamic = kind == "dynamic"
+    dynamic, zigzag = deal_flags(plan.info, pass_)
     counter = tile_counter(plan, pass_)
     head = (*tensors, plan.section(pass_), plan.meta[PASSES.index(pass_) :], counter, *scalars)
     occupancy = 1
-    if kind != "none" and not plan.info.workers:
-        occupancy = _occupancy(kernel, device, (*head, 1), {"DYNAMIC": dynamic, "ZIGZAG": lay.zigzag, **kw})
-    programs, dynamic, zigzag = plan_launch(plan.info, pass_, device, occupancy)
+    if plan.info.schedule_of(pass_) != "none" and not plan.info.workers:
+        occupancy = _occupancy(kernel, device, (*head, 1), {"DYNAMIC": dynamic, "ZIGZAG": zigzag, **kw})
+    programs = plan_launch(plan.info, pass_, device, occupancy)[0]
     kernel[(programs,)](*head, programs, DYNAMIC=dynamic, ZIGZAG=zigzag, **kw)
 
 

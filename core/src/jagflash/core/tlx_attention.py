@@ -75,7 +75,7 @@ from jagflash.core.pipeline import (
     tma_load,
 )
 from jagflash.core.portable import atomic_add_rows, kernel_flags, sched_first, sched_next
-from jagflash.core.schedule import PASSES, default_schedules, make_plan, tile_counter
+from jagflash.core.schedule import PASSES, deal_flags, default_schedules, make_plan, tile_counter
 
 # q-tile rows (each consumer warpgroup takes half), kv rows: the same at every head dim and mask
 BLOCK_M, BLOCK_N = tlx_sm90_blocks(128)["fwd"]
@@ -691,13 +691,10 @@ def _dkdv_kernel(
 
 def _deal(plan, pass_: str) -> tuple[torch.Tensor, dict]:
     """How a launch deals ``pass_``'s table to the programs: the kernel's ``COUNTER`` argument,
-    and its ``DYNAMIC`` (a dynamic schedule: the producer takes tiles from that atomic counter,
-    :func:`_walk_first`) and ``ZIGZAG`` (the sorted static schedules, grouped and static; batch
-    order is dealt round-robin)."""
-    kind = plan.info.schedule_of(pass_)
-    return tile_counter(plan, pass_), {
-        "DYNAMIC": kind == "dynamic", "ZIGZAG": kind in ("static", "grouped") and plan.info.layout(pass_).zigzag,
-    }
+    and its ``DYNAMIC`` (the producer takes tiles from that atomic counter, :func:`_walk_first`)
+    and ``ZIGZAG`` (``jagflash.core.schedule.deal_flags``, as for the portable kernels)."""
+    dynamic, zigzag = deal_flags(plan.info, pass_)
+    return tile_counter(plan, pass_), {"DYNAMIC": dynamic, "ZIGZAG": zigzag}
 
 
 def forward(
@@ -1041,7 +1038,7 @@ def compile_configs():
                 constexprs = {
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
                     "NUM_KV": NUM_KV, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal,
-                    "PIPELINE": pipeline, "ZIGZAG": True, "Q_SHARED": shared,
+                    "PIPELINE": pipeline, "ZIGZAG": not dynamic, "Q_SHARED": shared,
                     "FOLD_SCALE": fold, "HEAD_MAJOR": head_major, "DYNAMIC": dynamic, "Q_BUFS": q_bufs,
                 }
                 for name in constexprs:
@@ -1082,7 +1079,7 @@ def compile_configs():
                 }
                 constexprs = {
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": bm, "BLOCK_N": bn,
-                    "NUM_Q": NUM_Q, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal, "ZIGZAG": True,
+                    "NUM_Q": NUM_Q, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal, "ZIGZAG": not dynamic,
                     "Q_SHARED": shared, "FUSED_DQ": DQ_WRITES["tma"] if fused else 0, "DQ_STAGES": DQ_STAGES,
                     "OPAQUE_INDEX": fused, "PAD": VEC_PAD, "HEAD_MAJOR": head_major, "DYNAMIC": dynamic,
                     "DQ_COLS": dq_cols(dim),
