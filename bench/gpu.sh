@@ -45,7 +45,8 @@
 # TESTS_SHARD / TLX_TESTS_SHARD (I/N: the I-th of N round-robin shares, the testing plugin's
 # --shard: the whole GPU suite ran ~13 minutes serially, more than one call), TESTS_WORKERS (4:
 # pytest-xdist processes for both test steps; 0: serial),
-# TLX_TESTS_TIMEOUT_S (220), PROBE, PROBE_ARGS (its arguments, split on spaces), PROBE_TIMEOUT_S (180), DEMO_TIMEOUT_S (60), JAGFLASH_GIT_COMMIT
+# TLX_TESTS_TIMEOUT_S (220), TLX_AB_ARGS (tlx-ab's arguments, e.g. "--batches tiny,dense4x4096
+# --orders default-q2"), PROBE, PROBE_ARGS (its arguments, split on spaces), PROBE_TIMEOUT_S (180), DEMO_TIMEOUT_S (60), JAGFLASH_GIT_COMMIT
 # (the commit to record).
 
 set -u
@@ -199,7 +200,7 @@ if has_step demo; then
     run_step demo "$(cap "${DEMO_TIMEOUT_S:-60}" "$bench_reserve")" "$PY" -m jagflash.variants.jagged.demo
 fi
 if has_step tlx-ab; then  # TLX forward tile orders (core.tlx_attention._ab): 4 compiles
-    run_step tlx-ab "$(cap 240 "$bench_reserve")" "$PY" -m jagflash.core.tlx_attention
+    run_step tlx-ab "$(cap 240 "$bench_reserve")" "$PY" -m jagflash.core.tlx_attention ${TLX_AB_ARGS:-}
 fi
 if has_step schedule-ab; then  # portable kernels with schedule none / static / dynamic, plan build time
     run_step schedule-ab "$(cap 200 "$bench_reserve")" bash -c \

@@ -1109,8 +1109,8 @@ def _ab(argv: list[str] | None = None) -> int:
     lognormal jagged batch (H16, and GQA 16:4), 2,048 sequences of 1-63 tokens, and a dense one
     (bf16, H16, D128, causal and not) and dense 4 x 8192 H32 (its K/V, 256 MB, are five times the
     L2), and the default order with two Q tiles in flight (``q_bufs=2``); checks that each
-    matches the call's default, and prints TFLOP/s. ``--batches gqa4``: only the batches so
-    named."""
+    matches the call's default, and prints TFLOP/s. ``--batches tiny,gqa4``: only the batches
+    whose names contain one of these."""
     import argparse
     import functools
 
@@ -1120,7 +1120,9 @@ def _ab(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=_ab.__doc__.splitlines()[0])
     parser.add_argument("--reps-ms", type=int, default=300, help="do_bench rep time per case")
-    parser.add_argument("--batches", default="", help="only the batches whose name contains this")
+    parser.add_argument(
+        "--batches", default="", help="only the batches whose name contains one of these (comma-separated)"
+    )
     parser.add_argument("--orders", default="", help="only these orders (comma-separated, e.g. default,default-q2)")
     args = parser.parse_args(argv)
     gen = torch.Generator().manual_seed(0)
@@ -1134,7 +1136,7 @@ def _ab(argv: list[str] | None = None) -> int:
     dim = 128
     print(f"{'batch':16s} {'causal':6s} {'order':14s} {'ms':>8s} {'TFLOP/s':>8s} {'max|x-dflt|':>11s}")
     for name, (lens, heads, kv_heads) in batches.items():
-        if args.batches not in name:
+        if not any(part in name for part in args.batches.split(",")):
             continue
         total, longest = sum(lens), max(lens)
         q = torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16)
