@@ -107,7 +107,7 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
     }
     if tlx_attention.tlx_sm90_blocks(dim)["dkdv"][0] == tlx_attention.ONE_PASS_BLOCK_M:
         runs["kernels: dK/dV alone, no dQ"] = dkdv_alone
-    if dim not in tlx_attention.TLX_ONE_PASS_HEAD_DIMS:  # what the variants run there now
+    if dim not in tlx_attention.TWO_PASS_HEAD_DIMS:  # what the variants run there when deterministic
         runs["kernels: portable backward"] = functools.partial(
             kernels_portable.backward, dout, qd, kd, vd, od, lse, offs, offs, plan, left=-1,
             right=right, scale=scale, backend="portable",

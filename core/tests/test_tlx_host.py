@@ -27,33 +27,41 @@ def test_dq_tiles_are_half_the_head_dim_or_whole_rows_at_d64() -> None:
 
 
 def test_one_pass_only_where_it_measured_faster(monkeypatch) -> None:
-    """When on: D 128, causal or not, never for a deterministic call or a windowed mask (a
-    left bound: not yet measured); off: never."""
+    """When on: D 64 and 128, causal or not, never for a deterministic call or a windowed mask
+    (a left bound: not yet measured); off: never. Where it does not run, D 128 runs the two
+    passes and D 64 the portable backward (``backward_route``)."""
     monkeypatch.setattr(tlx_attention, "ONE_PASS_BACKWARD", True)
     assert tlx_attention.use_one_pass(False, -1, -1, 128)
     assert tlx_attention.use_one_pass(False, -1, 0, 128)  # causal
     assert not tlx_attention.use_one_pass(True, -1, -1, 128)
     assert not tlx_attention.use_one_pass(True, -1, 0, 128)
     assert not tlx_attention.use_one_pass(False, 64, -1, 128)  # window
-    assert not tlx_attention.use_one_pass(False, -1, -1, 64)
+    assert tlx_attention.use_one_pass(False, -1, 0, 64)
+    assert not tlx_attention.use_one_pass(True, -1, 0, 64)
+    assert tlx_attention.backward_route(False, -1, 0, 64) == "one-pass"
+    assert tlx_attention.backward_route(True, -1, 0, 128) == "two-pass"
+    assert tlx_attention.backward_route(False, 64, 0, 128) == "two-pass"
+    assert tlx_attention.backward_route(True, -1, 0, 64) == "portable"
+    assert tlx_attention.backward_route(False, 64, -1, 64) == "portable"
     monkeypatch.setattr(tlx_attention, "ONE_PASS_BACKWARD", False)
     assert not tlx_attention.use_one_pass(False, -1, -1, 128)
+    assert tlx_attention.backward_route(False, -1, -1, 64) == "portable"
 
 
 def test_dkdv_tiles_follow_head_dim() -> None:
-    """64-query dK/dV steps at D 128 (the one pass needs them; causal too), 32 at D 64; what
-    plans are laid out with for the TLX backend (plan_blocks) agrees."""
+    """64-query dK/dV steps at D 64 and 128 (the one pass needs them; causal too); what plans
+    are laid out with for the TLX backend (plan_blocks) agrees."""
     from jagflash.core.backend import tlx_sm90_blocks
     from jagflash.core.portable import plan_blocks
 
     assert tlx_sm90_blocks(128)["dkdv"] == (64, 128)
-    assert tlx_sm90_blocks(64)["dkdv"] == (32, 128)
+    assert tlx_sm90_blocks(64)["dkdv"] == (64, 128)
     for dim in (64, 128):
         assert plan_blocks("tlx-sm90", dim)["dkdv"] == tlx_sm90_blocks(dim)["dkdv"]
 
 
 def test_one_pass_backward_refuses_a_plan_laid_out_for_32_query_steps() -> None:
-    """A plan laid out for 32-query dK/dV tiles (as for D 64) handed to the one pass: refused
+    """A plan laid out for 32-query dK/dV tiles (the portable kernels' steps) handed to the one pass: refused
     naming both tile shapes."""
     from jagflash.core.schedule import make_plan
 
@@ -129,7 +137,7 @@ def test_default_walk_is_the_slot_walk_only_on_a_static_plan_with_a_mask() -> No
 
 def test_default_schedules_are_dynamic_for_tlx_where_tile_costs_differ() -> None:
     """The TLX kernels get the atomic tile counter wherever tiles differ in cost, for the
-    forward and for the one-pass backward (D 128, no left bound); dense unmasked batches (equal
+    forward and for the one-pass backward (D 64 and 128, no left bound); dense unmasked batches (equal
     costs) and the portable kernels keep the static defaults; explicit choices stand."""
     from jagflash.core.schedule import (
         DEFAULT_BACKWARD_SCHEDULE,
@@ -142,7 +150,8 @@ def test_default_schedules_are_dynamic_for_tlx_where_tile_costs_differ() -> None
     assert default_schedules("tlx-sm90", 128) == ("dynamic", "dynamic")
     assert default_schedules("tlx-sm90", 128, window=(-1, 0)) == ("dynamic", "dynamic")
     assert default_schedules("tlx-sm90", 128, window=(-1, 0), equal_costs=True) == static
-    assert default_schedules("tlx-sm90", 64) == ("dynamic", DEFAULT_BACKWARD_SCHEDULE)
+    assert default_schedules("tlx-sm90", 64) == ("dynamic", "dynamic")
+    assert default_schedules("tlx-sm90", 64, window=(64, 0)) == ("dynamic", DEFAULT_BACKWARD_SCHEDULE)
     assert default_schedules("tlx-sm90", 128, window=(64, 0)) == ("dynamic", DEFAULT_BACKWARD_SCHEDULE)
     for backend in ("portable", "interpreter"):
         assert default_schedules(backend, 128) == static

@@ -212,7 +212,7 @@ def test_cuda_graph_forward_backward_with_prebuilt_plan(schedule: str) -> None:
 def test_default_schedules_follow_the_plan_backend(monkeypatch) -> None:
     """make_plan with schedule="default" (its default) resolves per backend (the plan backend
     stubbed, so this runs on the CPU): for the TLX kernels dynamic forward and backward at
-    D 128, causal or not, batch order backward at D 64; for the portable ones grouped / batch
+    D 64 and 128, causal or not (the one pass runs at both); for the portable ones grouped / batch
     order; a schedule the caller names stands."""
     from jagflash.core import backend
     from jagflash.variants.jagged import make_plan
@@ -226,7 +226,62 @@ def test_default_schedules_follow_the_plan_backend(monkeypatch) -> None:
     monkeypatch.setattr(backend, "plan_backend", lambda *a, **k: "tlx-sm90")
     assert schedules(make_plan(q, q, offs, offs)) == ("dynamic", "dynamic")
     assert schedules(make_plan(q, q, offs, offs, causal=True)) == ("dynamic", "dynamic")
-    assert schedules(make_plan(q[..., :64], q[..., :64], offs, offs)) == ("dynamic", "none")
+    assert schedules(make_plan(q[..., :64], q[..., :64], offs, offs)) == ("dynamic", "dynamic")
     assert schedules(make_plan(q, q, offs, offs, schedule="grouped", backward_schedule=None)) == ("grouped", "grouped")
     monkeypatch.setattr(backend, "plan_backend", lambda *a, **k: "portable")
     assert schedules(make_plan(q, q, offs, offs, causal=True)) == ("grouped", "none")
+
+
+class _PortableBackwardOnTlxPlan(torch.autograd.Function):
+    """The reference forward (fp32) with the portable backward on ``plan``: what the TLX
+    backend runs at D 64 where the one pass does not (``tlx_attention.backward_route``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_offsets, kv_offsets, plan):
+        out, lse = jagged_reference(q, k, v, q_offsets, kv_offsets, causal=True, dtype=q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
+        ctx.plan = plan
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        from jagflash.variants.jagged import kernels_portable
+
+        q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
+        grads = kernels_portable.backward(
+            dout, q, k, v, out, lse, q_offsets, kv_offsets, ctx.plan, left=-1, right=0,
+            scale=q.shape[-1] ** -0.5, backend="portable",
+        )
+        return (*grads, None, None, None)
+
+
+def test_the_portable_backward_runs_on_a_plan_laid_out_for_tlx_at_d64(device: str) -> None:
+    """At D 64 the TLX backend hands a deterministic or windowed backward to the portable
+    kernels on the call's plan, laid out for 64-query dK/dV steps (the one pass's) where the
+    portable kernels step 32: the passes' kv-tiles and dQ tiles agree, and the gradients match
+    the reference (the portable kernels' own tile sizes, interpreted on the CPU)."""
+    from jagflash.core import tlx_attention
+    from jagflash.core.portable import plan_blocks
+    from jagflash.core.schedule import make_plan as make_core_plan
+
+    assert tlx_attention.backward_route(True, -1, 0, 64) == "portable"
+    assert tlx_attention.backward_route(False, 8, 0, 64) == "portable"
+    tlx, portable = plan_blocks("tlx-sm90", 64), plan_blocks("portable", 64)
+    assert tlx["dq"] == portable["dq"]
+    assert tlx["dkdv"][1] == portable["dkdv"][1]
+    assert tlx["dkdv"][0] != portable["dkdv"][0]  # (else this test checks nothing new)
+    t = make_jagged(Q_LENS, K_LENS, 4, 2, 64, _dtype(device), device, seed=5)
+    dout = t.pop("dout")
+    plan = make_core_plan(
+        t["q_offsets"], t["kv_offsets"], total_q=t["q"].shape[0], total_kv=t["k"].shape[0],
+        heads_q=4, heads_kv=2, window=(-1, 0), block_m=tlx["fwd"][0], block_n=tlx["fwd"][1],
+        dq_blocks=tlx["dq"], dkdv_blocks=tlx["dkdv"], backward=True, schedule="dynamic",
+    )
+
+    def kernel(q, k, v, q_offsets, kv_offsets):
+        return _PortableBackwardOnTlxPlan.apply(q, k, v, q_offsets, kv_offsets, plan)
+
+    def reference(q, k, v, q_offsets, kv_offsets, dtype):
+        return jagged_reference(q, k, v, q_offsets, kv_offsets, causal=True, dtype=dtype)
+
+    check_against_reference(kernel, reference, t, atol=SPEC.atol[t["q"].dtype], dout=dout)

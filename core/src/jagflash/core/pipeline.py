@@ -144,6 +144,15 @@ def rows_descriptor(t: torch.Tensor, block_rows: int, head_dim: int):
     return TensorDescriptor(t, shape=[rows, width], strides=[width, 1], block_shape=[block_rows, head_dim])
 
 
+def vectors_descriptor(t: torch.Tensor, block: int):
+    """A TMA descriptor over per-query vectors ``t [H, rows]`` fp32 (contiguous, ``rows`` a
+    multiple of 4: 16-byte aligned head rows), with blocks of ``block`` values of one head: the
+    block of head ``h`` from row ``r`` is at ``[h, r]``."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, shape=list(t.shape), strides=[t.stride(0), 1], block_shape=[1, block])
+
+
 def set_tma_allocator() -> None:
     """Triton needs a scratch allocator for kernels that build descriptors on the device."""
 

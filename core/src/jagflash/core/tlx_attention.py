@@ -27,7 +27,7 @@ diagonal tiles off the main loop). TMA reads past a sequence's end are harmless:
 ``jagflash.core.pipeline``.
 
 The dK/dV pass (:func:`backward_dkdv`) keeps a 128-row kv-tile's dK and dV in the two consumer
-warpgroups' registers and streams Q / dO of every q-tile that sees it, 64 or 32 queries a step
+warpgroups' registers and streams Q / dO of every q-tile that sees it, 64 queries a step
 (``jagflash.core.backend.tlx_sm90_blocks``); dQ and delta come from the portable dQ pass, which
 runs first (deterministic). Both read log2 LSE and delta packed per sequence by
 :func:`backward_vectors` (no masks, paired loads). The same kernel with ``FUSED_DQ`` is the
@@ -73,6 +73,7 @@ from jagflash.core.pipeline import (
     tile_publish,
     tile_take,
     tma_load,
+    vectors_descriptor,
 )
 from jagflash.core.portable import atomic_add_rows, kernel_flags, sched_first, sched_next
 from jagflash.core.schedule import PASSES, deal_flags, default_schedules, make_plan, tile_counter
@@ -145,10 +146,27 @@ def dq_cols(head_dim: int) -> int:
 
 def use_one_pass(deterministic: bool, left: int, right: int, head_dim: int) -> bool:
     """Whether a variant's TLX backward runs the one-pass :func:`backward` (dQ order varies)
-    rather than the two passes: where it measured faster (D 128, causal or not; a window's left
-    bound is not yet measured) and the call does not ask for a deterministic backward, and only
+    rather than the alternatives (:func:`backward_route`): where it measured faster (D 64 and
+    128, causal or not; a window's left bound is not yet measured) and the call does not ask for a deterministic backward, and only
     while :data:`ONE_PASS_BACKWARD` is on."""
     return ONE_PASS_BACKWARD and not deterministic and left < 0 and head_dim in TLX_ONE_PASS_HEAD_DIMS
+
+
+#: Head dims where a variant's TLX backward that does not run the one pass runs the two passes
+#: (portable dQ pass, TLX dK/dV pass); elsewhere (D 64) it hands the call to the portable
+#: backward, on the same plan: measured faster there, H200, lognormal batch, kernels alone
+#: (bench/NOTES.md, session 8): 6.63 ms vs the two passes' 8.45.
+TWO_PASS_HEAD_DIMS = (128,)
+BACKWARD_ROUTES = ("one-pass", "two-pass", "portable")
+
+
+def backward_route(deterministic: bool, left: int, right: int, head_dim: int) -> str:
+    """Which backward a variant's TLX backend runs (one of :data:`BACKWARD_ROUTES`): the one
+    pass where :func:`use_one_pass` says so, else the two passes at :data:`TWO_PASS_HEAD_DIMS`,
+    else the variant's portable backward (which is deterministic as well)."""
+    if use_one_pass(deterministic, left, right, head_dim):
+        return "one-pass"
+    return "two-pass" if head_dim in TWO_PASS_HEAD_DIMS else "portable"
 
 
 @triton.jit
@@ -472,7 +490,7 @@ def _dq_write(dq, desc_dq, dq_stages, counter, q_row, col, DQ, stride_acc, rows,
 
 @triton.jit
 def _dkdv_steps(
-    dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows,
+    dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties, kv_rows,
     q_cnt, start, end, lq, lk, qk_scale2, left, right,
     desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc,
     CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, NUM_Q: tl.constexpr,
@@ -481,9 +499,10 @@ def _dkdv_steps(
     DQ_STAGES: tl.constexpr, OPAQUE_INDEX: tl.constexpr, DQ_COLS: tl.constexpr,
 ):
     """One consumer warpgroup's HALF kv rows (``k_tiles[CID]``, ``v_tiles[CID]``) against the q-tiles
-    ``[start, end)`` of one query head (``lse_h``, ``delta_h``: its packed vectors at the
-    sequence's first row): S^T = K Q^T and dP^T = V dO^T on the tensor cores, then
-    dV += P^T dO (P^T from registers) and dK += dS^T Q (dS^T through shared memory).
+    ``[start, end)`` of one query head (each step's Q, dO and packed vectors, ``lse_tiles`` and
+    ``delta_tiles`` ``[1, BLOCK_M]`` fp32, arrive together in one slot of the Q ring):
+    S^T = K Q^T and dP^T = V dO^T on the tensor cores, then dV += P^T dO (P^T from registers)
+    and dK += dS^T Q (dS^T through shared memory).
 
     With ``FUSED_DQ`` the step also computes this warpgroup's half of the q-tile's dQ: both
     warpgroups store their dS^T (64 kv rows each) into the step's pair of ``ds_tiles`` (double
@@ -509,25 +528,23 @@ def _dkdv_steps(
         k_buf = k_tiles[CID + zero]
         v_buf = v_tiles[CID + zero]
         rows = m0 + tl.arange(0, BLOCK_M)
-        # The packed vectors (backward_vectors): rows past lq are padding, lse2 = +inf (P = 0)
-        # and delta 0, so they add nothing (to dQ either: their dS is exactly 0, so the
-        # reduce-add into the next sequence's rows adds 0). m0 is a multiple of BLOCK_M: said so
-        # (the division is a shift), the loads go in aligned pairs.
-        vec = (m0 // BLOCK_M) * BLOCK_M + tl.arange(0, BLOCK_M)
-        lse2 = tl.load(lse_h + vec)
-        delta = tl.load(delta_h + vec)
         q_buf, slot = ring_acquire(q_tiles, q_fulls, q_cnt, NUM_Q)
         do_buf = do_tiles[slot]
         st = tlx.async_dot(k_buf, tlx.local_trans(q_buf))
         dpt = tlx.async_dot(v_buf, tlx.local_trans(do_buf))
+        # The packed vectors (backward_vectors), loaded by the producer with Q and dO: rows
+        # past lq are padding, lse2 = +inf (P = 0) and delta 0, so they add nothing (to dQ
+        # either: their dS is exactly 0, so the reduce-add into the next sequence's rows adds 0).
+        lse2 = tlx.local_load(lse_tiles[slot])
+        delta = tlx.local_load(delta_tiles[slot])
         st = tlx.async_dot_wait(1, st)
-        pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
+        pt = tl.math.exp2(st * qk_scale2 - lse2)
         if MASKED:
             q_lo, q_hi = band_bounds(rows, lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
             pt = tl.where(bounds_mask(kv_rows[:, None], q_lo[None, :], q_hi[None, :], BOUNDED_LEFT), pt, 0.0)
         dpt = tlx.async_dot_wait(0, dpt)
         dv = tlx.async_dot(pt.to(DTYPE), do_buf, dv)
-        dst = (pt * (dpt - delta[None, :])).to(DTYPE)
+        dst = (pt * (dpt - delta)).to(DTYPE)
         if FUSED_DQ > 0:
             pair = 2 * (q_cnt % 2)
             ds_buf = ds_tiles[pair + CID]
@@ -575,8 +592,8 @@ def _dkdv_steps(
 
 @triton.jit
 def _dkdv_kernel(
-    desc_q, desc_k, desc_v, desc_do, DK, DV, LSE2, DELTA, VEC_TILE, q_offsets, kv_offsets, TILES, COUNT,
-    COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, vec_rows, scale, left, right,
+    desc_q, desc_k, desc_v, desc_do, DK, DV, desc_lse2, desc_delta, VEC_TILE, q_offsets, kv_offsets, TILES, COUNT,
+    COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, scale, left, right,
     desc_dq, DQ, stride_acc, heads,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_Q: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
@@ -589,8 +606,11 @@ def _dkdv_kernel(
     dQ, added into an fp32 accumulator (``FUSED_DQ == 0``: dQ and delta come from the portable
     dQ pass, which runs first). A producer streams K/V once per tile and Q/dO through a ring
     of NUM_Q slots; two consumer warpgroups take 64 kv rows each and share every Q/dO slot.
-    ``LSE2``, ``DELTA``, ``VEC_TILE``, ``vec_rows``: the packed vectors of
-    :func:`backward_vectors` (``PAD``: :data:`VEC_PAD`). ``heads``, ``HEAD_MAJOR``, ``COUNTER``,
+    ``desc_lse2``, ``desc_delta`` (TMA descriptors over ``[Hq, vec_rows]``, blocks of
+    ``[1, BLOCK_M]``) and ``VEC_TILE``: the packed vectors of
+    :func:`backward_vectors` (``PAD``: :data:`VEC_PAD`), which the producer loads with each
+    step's Q and dO (the consumers once loaded them from global memory at the top of each step,
+    and waited for them: 11 % of all stall samples, bench/NOTES.md session 8). ``heads``, ``HEAD_MAJOR``, ``COUNTER``,
     ``DYNAMIC``, ``ZIGZAG``: the walk of the table (:func:`_walk_first`, :func:`_plan_row`)."""
     HALF: tl.constexpr = BLOCK_N // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -602,6 +622,8 @@ def _dkdv_kernel(
     v_tiles = tlx.local_alloc((HALF, HEAD_DIM), dtype, 2)
     q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_Q)
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_Q)
+    lse_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_Q)
+    delta_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_Q)
     if FUSED_DQ > 0:
         # dS^T, one per consumer, double-buffered by step (the dQ product reads both)
         ds_tiles = tlx.local_alloc((HALF, BLOCK_M), dtype, 4)
@@ -634,14 +656,18 @@ def _dkdv_kernel(
                         tlx.barrier_expect_bytes(kv_fulls[c], 2 * ELEM * HALF * HEAD_DIM)
                         tlx.async_descriptor_load(desc_k, k_tiles[c], [k_start + n0 + c * HALF, hk * HEAD_DIM], kv_fulls[c])
                         tlx.async_descriptor_load(desc_v, v_tiles[c], [k_start + n0 + c * HALF, hk * HEAD_DIM], kv_fulls[c])
+                    vec0 = tl.load(VEC_TILE + b) * PAD
                     for g in range(GROUP):
-                        col = (hk * GROUP + g) * HEAD_DIM
+                        head = hk * GROUP + g
+                        col = head * HEAD_DIM
                         for m0 in range(lo, hi, BLOCK_M):
                             slot, phase = ring_slot(q_cnt, NUM_Q)
                             tlx.barrier_wait(q_empties[slot], phase ^ 1)
-                            tlx.barrier_expect_bytes(q_fulls[slot], 2 * ELEM * BLOCK_M * HEAD_DIM)
+                            tlx.barrier_expect_bytes(q_fulls[slot], 2 * ELEM * BLOCK_M * HEAD_DIM + 2 * 4 * BLOCK_M)
                             tlx.async_descriptor_load(desc_q, q_tiles[slot], [_q_row(q_start, m0, Q_SHARED), col], q_fulls[slot])
                             tlx.async_descriptor_load(desc_do, do_tiles[slot], [q_start + m0, col], q_fulls[slot])
+                            tlx.async_descriptor_load(desc_lse2, lse_tiles[slot], [head, vec0 + m0], q_fulls[slot])
+                            tlx.async_descriptor_load(desc_delta, delta_tiles[slot], [head, vec0 + m0], q_fulls[slot])
                             q_cnt += 1
                     tile_cnt += 1
                 i = i_next
@@ -669,14 +695,10 @@ def _dkdv_kernel(
                     dk = tl.zeros([HALF, HEAD_DIM], tl.float32)
                     dv = tl.zeros([HALF, HEAD_DIM], tl.float32)
                     for g in range(GROUP):
-                        head = hk * GROUP + g
-                        head_row = head.to(tl.int64) * vec_rows + tl.load(VEC_TILE + b) * PAD
-                        lse_h = LSE2 + head_row
-                        delta_h = DELTA + head_row
-                        dq_col = head * HEAD_DIM
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, lo, full_lo, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, OPAQUE_INDEX, DQ_COLS)
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_lo, full_hi, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, OPAQUE_INDEX, DQ_COLS)
-                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, lse_h, delta_h, kv_rows, q_cnt, full_hi, hi, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, OPAQUE_INDEX, DQ_COLS)
+                        dq_col = (hk * GROUP + g) * HEAD_DIM
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties, kv_rows, q_cnt, lo, full_lo, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, OPAQUE_INDEX, DQ_COLS)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties, kv_rows, q_cnt, full_lo, full_hi, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, OPAQUE_INDEX, DQ_COLS)
+                        dk, dv, q_cnt = _dkdv_steps(dk, dv, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties, kv_rows, q_cnt, full_hi, hi, lq, lk, qk_scale2, left, right, desc_dq, ds_tiles, dq_stages, q_start, dq_col, DQ, stride_acc, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, OPAQUE_INDEX, DQ_COLS)
                     tlx.barrier_arrive(kv_empties[cid], 1)
                     valid = kv_rows < lk
                     offs_d = tl.arange(0, HEAD_DIM)
@@ -712,7 +734,7 @@ def forward(
     plan=None,
     q_shared: bool = False,
     walk: str | None = None,
-    q_bufs: int = 1,
+    q_bufs: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` fp32 (inputs are made contiguous: TMA needs it).
 
@@ -737,11 +759,15 @@ def forward(
     head of a tile slot, then the next slot) or ``"head"`` (one head's slots at a time, for L2
     locality; see ``_plan_row``); ``None`` (default): :func:`default_walk`.
 
-    ``q_bufs`` (A/B, default 1): Q tiles in flight per program; 2 lets the producer load the next
-    tile's Q (and so its first K/V) while the consumers run this one, which pays where tiles are
-    short (many short sequences). Measured in session 5 on older kernels: +1 % on lognormal, but
-    dense causal 33 % slower (not explained); not yet measured on short sequences."""
+    ``q_bufs``: Q tiles in flight per program; 2 lets the producer load the next tile's Q (and
+    so its first K/V) while the consumers run this one. ``None`` (default): 2, or 1 with
+    ``q_shared`` (not measured there). Measured on the H200, kernels alone, bf16 H16 D128
+    (bench/NOTES.md, session 8), 2 against 1: faster on every batch, lognormal +0.5 %, causal
+    +0.7 %, dense 4x4096 +0.7 % / causal +2.1 %, 2,048 sequences of 1-63 tokens +2.3 % /
+    causal +4.8 % (session 5's 33 % loss on dense causal, on older kernels, did not recur)."""
     reasons = _walk_reasons(walk)
+    if q_bufs is None:
+        q_bufs = 1 if q_shared else 2
     if q_bufs not in (1, 2):
         reasons.append(f"q_bufs must be 1 or 2, got {q_bufs!r}")
     if reasons:
@@ -889,9 +915,9 @@ def _launch_dkdv(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, la
     _dkdv_kernel[(programs,)](
         rows_descriptor(q, block_m, dim), rows_descriptor(k, block_n // 2, dim),
         rows_descriptor(v, block_n // 2, dim), rows_descriptor(dout, block_m, dim),
-        dk, dv, *vectors, q_offsets, kv_offsets,
+        dk, dv, *(vectors_descriptor(x, block_m) for x in vectors[:2]), vectors[2], q_offsets, kv_offsets,
         plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):], counter,
-        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), vectors[0].shape[1],
+        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         scale, left, right, desc_dq,
         dk if dq_acc is None else dq_acc, 0 if dq_acc is None else dq_acc.stride(0), lay.heads,
         **deal, **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=block_m, BLOCK_N=block_n,
@@ -1018,13 +1044,13 @@ def compile_configs():
             # broadcast-Q batches a dynamic plan walked head by head; dense unmasked a static
             # one walked head by head; a caller's static causal plan the slot walk.
             for causal, pipeline, shared, fold, head_major, dynamic, q_bufs in (
-                (False, True, False, True, True, True, 1), (True, True, False, True, True, True, 1),
-                (False, True, False, True, True, False, 1), (True, True, False, True, False, False, 1),
-                (False, False, False, True, True, False, 1), (True, False, False, True, False, False, 1),  # v1
-                (False, True, True, True, True, True, 1),  # broadcast-Q
-                (False, True, False, False, True, True, 1), (True, True, False, False, True, True, 1),  # scale <= 0
-                (False, True, False, True, False, False, 1),  # walk="slot" unmasked
-                (False, True, False, True, True, True, 2), (True, True, False, True, True, True, 2),  # q_bufs=2
+                (False, True, False, True, True, True, 2), (True, True, False, True, True, True, 2),
+                (False, True, False, True, True, False, 2), (True, True, False, True, False, False, 2),
+                (False, False, False, True, True, False, 2), (True, False, False, True, False, False, 2),  # v1
+                (False, True, True, True, True, True, 1),  # broadcast-Q (one Q tile in flight)
+                (False, True, False, False, True, True, 2), (True, True, False, False, True, True, 2),  # scale <= 0
+                (False, True, False, True, False, False, 2),  # walk="slot" unmasked
+                (False, True, False, True, True, True, 1), (True, True, False, True, True, True, 1),  # q_bufs=1 (A/B)
             ):
                 signature = {
                     "desc_q": f"tensordesc<{dtype}[{BLOCK_M // 2},{dim}]>",
@@ -1045,12 +1071,12 @@ def compile_configs():
                     signature[name] = "constexpr"
                 # version 2 carries P in fp32: a few per-tile values spill outside the kv loop
                 # (8-56 B, none inside it; at D 64 only unfolded, in fp16; the dynamic walk's
-                # tile-index ring adds a few).
+                # tile-index ring adds a few, two Q tiles in flight 8 B on a static causal plan).
                 configs.append((
-                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{_walk_suffix(head_major, causal, dynamic)}{'_q2' if q_bufs == 2 else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
+                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{_walk_suffix(head_major, causal, dynamic)}{'_q1' if q_bufs == 1 and not shared else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
                     _fwd_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
-                    {64: 0 if fold else 8, 128: (52 if dynamic else 24) if fold else 60}[dim] if pipeline else 0,
+                    {64: 0 if fold else 8, 128: (52 if dynamic else 32) if fold else 60}[dim] if pipeline else 0,
                 ))
             # the one pass on a dynamic plan (jagged, broadcast-Q) and on dense unmasked's
             # static one; the two passes' dK/dV on batch order (portable dQ pass first)
@@ -1070,10 +1096,10 @@ def compile_configs():
                     "desc_k": f"tensordesc<{dtype}[{bn // 2},{dim}]>",
                     "desc_v": f"tensordesc<{dtype}[{bn // 2},{dim}]>",
                     "desc_do": f"tensordesc<{dtype}[{bm},{dim}]>",
-                    "DK": f"*{dtype}", "DV": f"*{dtype}", "LSE2": "*fp32", "DELTA": "*fp32", "VEC_TILE": "*i32",
+                    "DK": f"*{dtype}", "DV": f"*{dtype}", "desc_lse2": f"tensordesc<fp32[1,{bm}]>", "desc_delta": f"tensordesc<fp32[1,{bm}]>", "VEC_TILE": "*i32",
                     "q_offsets": "*i32", "kv_offsets": "*i32", "TILES": "*i32", "COUNT": "*i64",
                     "COUNTER": "*i32" if dynamic else "*i64", "stride_dkt": "i32:16", "stride_dkh": "i32:16", "stride_dvt": "i32:16", "stride_dvh": "i32:16",
-                    "vec_rows": "i32:16", "scale": "fp32", "left": "i32", "right": "i32",
+                    "scale": "fp32", "left": "i32", "right": "i32",
                     "desc_dq": f"tensordesc<fp32[{bm},{dq_cols(dim)}]>" if fused else f"tensordesc<{dtype}[{bm},{dim}]>",
                     "DQ": "*fp32", "stride_acc": "i32:16", "heads": "i32",
                 }
@@ -1089,11 +1115,13 @@ def compile_configs():
                 # Known spills of the dK/dV kernel (dK and dV of 64 x D fp32 each stay in
                 # registers beside the 64-query S^T / dP^T tiles, and in the one pass its dQ
                 # tile; the masked steps need the most; the configurations compile the default
-                # TMA write): bench/NOTES.md.
+                # TMA write): bench/NOTES.md. Since the producer loads the packed vectors into
+                # shared memory (session 8) they are 280 -> 32 B and 720 -> 60-140 B in the one
+                # pass at D 128, 424 -> 112 B in the two passes' causal dK/dV.
                 if fused:
-                    known_spill = {64: 12 if causal else 0, 128: 720 if causal else 280}[dim]
+                    known_spill = {64: 0, 128: 140 if causal else 32}[dim]
                 else:
-                    known_spill = {64: 0, 128: 424 if causal else 104}[dim]
+                    known_spill = {64: 0, 128: 112 if causal else 104}[dim]
                 configs.append((
                     f"tlx_{'bwd' if fused else 'dkdv'}{_walk_suffix(head_major, causal, dynamic)}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}", _dkdv_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1}, known_spill,
@@ -1108,7 +1136,7 @@ def _ab(argv: list[str] | None = None) -> int:
     static; dynamic: the atomic tile counter) walked slot by slot and head by head, on a
     lognormal jagged batch (H16, and GQA 16:4), 2,048 sequences of 1-63 tokens, and a dense one
     (bf16, H16, D128, causal and not) and dense 4 x 8192 H32 (its K/V, 256 MB, are five times the
-    L2), and the default order with two Q tiles in flight (``q_bufs=2``); checks that each
+    L2), and the default order with one Q tile in flight (``q_bufs=1``; the default is 2); checks that each
     matches the call's default, and prints TFLOP/s. ``--batches tiny,gqa4``: only the batches
     whose names contain one of these."""
     import argparse
@@ -1123,7 +1151,7 @@ def _ab(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--batches", default="", help="only the batches whose name contains one of these (comma-separated)"
     )
-    parser.add_argument("--orders", default="", help="only these orders (comma-separated, e.g. default,default-q2)")
+    parser.add_argument("--orders", default="", help="only these orders (comma-separated, e.g. default,default-q1)")
     args = parser.parse_args(argv)
     gen = torch.Generator().manual_seed(0)
     lognormal = torch.clamp((torch.exp(torch.randn(128, generator=gen)) * 512).round(), 1, 4096)
@@ -1147,11 +1175,11 @@ def _ab(argv: list[str] | None = None) -> int:
             right = 0 if causal else -1
             flops = 4 * int(visible_pairs(lt, lt, -1, right).sum()) * dim * heads
             outs = {}
-            orders = ("default", *(f"{s}-{w}" for s in ("grouped", "static", "dynamic") for w in WALKS), "default-q2")
+            orders = ("default", *(f"{s}-{w}" for s in ("grouped", "static", "dynamic") for w in WALKS), "default-q1")
             for order in orders:
                 if args.orders and order != "default" and order not in args.orders.split(","):
                     continue  # (the default always runs: the others are compared with it)
-                schedule, walk = order.split("-") if order.count("-") == 1 and "q2" not in order else (None, None)
+                schedule, walk = order.split("-") if order.count("-") == 1 and "q1" not in order else (None, None)
                 plan = None if schedule is None else make_plan(
                     offs, offs, total_q=total, total_kv=total, heads_q=heads, heads_kv=kv_heads,
                     window=(-1, right), block_m=BLOCK_M, block_n=BLOCK_N, max_seqlen_q=longest,
@@ -1159,7 +1187,7 @@ def _ab(argv: list[str] | None = None) -> int:
                 )
                 run = functools.partial(
                     forward, q, k, v, offs, offs, longest, left=-1, right=right, scale=dim**-0.5,
-                    plan=plan, walk=walk, q_bufs=2 if order.endswith("q2") else 1,
+                    plan=plan, walk=walk, q_bufs=1 if order.endswith("q1") else None,
                 )
                 outs[order] = run()[0]
                 ms = do_bench(run, warmup=25, rep=args.reps_ms, return_mode="median")
