@@ -2,7 +2,8 @@
 staged TMA reduce-adds) against the deterministic two-pass one (portable dQ pass + TLX dK/dV
 pass), kernels alone, on the bench's jagged lognormal batch and dense 4 x 4096 (bf16, H16, D128,
 causal and not) and the lognormal batch at D64 (where the one pass computes whole dQ rows on
-alternate steps, ``tlx_attention.dq_cols``; the variants' D 64 backward is still the portable one).
+alternate steps, ``tlx_attention.dq_cols``; timed beside the portable backward, which the variants
+ran at D 64 until session 8).
 
 Run on the GPU: ``python bench/probe_backward.py [--quick]`` (gpu.sh:
 ``PROBE=bench/probe_backward.py``); ``--quick``: the lognormal batch only.
@@ -107,7 +108,7 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
     }
     if tlx_attention.tlx_sm90_blocks(dim)["dkdv"][0] == tlx_attention.ONE_PASS_BLOCK_M:
         runs["kernels: dK/dV alone, no dQ"] = dkdv_alone
-    if dim not in tlx_attention.TWO_PASS_HEAD_DIMS:  # what the variants run there when deterministic
+    if dim == 64:  # what the variants ran there until session 8
         runs["kernels: portable backward"] = functools.partial(
             kernels_portable.backward, dout, qd, kd, vd, od, lse, offs, offs, plan, left=-1,
             right=right, scale=scale, backend="portable",

@@ -138,22 +138,6 @@ def test_call_problem_reads_deterministic_for_a_backward_only() -> None:
     assert "deterministic" not in problem(*plain, deterministic=True).features
 
 
-def test_the_tlx_backward_shares_its_plan_with_the_portable_backward_it_hands_on_to() -> None:
-    """Where tlx-sm90's backward hands a call on to the portable kernels (D 64 deterministic or
-    windowed: ``tlx_attention.backward_route``), they run on the call's plan, laid out for
-    tlx-sm90: the dQ tiles and the dK/dV kv-tiles must agree (the portable dK/dV pass steps
-    its own 32 queries inside a kv-tile; test_jagged_plans runs it on such a plan)."""
-    from jagflash.core import tlx_attention
-    from jagflash.core.portable import plan_blocks
-
-    tlx = tlx_sm90_backend(frozenset())
-    handed_on = [d for d in sorted(tlx.head_dims_bwd) if d not in tlx_attention.TWO_PASS_HEAD_DIMS]
-    assert handed_on == [64]
-    for dim in handed_on:
-        mine, theirs = plan_blocks("tlx-sm90", dim), plan_blocks("portable", dim)
-        assert (mine["dq"], mine["dkdv"][1]) == (theirs["dq"], theirs["dkdv"][1]), dim
-
-
 def test_a_requested_backend_hands_on_a_backward_it_lacks_for_this_head_dim() -> None:
     """A backend that runs D 64 forward only (tlx-sm90 did, until session 8): asked for by name,
     its D 64 backward goes to the fastest backend that has one (and says why); a D 128

@@ -28,8 +28,7 @@ def test_dq_tiles_are_half_the_head_dim_or_whole_rows_at_d64() -> None:
 
 def test_one_pass_only_where_it_measured_faster(monkeypatch) -> None:
     """When on: D 64 and 128, causal or not, never for a deterministic call or a windowed mask
-    (a left bound: not yet measured); off: never. Where it does not run, D 128 runs the two
-    passes and D 64 the portable backward (``backward_route``)."""
+    (a left bound: not yet measured); off: never."""
     monkeypatch.setattr(tlx_attention, "ONE_PASS_BACKWARD", True)
     assert tlx_attention.use_one_pass(False, -1, -1, 128)
     assert tlx_attention.use_one_pass(False, -1, 0, 128)  # causal
@@ -38,14 +37,8 @@ def test_one_pass_only_where_it_measured_faster(monkeypatch) -> None:
     assert not tlx_attention.use_one_pass(False, 64, -1, 128)  # window
     assert tlx_attention.use_one_pass(False, -1, 0, 64)
     assert not tlx_attention.use_one_pass(True, -1, 0, 64)
-    assert tlx_attention.backward_route(False, -1, 0, 64) == "one-pass"
-    assert tlx_attention.backward_route(True, -1, 0, 128) == "two-pass"
-    assert tlx_attention.backward_route(False, 64, 0, 128) == "two-pass"
-    assert tlx_attention.backward_route(True, -1, 0, 64) == "portable"
-    assert tlx_attention.backward_route(False, 64, -1, 64) == "portable"
     monkeypatch.setattr(tlx_attention, "ONE_PASS_BACKWARD", False)
     assert not tlx_attention.use_one_pass(False, -1, -1, 128)
-    assert tlx_attention.backward_route(False, -1, -1, 64) == "portable"
 
 
 def test_dkdv_tiles_follow_head_dim() -> None:

@@ -228,17 +228,15 @@ def tlx_sm90_blocks(head_dim: int) -> dict[str, tuple[int, int]]:
     importing TLX; their dQ pass is the portable one (``jagflash.core.portable.block_config``).
 
     The dK/dV pass steps 64 queries at a time, causal or not, at D 64 and D 128: the one-pass
-    backward needs 64 (its dQ tile is a wgmma's 64 rows). Where the TLX backward hands a call on
-    to the portable kernels (D 64 deterministic or windowed: ``tlx_attention.backward_route``)
-    they run on the same plan: their dK/dV tiles have the same 128 kv rows (they step 32
-    queries inside them; tested), their dQ tiles are these."""
+    backward needs 64 (its dQ tile is a wgmma's 64 rows), and the two passes' dK/dV pass at D 64
+    measured faster with 64 than with 32 (bench/NOTES.md, session 8)."""
     return {"fwd": (128, 128), "dkdv": (64, 128)}
 
 
 #: Head dims where the variants run the TLX one-pass backward (``tlx_attention.use_one_pass``,
 #: ``schedule.default_schedules``): where it measured faster than the alternatives. H200,
-#: kernels alone, bf16 H16, lognormal batch (bench/NOTES.md, session 8): D 64 5.31 ms vs the
-#: portable backward's 6.63, causal 3.18 vs 3.84; D 128: 8.97 vs the two passes' 17.8.
+#: kernels alone, bf16 H16, lognormal batch (bench/NOTES.md, session 8): D 64 5.10 ms vs the
+#: two passes' 6.06 and the portable backward's 6.54; D 128 8.31 vs the two passes' 16.8.
 TLX_ONE_PASS_HEAD_DIMS = (64, 128)
 
 
@@ -246,9 +244,8 @@ def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
     """The TLX warp-specialised kernels of ``jagflash.core.tlx_attention`` (Hopper only):
     forward, and a backward that runs in one pass with dQ reduce-added from every kv-tile where
     ``tlx_attention.use_one_pass`` says so (D 64 and 128, causal or not, no left bound, not
-    ``deterministic``), and otherwise (``tlx_attention.backward_route``) at D 128 as a portable
-    dQ pass and a TLX dK/dV pass, at D 64 as the portable backward; without atomics in the
-    jagged and dense variants: deterministic."""
+    ``deterministic``), and otherwise as a portable dQ pass and a TLX dK/dV pass, without
+    atomics in the jagged and dense variants: deterministic."""
     return BackendSpec(
         name="tlx-sm90",
         devices=frozenset({"cuda"}),
@@ -256,13 +253,13 @@ def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
         max_capability=(9, 0),
         dtypes=frozenset({torch.float16, torch.bfloat16}),
         head_dims_fwd=frozenset({64, 128}),
-        # D 64 and 128; where the one pass does not run (deterministic, a left bound), D 64
-        # hands its backward to the portable kernels inside (tlx_attention.backward_route).
+        # D 64 since session 8: the two passes 6.06 ms vs the portable backward's 6.54 there
+        # (lognormal batch, bench/NOTES.md), the one pass 5.10.
         head_dims_bwd=frozenset({64, 128}),
         features_fwd=features,
         features_bwd=features | {"deterministic"},
         available=tlx_reasons,
-        notes="TMA producer + two ping-pong wgmma consumer warpgroups; one-pass backward with TMA dQ reduce-adds unless windowed or deterministic (then D 128: two passes, D 64: the portable backward)",
+        notes="TMA producer + two ping-pong wgmma consumer warpgroups; one-pass backward with TMA dQ reduce-adds unless windowed or deterministic",
     )
 
 

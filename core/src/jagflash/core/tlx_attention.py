@@ -146,27 +146,10 @@ def dq_cols(head_dim: int) -> int:
 
 def use_one_pass(deterministic: bool, left: int, right: int, head_dim: int) -> bool:
     """Whether a variant's TLX backward runs the one-pass :func:`backward` (dQ order varies)
-    rather than the alternatives (:func:`backward_route`): where it measured faster (D 64 and
+    rather than the two passes: where it measured faster (D 64 and
     128, causal or not; a window's left bound is not yet measured) and the call does not ask for a deterministic backward, and only
     while :data:`ONE_PASS_BACKWARD` is on."""
     return ONE_PASS_BACKWARD and not deterministic and left < 0 and head_dim in TLX_ONE_PASS_HEAD_DIMS
-
-
-#: Head dims where a variant's TLX backward that does not run the one pass runs the two passes
-#: (portable dQ pass, TLX dK/dV pass); elsewhere (D 64) it hands the call to the portable
-#: backward, on the same plan: measured faster there, H200, lognormal batch, kernels alone
-#: (bench/NOTES.md, session 8): 6.63 ms vs the two passes' 8.45.
-TWO_PASS_HEAD_DIMS = (128,)
-BACKWARD_ROUTES = ("one-pass", "two-pass", "portable")
-
-
-def backward_route(deterministic: bool, left: int, right: int, head_dim: int) -> str:
-    """Which backward a variant's TLX backend runs (one of :data:`BACKWARD_ROUTES`): the one
-    pass where :func:`use_one_pass` says so, else the two passes at :data:`TWO_PASS_HEAD_DIMS`,
-    else the variant's portable backward (which is deterministic as well)."""
-    if use_one_pass(deterministic, left, right, head_dim):
-        return "one-pass"
-    return "two-pass" if head_dim in TWO_PASS_HEAD_DIMS else "portable"
 
 
 @triton.jit

@@ -4,8 +4,7 @@ with ``q_shared``: sequence ``b``'s q-tiles read the one shared Q block and writ
 has Lq queries, laid out (and cost-sorted by its K/V length) by a Plan like any jagged batch.
 The backward runs the portable dQ pass (dQ summed over the sequences by atomics, or in order
 with ``deterministic``; it also computes delta) and then the TLX dK/dV pass (the one-pass
-``tlx_attention.backward`` only where ``tlx_attention.use_one_pass`` says so; the portable
-backward at D 64 otherwise: ``tlx_attention.backward_route``)."""
+``tlx_attention.backward`` only where ``tlx_attention.use_one_pass`` says so)."""
 
 from __future__ import annotations
 
@@ -59,23 +58,15 @@ def forward(
 
 def backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-    lse: torch.Tensor, kv_offsets: torch.Tensor, max_seqlen_kv: int, *, left: int, right: int,
-    scale: float, deterministic: bool, plan: Plan | None = None,
+    lse: torch.Tensor, kv_offsets: torch.Tensor, *, left: int, right: int, scale: float,
+    deterministic: bool, plan: Plan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ ``[Lq, Hq, D]`` (summed over the sequences), dK, dV. dK/dV are deterministic; dQ is
-    when ``deterministic``. ``plan`` as for :func:`forward` (its dK/dV pass is used);
-    ``max_seqlen_kv``: the longest K/V sequence (the portable backward's grid, where
-    ``tlx_attention.backward_route`` hands the call on to it)."""
+    when ``deterministic``. ``plan`` as for :func:`forward` (its dK/dV pass is used)."""
     lq, hq, dim = q.shape
     batch = kv_offsets.numel() - 1
-    route = tlx_attention.backward_route(deterministic, left, right, dim)
-    if route == "portable":
-        return kernels_portable.backward(
-            dout, q, k, v, out, lse, kv_offsets, max_seqlen_kv, left=left, right=right, scale=scale,
-            deterministic=deterministic, backend="portable",
-        )
     plan, q_offsets = _given(plan, q, k, kv_offsets, left, right, backward=True)
-    if route == "one-pass":
+    if tlx_attention.use_one_pass(deterministic, left, right, dim):
         return tlx_attention.backward(
             dout.reshape(batch * lq, hq, dim), q, k, v, out.reshape(batch * lq, hq, dim),
             lse_by_head(lse), q_offsets, kv_offsets, left=left, right=right, scale=scale,

@@ -141,7 +141,7 @@ def broadcast_q_bwd(
 
         plan = _plan(plan_tiles, plan_meta, plan_info, q, k, kv_offsets, max_k, choice.name, ("dkdv",))
         return kernels_tlx_sm90.backward(
-            dout, q, k, v, out, lse, kv_offsets, max_k, left=left, right=right, scale=scale,
+            dout, q, k, v, out, lse, kv_offsets, left=left, right=right, scale=scale,
             deterministic=deterministic, plan=plan,
         )
     from jagflash.variants.broadcast_q import kernels_portable

@@ -1,8 +1,7 @@
 """Dense attention on Hopper with TLX: ``[B, N, H, D]`` seen as a jagged batch of B sequences of
 N rows, run by the warp-specialised kernels of ``jagflash.core.tlx_attention``. The backward runs
 the portable dQ pass (which also computes delta) and then the TLX dK/dV pass: deterministic (the
-one-pass backward only where ``tlx_attention.use_one_pass`` says so, the portable backward at
-D 64 otherwise: ``tlx_attention.backward_route``, as in the jagged variant)."""
+one-pass backward only where ``tlx_attention.use_one_pass`` says so, as in the jagged variant)."""
 
 from __future__ import annotations
 
@@ -33,19 +32,13 @@ def backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     lse: torch.Tensor, plan, *, left: int, right: int, scale: float, deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV (``lse`` ``[B, Hq, Nq]``). Bitwise repeatable (two passes without atomics, or
-    the portable backward) unless ``deterministic`` is False and ``tlx_attention.use_one_pass``
-    picks the one-pass backward (``tlx_attention.backward_route``)."""
+    """dQ, dK, dV (``lse`` ``[B, Hq, Nq]``). Bitwise repeatable (two passes without atomics)
+    unless ``deterministic`` is False and ``tlx_attention.use_one_pass`` picks the one-pass backward."""
     from jagflash.variants.dense import kernels_portable
 
     batch, nq = q.shape[:2]
     nk = k.shape[1]
-    route = tlx_attention.backward_route(deterministic, left, right, q.shape[-1])
-    if route == "portable":
-        return kernels_portable.backward(
-            dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale, backend="portable"
-        )
-    if route == "one-pass":
+    if tlx_attention.use_one_pass(deterministic, left, right, q.shape[-1]):
         dq, dk, dv = tlx_attention.backward(
             dout.reshape(batch * nq, *dout.shape[2:]), q.reshape(batch * nq, *q.shape[2:]),
             k.reshape(batch * nk, *k.shape[2:]), v.reshape(batch * nk, *v.shape[2:]),

@@ -3,8 +3,7 @@
 portable dQ pass (which also computes delta) and then the TLX dK/dV pass: deterministic. The
 one-pass ``tlx_attention.backward`` (dQ added from every kv-tile) runs instead, without
 ``deterministic``, where ``tlx_attention.use_one_pass`` says so (D 64 and 128, causal or not,
-no left bound); at D 64 the deterministic or windowed backward is the portable one
-(``tlx_attention.backward_route``)."""
+no left bound)."""
 
 from __future__ import annotations
 
@@ -34,18 +33,11 @@ def backward(
     scale: float,
     deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV; bitwise repeatable (two passes without atomics, or the portable backward)
-    unless ``deterministic`` is False and ``tlx_attention.use_one_pass`` picks the one-pass
-    backward (``tlx_attention.backward_route``)."""
-    route = tlx_attention.backward_route(deterministic, left, right, q.shape[-1])
-    if route == "one-pass":
+    """dQ, dK, dV; bitwise repeatable (two passes without atomics) unless ``deterministic`` is
+    False and ``tlx_attention.use_one_pass`` picks the one-pass backward."""
+    if tlx_attention.use_one_pass(deterministic, left, right, q.shape[-1]):
         return tlx_attention.backward(
             dout, q, k, v, out, lse, q_offsets, kv_offsets, left=left, right=right, scale=scale, plan=plan
-        )
-    if route == "portable":
-        return kernels_portable.backward(
-            dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
-            backend="portable",
         )
     dq, delta = kernels_portable.backward_dq(
         dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
