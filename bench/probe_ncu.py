@@ -3,7 +3,7 @@
 warp-stall samples ncu exports.
 
 Target (run under ncu): ``python bench/probe_ncu.py [--kernel bwd|fwd] [--batch lognormal|dense]
-[--causal] [--reps N]``: ``bwd`` is the one-pass backward (``tlx_attention.backward``, kernel
+[--causal] [--reps N]`` (``[--batch lognormal|dense|tiny]``): ``bwd`` is the one-pass backward (``tlx_attention.backward``, kernel
 ``_dkdv_kernel``), ``fwd`` the forward (``_fwd_kernel``), each on the plan a call gets by default
 (bf16, H16, D128; lognormal: the bench's 128 sequences, dense: 4 x 4096). The kernel runs
 ``--reps`` times (default 3): profile the last with ``--launch-skip reps-1 --launch-count 1``, so
@@ -32,6 +32,8 @@ def _run(args: argparse.Namespace) -> None:
     heads, dim = 16, 128
     if args.batch == "dense":
         lens = [4096] * 4
+    elif args.batch == "tiny":  # the bench's jagged-tiny shape: 2,048 sequences of 1-63 tokens
+        lens = torch.randint(1, 64, (2048,), generator=torch.Generator().manual_seed(0)).tolist()
     else:
         gen = torch.Generator().manual_seed(0)
         lens = torch.clamp((torch.exp(torch.randn(128, generator=gen)) * 512).round(), 1, 4096).long().tolist()
@@ -89,17 +91,26 @@ def _summarize(path: str, top: int) -> int:
     for op, n in by_op.most_common(20):
         print(f"{n:8.0f} {100 * n / total:5.1f}%  {op}")
     print("\n-- stall-reason columns (totals)")
+    totals = {i: sum(_number(r[i]) for r in body) for i in stall_cols}
     for i in stall_cols:
-        n = sum(_number(r[i]) for r in body)
-        if n:
-            print(f"{n:10.0f}  {header[i]}")
+        if totals[i]:
+            print(f"{totals[i]:10.0f}  {header[i]}")
+    # Where each of the largest stall reasons sits (the instruction that waits, with its
+    # execution count: a wait run once per tile and one run once per step read differently).
+    execs = next((i for i, c in enumerate(header) if c.strip() == "Instructions Executed"), None)
+    reasons = [i for i in stall_cols if i != allcol and "Not Issued" not in header[i] and "Sampling" not in header[i]]
+    for i in sorted(reasons, key=lambda i: -totals[i])[:5]:
+        print(f"\n-- top 5 instructions for {header[i]} ({totals[i]:.0f})")
+        for r in sorted(body, key=lambda r: -_number(r[i]))[:5]:
+            ran = f" x{_number(r[execs]):.0f}" if execs is not None else ""
+            print(f"{_number(r[i]):8.0f}{ran:>12s}  {r[src].strip()[:100]}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", choices=("bwd", "fwd"), default="bwd")
-    parser.add_argument("--batch", choices=("lognormal", "dense"), default="lognormal")
+    parser.add_argument("--batch", choices=("lognormal", "dense", "tiny"), default="lognormal")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--summarize", metavar="SASS_CSV", help="summarise an ncu source-page export")

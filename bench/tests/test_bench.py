@@ -376,7 +376,8 @@ def test_smoke_run_end_to_end(tmp_path):
 
 def test_probe_ncu_summarizes_a_source_page_export(tmp_path, capsys) -> None:
     """bench/probe_ncu.py --summarize: finds the instruction and stall-sampling columns by their
-    headers (after ncu's preamble lines), ranks instructions, totals opcodes and reasons."""
+    headers (after ncu's preamble lines), ranks instructions, totals opcodes and reasons, and
+    names the instructions each large reason sits on, with their execution counts."""
     spec = importlib.util.spec_from_file_location("probe_ncu", REPO / "bench" / "probe_ncu.py")
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
@@ -384,10 +385,10 @@ def test_probe_ncu_summarizes_a_source_page_export(tmp_path, capsys) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["==PROF== preamble"])
-        w.writerow(["Address", "Source", "Warp Stall Sampling (All Samples)", "stall_barrier", "stall_long_sb"])
-        w.writerow(["0x10", "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24", "1,200", "0", "0"])
-        w.writerow(["0x20", "@P0 SYNCS.PHASECHK.TRANS64 P0, [R2+URZ], R3", "300", "300", "0"])
-        w.writerow(["0x30", "LDG.E R5, desc[UR6][R6.64]", "500", "0", "500"])
+        w.writerow(["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_barrier", "stall_long_sb"])
+        w.writerow(["0x10", "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24", "1,200", "64", "0", "0"])
+        w.writerow(["0x20", "@P0 SYNCS.PHASECHK.TRANS64 P0, [R2+URZ], R3", "300", "8", "300", "0"])
+        w.writerow(["0x30", "LDG.E R5, desc[UR6][R6.64]", "500", "64", "0", "500"])
     assert probe.main(["--summarize", str(path), "--top", "2"]) == 0
     out = capsys.readouterr().out
     assert "3 SASS lines, 2000 samples" in out
@@ -398,3 +399,8 @@ def test_probe_ncu_summarizes_a_source_page_export(tmp_path, capsys) -> None:
     assert "60.0%  HGMMA" in out
     assert "300  stall_barrier" in out
     assert "500  stall_long_sb" in out
+    long_sb = out.split("-- top 5 instructions for stall_long_sb (500)")[1].splitlines()
+    assert "500" in long_sb[1]
+    assert "x64" in long_sb[1]
+    assert "LDG" in long_sb[1]
+    assert "-- top 5 instructions for stall_barrier (300)" in out
