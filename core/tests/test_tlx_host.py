@@ -176,7 +176,8 @@ class _Launches:
 def test_launches_bind_to_the_kernels_signatures(monkeypatch, schedule) -> None:
     """forward, backward (one pass) and backward_dkdv launch their kernels with every argument
     bound once; a dynamic plan hands each launch a fresh zeroed int32 tile counter, the others
-    pass an unused tensor and DYNAMIC off."""
+    pass an unused tensor and DYNAMIC off; the forward's options (``q_bufs``, ``ring_tiles``)
+    reach it as its constexprs (defaults: two Q tiles, no tile ring)."""
     from jagflash.core.schedule import make_plan
 
     fwd, dkdv = _Launches(tlx_attention._fwd_kernel), _Launches(tlx_attention._dkdv_kernel)
@@ -193,11 +194,13 @@ def test_launches_bind_to_the_kernels_signatures(monkeypatch, schedule) -> None:
     )
     kw = {"left": -1, "right": 0, "scale": 0.125, "plan": plan}
     _, lse = tlx_attention.forward(q, q, q, offs, offs, 200, **kw)
+    tlx_attention.forward(q, q, q, offs, offs, 200, q_bufs=1, ring_tiles=True, **kw)
+    assert [(a["Q_BUFS"], a["RING_TILES"]) for _, a in fwd.calls] == [(2, False), (1, True)]
     lse.zero_()
     tlx_attention.backward(q, q, q, q, q, lse, offs, offs, **kw)
     tlx_attention.backward_dkdv(q, q, q, q, lse, lse, offs, offs, **kw)
     calls = fwd.calls + dkdv.calls
-    assert len(calls) == 3
+    assert len(calls) == 4
     for grid, args in calls:
         assert grid == (3,)
         assert args["DYNAMIC"] is (schedule == "dynamic")
@@ -205,7 +208,7 @@ def test_launches_bind_to_the_kernels_signatures(monkeypatch, schedule) -> None:
             assert args["COUNTER"].dtype == torch.int32
             assert args["COUNTER"].tolist() == [0]
     if schedule == "dynamic":
-        assert len({args["COUNTER"].data_ptr() for _, args in calls}) == 3
+        assert len({args["COUNTER"].data_ptr() for _, args in calls}) == 4
 
 
 @pytest.mark.interpret

@@ -16,7 +16,7 @@ from jagflash.variants.jagged import SPEC
 pytestmark = pytest.mark.sm90
 
 
-def _forward(causal: bool, pipeline: bool, schedule: str, sign: float = 1.0, walk: str | None = None):
+def _forward(causal: bool, pipeline: bool, schedule: str, sign: float = 1.0, walk: str | None = None, **options):
     from jagflash.core import tlx_attention
     from jagflash.core.schedule import make_plan
 
@@ -31,7 +31,7 @@ def _forward(causal: bool, pipeline: bool, schedule: str, sign: float = 1.0, wal
         )
         return tlx_attention.forward(
             q, k, v, q_offsets, kv_offsets, max_q, left=left, right=right,
-            scale=sign * q.shape[-1] ** -0.5, pipeline=pipeline, plan=plan, walk=walk,
+            scale=sign * q.shape[-1] ** -0.5, pipeline=pipeline, plan=plan, walk=walk, **options,
         )
 
     return run
@@ -95,25 +95,22 @@ def test_tlx_forward_other_walk_matches_reference(name, causal, schedule) -> Non
     check_against_reference(_forward(causal, True, schedule, walk=walk), _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
 
 
+@pytest.mark.parametrize(
+    ("q_bufs", "ring_tiles", "schedule"),
+    [(1, False, "dynamic"), (2, True, "dynamic"), (2, True, "static"), (1, True, "dynamic")],
+)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["odd_lengths", "lognormal"])
-def test_tlx_forward_with_two_q_tiles_in_flight_matches_reference(name, causal) -> None:
-    """``q_bufs=2`` (A/B): the producer loads the next tile's Q while the consumers run this
-    one, through a ring of two Q tiles per consumer."""
-    from jagflash.core import tlx_attention
-
+def test_tlx_forward_q_tiles_and_tile_ring_match_reference(name, causal, q_bufs, ring_tiles, schedule) -> None:
+    """``q_bufs`` (2, the default: the producer loads the next tile's Q while the consumers run
+    this one; 1: one Q tile per consumer) and ``ring_tiles`` (A/B: the producer walks the table
+    alone and passes each decoded tile to the consumers through shared memory, on a dynamic or
+    a static plan; the walk's end is a tile marked so): every tile computed once, in order."""
     q_lens, k_lens, hq, hkv = CASES[name]
     case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
     t = case.build("cuda", requires_grad=False)
     t.pop("dout")
-    left, right = mask_bounds(causal)
-
-    def run(q, k, v, q_offsets, kv_offsets):
-        max_q = int((q_offsets[1:] - q_offsets[:-1]).max())
-        return tlx_attention.forward(
-            q, k, v, q_offsets, kv_offsets, max_q, left=left, right=right, scale=q.shape[-1] ** -0.5, q_bufs=2
-        )
-
+    run = _forward(causal, True, schedule, q_bufs=q_bufs, ring_tiles=ring_tiles)
     check_against_reference(run, _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
 
 

@@ -88,6 +88,9 @@ NUM_Q = 2  # Q/dO ring depth of the dK/dV pass
 #: Tile-index ring depth of a dynamic schedule: the producer claims a tile one ahead of the one it
 #: loads for, and the Q / K/V buffers keep it at most one more tile ahead of the consumers.
 ID_RING = tl.constexpr(2)
+# The fields of a decoded forward tile in the tile ring (``ring_tiles``): state (1 live, 0 none
+# to compute, -1 the walk's end), head, first row, q start, lq, kv start, lk.
+TILE_FIELDS = tl.constexpr(7)
 HEAD_DIMS = (64, 128)
 #: Head dims the one-pass backward takes (:func:`dq_cols`); the variants run it by default only
 #: where it was measured faster (``backend.TLX_ONE_PASS_HEAD_DIMS``, :func:`use_one_pass`).
@@ -234,6 +237,49 @@ def _tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR: tl.constexp
 
 
 @triton.jit
+def _publish_tile(fields, fulls, empties, counter, state, h, m0, q_start, lq, k_start, lk):
+    """Producer side of the decoded tile ring (``RING_TILES``): wait until slot ``counter`` of
+    the ring is free, write the tile's :data:`TILE_FIELDS` there (each field a one-int buffer:
+    ``fields[slot * TILE_FIELDS + j]``) and mark it full. Every thread of the producer writes
+    the same values; Triton's warpgroup barrier orders the writes before the one arrival."""
+    slot, phase = ring_slot(counter, ID_RING)
+    tlx.barrier_wait(empties[slot], phase ^ 1)
+    base = slot * TILE_FIELDS
+    tlx.local_store(fields[base], tl.full([1], state, tl.int32))
+    tlx.local_store(fields[base + 1], tl.full([1], h, tl.int32))
+    tlx.local_store(fields[base + 2], tl.full([1], m0, tl.int32))
+    tlx.local_store(fields[base + 3], tl.full([1], q_start, tl.int32))
+    tlx.local_store(fields[base + 4], tl.full([1], lq, tl.int32))
+    tlx.local_store(fields[base + 5], tl.full([1], k_start, tl.int32))
+    tlx.local_store(fields[base + 6], tl.full([1], lk, tl.int32))
+    tlx.barrier_arrive(fulls[slot], 1)
+
+
+@triton.jit
+def _field(fields, index):
+    return tl.sum(tlx.local_load(fields[index]), 0)
+
+
+@triton.jit
+def _take_tile(fields, fulls, empties, counter):
+    """Consumer side of the decoded tile ring: the fields of tile ``counter`` of the walk
+    (:func:`_publish_tile`); the slot is released once they are read (the empty barrier
+    counts one arrival per consumer warpgroup)."""
+    slot, phase = ring_slot(counter, ID_RING)
+    tlx.barrier_wait(fulls[slot], phase)
+    base = slot * TILE_FIELDS
+    state = _field(fields, base)
+    h = _field(fields, base + 1)
+    m0 = _field(fields, base + 2)
+    q_start = _field(fields, base + 3)
+    lq = _field(fields, base + 4)
+    k_start = _field(fields, base + 5)
+    lk = _field(fields, base + 6)
+    ring_release(empties, slot)
+    return state, h, m0, q_start, lq, k_start, lk
+
+
+@triton.jit
 def _q_row(q_start, m0, Q_SHARED: tl.constexpr):
     """Row of Q where a q-tile starting at ``m0`` of a sequence starting at ``q_start`` reads its
     queries: the sequence's own rows, or, broadcast-Q (``Q_SHARED``), the one shared block
@@ -350,7 +396,7 @@ def _fwd_kernel(
     NUM_KV: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     PIPELINE: tl.constexpr, ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False,
     FOLD_SCALE: tl.constexpr = False, HEAD_MAJOR: tl.constexpr = False, DYNAMIC: tl.constexpr = False,
-    Q_BUFS: tl.constexpr = 1,
+    Q_BUFS: tl.constexpr = 1, RING_TILES: tl.constexpr = False,
 ):
     HALF: tl.constexpr = BLOCK_M // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -368,7 +414,12 @@ def _fwd_kernel(
     k_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
     v_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
-    ids = tlx.local_alloc((1,), tl.int32, ID_RING)  # the tile-index ring (DYNAMIC)
+    # The tile ring: with RING_TILES the producer walks the table alone and passes each decoded
+    # tile (TILE_FIELDS ints) to the consumers; otherwise, on a dynamic plan, the table index.
+    if RING_TILES:
+        ids = tlx.local_alloc((1,), tl.int32, ID_RING * TILE_FIELDS)
+    else:
+        ids = tlx.local_alloc((1,), tl.int32, ID_RING)
     id_fulls = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=1)
     id_empties = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=2)
 
@@ -377,10 +428,23 @@ def _fwd_kernel(
             count = tl.load(COUNT).to(tl.int32)
             kv_cnt = 0
             tile_cnt = 0
-            i, r = _walk_first(pid, COUNTER, ids, id_fulls, id_empties, True, DYNAMIC)
+            pub_cnt = 0  # tiles published in the tile ring (RING_TILES)
+            if RING_TILES:
+                i, r = sched_first(pid, COUNTER, DYNAMIC)
+            else:
+                i, r = _walk_first(pid, COUNTER, ids, id_fulls, id_empties, True, DYNAMIC)
             while i < count:
-                i_next, r = _walk_next(i, r, pid, nprog, COUNTER, ids, id_fulls, id_empties, True, DYNAMIC, ZIGZAG)
+                if RING_TILES:
+                    i_next, r = sched_next(i, r, pid, nprog, COUNTER, DYNAMIC, ZIGZAG)
+                else:
+                    i_next, r = _walk_next(i, r, pid, nprog, COUNTER, ids, id_fulls, id_empties, True, DYNAMIC, ZIGZAG)
                 live, h, m0, q_start, lq, k_start, lk = _tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
+                if RING_TILES:
+                    # published as the producer reaches the tile: Q_BUFS tiles ahead of the
+                    # consumers, who then read a tile from shared memory, not three dependent
+                    # global loads (table row, offsets) at every tile start
+                    _publish_tile(ids, id_fulls, id_empties, pub_cnt, live.to(tl.int32), h, m0, q_start, lq, k_start, lk)
+                    pub_cnt += 1
                 if live:
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                     q_row = _q_row(q_start, m0, Q_SHARED)
@@ -394,6 +458,8 @@ def _fwd_kernel(
                         kv_cnt += 1
                     tile_cnt += 1
                 i = i_next
+            if RING_TILES:  # the walk's end
+                _publish_tile(ids, id_fulls, id_empties, pub_cnt, -1, 0, 0, 0, 0, 0, 0)
 
         with tlx.async_task(num_warps=4, registers=240, replicate=2):  # consumers
             cid: tl.constexpr = tlx.async_task_replica_id()
@@ -403,9 +469,18 @@ def _fwd_kernel(
             count = tl.load(COUNT).to(tl.int32)
             kv_cnt = 0
             tile_cnt = 0
-            i, r = _walk_first(pid, COUNTER, ids, id_fulls, id_empties, False, DYNAMIC)
-            while i < count:
-                live, h, m0, q_start, lq, k_start, lk = _tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
+            if RING_TILES:
+                taken = 0
+                state, h, m0, q_start, lq, k_start, lk = _take_tile(ids, id_fulls, id_empties, taken)
+                more = state >= 0
+            else:
+                i, r = _walk_first(pid, COUNTER, ids, id_fulls, id_empties, False, DYNAMIC)
+                more = i < count
+            while more:
+                if RING_TILES:
+                    live = state > 0
+                else:
+                    live, h, m0, q_start, lq, k_start, lk = _tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
                 if live:
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                     rows = m0 + cid * HALF + tl.arange(0, HALF)
@@ -451,7 +526,13 @@ def _fwd_kernel(
                     tl.store(o_ptrs, out.to(dtype), mask=valid[:, None])
                     tl.store(LSE + h.to(tl.int64) * total_q + o_rows, lse, mask=valid)
                     tile_cnt += 1
-                i, r = _walk_next(i, r, pid, nprog, COUNTER, ids, id_fulls, id_empties, False, DYNAMIC, ZIGZAG)
+                if RING_TILES:
+                    taken += 1
+                    state, h, m0, q_start, lq, k_start, lk = _take_tile(ids, id_fulls, id_empties, taken)
+                    more = state >= 0
+                else:
+                    i, r = _walk_next(i, r, pid, nprog, COUNTER, ids, id_fulls, id_empties, False, DYNAMIC, ZIGZAG)
+                    more = i < count
 
 
 @triton.jit
@@ -718,6 +799,7 @@ def forward(
     q_shared: bool = False,
     walk: str | None = None,
     q_bufs: int | None = None,
+    ring_tiles: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` fp32 (inputs are made contiguous: TMA needs it).
 
@@ -747,7 +829,13 @@ def forward(
     ``q_shared`` (not measured there). Measured on the H200, kernels alone, bf16 H16 D128
     (bench/NOTES.md, session 8), 2 against 1: faster on every batch, lognormal +0.5 %, causal
     +0.7 %, dense 4x4096 +0.7 % / causal +2.1 %, 2,048 sequences of 1-63 tokens +2.3 % /
-    causal +4.8 % (session 5's 33 % loss on dense causal, on older kernels, did not recur)."""
+    causal +4.8 % (session 5's 33 % loss on dense causal, on older kernels, did not recur).
+
+    ``ring_tiles`` (A/B, default off; not yet run on a GPU): the producer alone walks the table
+    and hands each decoded tile (head, rows, the sequence's starts and lengths) to the consumers
+    through shared memory (``RING_TILES``), instead of each consumer warpgroup reading the
+    table row and the offsets itself at every tile start: three dependent global loads, ~19 %
+    of the stall samples of the tiny batch's forward (ncu, bench/NOTES.md session 8)."""
     reasons = _walk_reasons(walk)
     if q_bufs is None:
         q_bufs = 1 if q_shared else 2
@@ -783,7 +871,7 @@ def forward(
         plan.section("fwd"), plan.meta[PASSES.index("fwd"):], counter,
         out.stride(0), out.stride(1), tq, scale, left, right, lay.heads, **deal,
         **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NUM_KV=NUM_KV,
-        PIPELINE=pipeline, Q_SHARED=q_shared, Q_BUFS=q_bufs,
+        PIPELINE=pipeline, Q_SHARED=q_shared, Q_BUFS=q_bufs, RING_TILES=ring_tiles,
         FOLD_SCALE=scale > 0, HEAD_MAJOR=_head_major(walk, left, right, deal["DYNAMIC"]), num_warps=4, num_stages=1,
     )
     return out, lse
@@ -1026,14 +1114,16 @@ def compile_configs():
             # What calls launch (schedule.default_schedules, default_walk): jagged and
             # broadcast-Q batches a dynamic plan walked head by head; dense unmasked a static
             # one walked head by head; a caller's static causal plan the slot walk.
-            for causal, pipeline, shared, fold, head_major, dynamic, q_bufs in (
-                (False, True, False, True, True, True, 2), (True, True, False, True, True, True, 2),
-                (False, True, False, True, True, False, 2), (True, True, False, True, False, False, 2),
-                (False, False, False, True, True, False, 2), (True, False, False, True, False, False, 2),  # v1
-                (False, True, True, True, True, True, 1),  # broadcast-Q (one Q tile in flight)
-                (False, True, False, False, True, True, 2), (True, True, False, False, True, True, 2),  # scale <= 0
-                (False, True, False, True, False, False, 2),  # walk="slot" unmasked
-                (False, True, False, True, True, True, 1), (True, True, False, True, True, True, 1),  # q_bufs=1 (A/B)
+            for causal, pipeline, shared, fold, head_major, dynamic, q_bufs, ring in (
+                (False, True, False, True, True, True, 2, False), (True, True, False, True, True, True, 2, False),
+                (False, True, False, True, True, False, 2, False), (True, True, False, True, False, False, 2, False),
+                (False, False, False, True, True, False, 2, False), (True, False, False, True, False, False, 2, False),  # v1
+                (False, True, True, True, True, True, 1, False),  # broadcast-Q (one Q tile in flight)
+                (False, True, False, False, True, True, 2, False), (True, True, False, False, True, True, 2, False),  # scale <= 0
+                (False, True, False, True, False, False, 2, False),  # walk="slot" unmasked
+                (False, True, False, True, True, True, 1, False), (True, True, False, True, True, True, 1, False),  # q_bufs=1 (A/B)
+                (False, True, False, True, True, True, 2, True), (True, True, False, True, True, True, 2, True),  # ring_tiles (A/B)
+                (True, True, False, True, False, False, 2, True),  # ring_tiles, static plan
             ):
                 signature = {
                     "desc_q": f"tensordesc<{dtype}[{BLOCK_M // 2},{dim}]>",
@@ -1049,17 +1139,19 @@ def compile_configs():
                     "NUM_KV": NUM_KV, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal,
                     "PIPELINE": pipeline, "ZIGZAG": not dynamic, "Q_SHARED": shared,
                     "FOLD_SCALE": fold, "HEAD_MAJOR": head_major, "DYNAMIC": dynamic, "Q_BUFS": q_bufs,
+                    "RING_TILES": ring,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
                 # version 2 carries P in fp32: a few per-tile values spill outside the kv loop
                 # (8-56 B, none inside it; at D 64 only unfolded, in fp16; the dynamic walk's
-                # tile-index ring adds a few, two Q tiles in flight 8 B on a static causal plan).
+                # tile-index ring adds a few, two Q tiles in flight 8 B on a static causal plan,
+                # the decoded tile ring as much as the dynamic walk's).
                 configs.append((
-                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{_walk_suffix(head_major, causal, dynamic)}{'_q1' if q_bufs == 1 and not shared else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
+                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{_walk_suffix(head_major, causal, dynamic)}{'_q1' if q_bufs == 1 and not shared else ''}{'_ring' if ring else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
                     _fwd_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
-                    {64: 0 if fold else 8, 128: (52 if dynamic else 32) if fold else 60}[dim] if pipeline else 0,
+                    {64: 0 if fold else 8, 128: (52 if dynamic or ring else 32) if fold else 60}[dim] if pipeline else 0,
                 ))
             # the one pass on a dynamic plan (jagged, broadcast-Q) and on dense unmasked's
             # static one; the two passes' dK/dV on batch order (portable dQ pass first)
@@ -1119,7 +1211,8 @@ def _ab(argv: list[str] | None = None) -> int:
     static; dynamic: the atomic tile counter) walked slot by slot and head by head, on a
     lognormal jagged batch (H16, and GQA 16:4), 2,048 sequences of 1-63 tokens, and a dense one
     (bf16, H16, D128, causal and not) and dense 4 x 8192 H32 (its K/V, 256 MB, are five times the
-    L2), and the default order with one Q tile in flight (``q_bufs=1``; the default is 2); checks that each
+    L2), and the default order with one Q tile in flight (``q_bufs=1``; the default is 2) and with
+    the decoded tile ring (``ring_tiles=True``, A/B); checks that each
     matches the call's default, and prints TFLOP/s. ``--batches tiny,gqa4``: only the batches
     whose names contain one of these."""
     import argparse
@@ -1158,11 +1251,11 @@ def _ab(argv: list[str] | None = None) -> int:
             right = 0 if causal else -1
             flops = 4 * int(visible_pairs(lt, lt, -1, right).sum()) * dim * heads
             outs = {}
-            orders = ("default", *(f"{s}-{w}" for s in ("grouped", "static", "dynamic") for w in WALKS), "default-q1")
+            orders = ("default", *(f"{s}-{w}" for s in ("grouped", "static", "dynamic") for w in WALKS), "default-q1", "default-ring")
             for order in orders:
                 if args.orders and order != "default" and order not in args.orders.split(","):
                     continue  # (the default always runs: the others are compared with it)
-                schedule, walk = order.split("-") if order.count("-") == 1 and "q1" not in order else (None, None)
+                schedule, walk = order.split("-") if not order.startswith("default") else (None, None)
                 plan = None if schedule is None else make_plan(
                     offs, offs, total_q=total, total_kv=total, heads_q=heads, heads_kv=kv_heads,
                     window=(-1, right), block_m=BLOCK_M, block_n=BLOCK_N, max_seqlen_q=longest,
@@ -1170,7 +1263,7 @@ def _ab(argv: list[str] | None = None) -> int:
                 )
                 run = functools.partial(
                     forward, q, k, v, offs, offs, longest, left=-1, right=right, scale=dim**-0.5,
-                    plan=plan, walk=walk, q_bufs=1 if order.endswith("q1") else None,
+                    plan=plan, walk=walk, q_bufs=1 if order.endswith("q1") else None, ring_tiles=order.endswith("ring"),
                 )
                 outs[order] = run()[0]
                 ms = do_bench(run, warmup=25, rep=args.reps_ms, return_mode="median")
