@@ -40,7 +40,7 @@
 # run in a bench worker whose PYTHONPATH drops /tmp/tlx (the host's Triton 3.6 for torch.compile).
 #
 # Environment knobs: OUT (default /tmp/gpu-out), PYTHON (python3), GPU_SH_LIMIT_S (560),
-# TESTS_TIMEOUT_S (170), TESTS_PATHS (core variants), TESTS_K (a pytest -k), TESTS_MAXFAIL (20; a
+# TESTS_TIMEOUT_S (300: every GPU test, 4 xdist workers, ran ~240 s in session 8), TESTS_PATHS (core variants), TESTS_K (a pytest -k), TESTS_MAXFAIL (20; a
 # small one lets pytest print its failures before the timeout), TLX_TESTS_K (a pytest -k for tlx-tests),
 # TESTS_SHARD / TLX_TESTS_SHARD (I/N: the I-th of N round-robin shares, the testing plugin's
 # --shard: the whole GPU suite ran ~13 minutes serially, more than one call), TESTS_WORKERS (4:
@@ -193,7 +193,7 @@ fi
 if has_step tests; then
     ignore=()
     has_step tlx-tests && ignore=(--ignore "$TLX_TESTS")
-    run_step tests "$(cap "${TESTS_TIMEOUT_S:-170}" "$bench_reserve")" \
+    run_step tests "$(cap "${TESTS_TIMEOUT_S:-300}" "$bench_reserve")" \
         "$PY" -m pytest ${plugin[@]+"${plugin[@]}"} ${xdist[@]+"${xdist[@]}"} -m "gpu or sm90" --maxfail="${TESTS_MAXFAIL:-20}" -q -p no:cacheprovider -rf --durations=15 ${TESTS_K:+-k "$TESTS_K"} ${TESTS_SHARD:+--shard "$TESTS_SHARD"} ${ignore[@]+"${ignore[@]}"} ${TESTS_PATHS:-core variants}
 fi
 if has_step demo; then

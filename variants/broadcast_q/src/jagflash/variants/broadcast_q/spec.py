@@ -21,7 +21,7 @@ SPEC = VariantSpec(
     backends=(
         dataclasses.replace(
             tlx_sm90_backend(frozenset({"gqa", "lse"})),
-            notes="TLX forward and dK/dV pass over the shared Q; dQ: the portable pass",
+            notes="TLX forward and backward over the shared Q: one pass with dQ summed over the sequences by TMA reduce-adds; deterministic: the portable dQ pass (in order) and the TLX dK/dV pass",
         ),
         *(
             dataclasses.replace(b, notes=_PORTABLE_NOTES) if b.name == "portable" else b
