@@ -479,3 +479,25 @@ def test_default_schedules_follow_the_plan_backend(monkeypatch) -> None:
     monkeypatch.setattr(backend, "plan_backend", lambda *a, **k: "portable")
     plan = make_plan(q, k, offs)
     assert (plan.info.schedule, plan.info.backward_schedule) == ("grouped", "none")
+
+
+def test_output_offsets_are_kept_per_shape_in_plain_eager_mode() -> None:
+    """The output rows' offsets (arange(B + 1) * Lq): right for every Lq (0 too), the same
+    tensor again for the same (B, Lq, device, dtype) in plain eager mode (no kernel per call),
+    a fresh one under a dispatch mode (never a cached fake or traced tensor)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from jagflash.variants.broadcast_q import op as bop
+
+    kv = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
+    for lq in (0, 1, 7):
+        got = bop.output_offsets(torch.zeros(lq, 2, 8), kv)
+        assert got.dtype == torch.int32
+        assert got.tolist() == [0, lq, 2 * lq, 3 * lq]
+    q = torch.zeros(5, 2, 8)
+    assert bop.output_offsets(q, kv) is bop.output_offsets(torch.zeros(5, 1, 16), kv)
+    assert bop.output_offsets(q, kv.long()).dtype == torch.int64
+    with FakeTensorMode() as mode:
+        fake_q, fake_kv = mode.from_tensor(q), mode.from_tensor(kv)
+        fresh = bop.output_offsets(fake_q, fake_kv)
+    assert fresh is not bop.output_offsets(q, kv)
