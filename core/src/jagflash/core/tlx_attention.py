@@ -30,10 +30,10 @@ The dK/dV pass (:func:`backward_dkdv`) keeps a 128-row kv-tile's dK and dV in th
 warpgroups' registers and streams Q / dO of every q-tile that sees it, 64 queries a step
 (``jagflash.core.backend.tlx_sm90_blocks``); dQ and delta come from the portable dQ pass, which
 runs first (deterministic). Both read log2 LSE and delta packed per sequence by
-:func:`backward_vectors` (no masks, paired loads). The same kernel with ``FUSED_DQ`` is the
-one-pass backward (:func:`backward`, the variants' default where :func:`use_one_pass` says so,
-causal or not): after that preprocess (which computes delta), each 64-query step also computes
-dQ = dS K, both warpgroups' dS^T meeting in shared
+:func:`backward_vectors` (no masks: the producer loads each step's by TMA with its Q and dO).
+The same kernel with ``FUSED_DQ`` is the one-pass backward (:func:`backward`, the variants'
+default where :func:`use_one_pass` says so, causal or not): after that preprocess (which
+computes delta), each 64-query step also computes dQ = dS K, both warpgroups' dS^T meeting in shared
 memory, each warpgroup taking half of the head dim, and adds it into an fp32 accumulator with
 staged TMA reduce-adds (``jagflash.core.pipeline.dq_reduce_add``).
 """
@@ -97,7 +97,7 @@ HEAD_DIMS = (64, 128)
 ONE_PASS_HEAD_DIMS = (64, 128)
 # The per-query vectors of the dK/dV kernel (log2 LSE and delta) are packed per sequence, each
 # sequence's rows starting at a multiple of VEC_PAD, padding rows holding lse2 = +inf (P = 0) and
-# delta = 0: the kernel then loads a step's vectors without a mask, from an aligned base, in pairs.
+# delta = 0: the kernel's producer then loads a step's vectors as one TMA box each, without a mask.
 VEC_PAD = 64  # every dK/dV q-step (32 or 64 queries) divides it
 # How the one-pass backward (:func:`backward`) adds dQ: the FUSED_DQ value of the kernel.
 DQ_WRITES = {"tma": 1, "atomic": 2}
@@ -149,9 +149,9 @@ def dq_cols(head_dim: int) -> int:
 
 def use_one_pass(deterministic: bool, left: int, right: int, head_dim: int) -> bool:
     """Whether a variant's TLX backward runs the one-pass :func:`backward` (dQ order varies)
-    rather than the two passes: where it measured faster (D 64 and
-    128, causal or not; a window's left bound is not yet measured) and the call does not ask for a deterministic backward, and only
-    while :data:`ONE_PASS_BACKWARD` is on."""
+    rather than the two passes: where it measured faster (D 64 and 128, causal or not; a
+    window's left bound is not yet measured) and the call does not ask for a deterministic
+    backward, and only while :data:`ONE_PASS_BACKWARD` is on."""
     return ONE_PASS_BACKWARD and not deterministic and left < 0 and head_dim in TLX_ONE_PASS_HEAD_DIMS
 
 
@@ -671,10 +671,10 @@ def _dkdv_kernel(
     dQ pass, which runs first). A producer streams K/V once per tile and Q/dO through a ring
     of NUM_Q slots; two consumer warpgroups take 64 kv rows each and share every Q/dO slot.
     ``desc_lse2``, ``desc_delta`` (TMA descriptors over ``[Hq, vec_rows]``, blocks of
-    ``[1, BLOCK_M]``) and ``VEC_TILE``: the packed vectors of
-    :func:`backward_vectors` (``PAD``: :data:`VEC_PAD`), which the producer loads with each
-    step's Q and dO (the consumers once loaded them from global memory at the top of each step,
-    and waited for them: 11 % of all stall samples, bench/NOTES.md session 8). ``heads``, ``HEAD_MAJOR``, ``COUNTER``,
+    ``[1, BLOCK_M]``) and ``VEC_TILE``: the packed vectors of :func:`backward_vectors`
+    (``PAD``: :data:`VEC_PAD`), which the producer loads with each step's Q and dO (the
+    consumers once loaded them from global memory at the top of each step, and waited for
+    them: 11 % of all stall samples, bench/NOTES.md session 8). ``heads``, ``HEAD_MAJOR``, ``COUNTER``,
     ``DYNAMIC``, ``ZIGZAG``: the walk of the table (:func:`_walk_first`, :func:`_plan_row`)."""
     HALF: tl.constexpr = BLOCK_N // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
