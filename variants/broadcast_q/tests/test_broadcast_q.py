@@ -18,7 +18,7 @@ import jagflash.core as jc
 from jagflash.core.backend import FallbackWarning, last_choice
 from jagflash.core.capability import InvalidInput, UnsupportedProblem
 from jagflash.core.jagged import offsets_from_lengths
-from jagflash.testing import broadcast_q_reference, check_against_reference
+from jagflash.testing import broadcast_q_reference, check_against_reference, replay_in_cuda_graph
 from jagflash.testing.strategies import length_lists, lengths
 from jagflash.variants.broadcast_q import SPEC, broadcast_q_attention, make_plan
 from jagflash.variants.broadcast_q import op as bop
@@ -388,24 +388,7 @@ def test_gpu_cuda_graph_forward_backward_with_prebuilt_plan() -> None:
         out.backward(t["dout"])
         return out
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    for x in leaves:
-        x.grad = None
-    with torch.cuda.graph(graph):
-        out = broadcast_q_attention(*leaves, t["kv_offsets"], **kw)
-        out.backward(t["dout"])
-    with torch.no_grad():
-        for x in leaves:
-            x.copy_(torch.randn_like(x))
-    for _ in range(2):
-        graph.replay()
-    torch.cuda.synchronize()
+    out = replay_in_cuda_graph(step, leaves)
     eager = [x.detach().clone().requires_grad_() for x in leaves]
     want = broadcast_q_attention(*eager, t["kv_offsets"], **kw)
     grads = torch.autograd.grad(want, eager, t["dout"])

@@ -12,7 +12,12 @@ import torch
 from jagflash.core.backend import last_choice
 from jagflash.core.capability import InvalidInput
 from jagflash.core.schedule import SCHEDULES
-from jagflash.testing import check_against_reference, jagged_reference, make_jagged
+from jagflash.testing import (
+    check_against_reference,
+    jagged_reference,
+    make_jagged,
+    replay_in_cuda_graph,
+)
 from jagflash.variants.jagged import SPEC, jagged_attention, make_plan
 
 pytestmark = pytest.mark.interpret if not torch.cuda.is_available() else pytest.mark.gpu
@@ -182,25 +187,8 @@ def test_cuda_graph_forward_backward_with_prebuilt_plan(schedule: str) -> None:
         out.backward(t["dout"])
         return out
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    for x in leaves:
-        x.grad = None
-    with torch.cuda.graph(graph):
-        out = jagged_attention(*leaves, t["q_offsets"], t["kv_offsets"], **kw)
-        out.backward(t["dout"])
     # new inputs in place, then replay twice: the dynamic counter starts from zero each time
-    with torch.no_grad():
-        for x in leaves:
-            x.copy_(torch.randn_like(x))
-    for _ in range(2):
-        graph.replay()
-    torch.cuda.synchronize()
+    out = replay_in_cuda_graph(step, leaves)
     eager = [x.detach().clone().requires_grad_() for x in leaves]
     want = jagged_attention(*eager, t["q_offsets"], t["kv_offsets"], **kw)
     grads = torch.autograd.grad(want, eager, t["dout"])

@@ -2,6 +2,7 @@
 and a pytest plugin (markers ``gpu``, ``sm90``, ``interpret``; NaN-poisoned outputs)."""
 
 from jagflash.testing.check import check_against_reference
+from jagflash.testing.graphs import replay_in_cuda_graph
 from jagflash.testing.inputs import JaggedCase, make_dense, make_jagged
 from jagflash.testing.reference import (
     broadcast_q_reference,
@@ -22,4 +23,5 @@ __all__ = [
     "make_dense",
     "make_jagged",
     "reference_grads",
+    "replay_in_cuda_graph",
 ]
