@@ -143,8 +143,8 @@ def default_schedules(
     The portable kernels: :data:`DEFAULT_SCHEDULE` and :data:`DEFAULT_BACKWARD_SCHEDULE`. The
     TLX kernels: ``"dynamic"`` (cost-sorted table, an atomic tile counter, walked head by head:
     ``tlx_attention.default_walk``) wherever tile costs differ, for the forward and for the
-    one-pass backward (D 128, no left bound; the two passes' portable dQ pass keeps batch
-    order). Measured on the H200, kernels alone, bf16 H16 D128 (bench/NOTES.md, 2026-12-01
+    one-pass backward (``backend.TLX_ONE_PASS_HEAD_DIMS``, no left bound; the two passes'
+    portable dQ pass keeps batch order). Measured on the H200, kernels alone, bf16 H16 D128 (bench/NOTES.md, 2026-12-01
     session 7), dynamic + head walk against the previous defaults: forward causal lognormal
     1.81 vs 1.96 ms, dense 4x4096 causal 0.509 vs 0.572, 4x8192 H32 causal 3.75 vs 4.86,
     unmasked lognormal 2.93 vs 2.96; one-pass backward lognormal 8.97 vs 9.34 ms, causal 5.84

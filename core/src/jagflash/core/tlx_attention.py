@@ -98,7 +98,7 @@ ONE_PASS_HEAD_DIMS = (64, 128)
 # The per-query vectors of the dK/dV kernel (log2 LSE and delta) are packed per sequence, each
 # sequence's rows starting at a multiple of VEC_PAD, padding rows holding lse2 = +inf (P = 0) and
 # delta = 0: the kernel's producer then loads a step's vectors as one TMA box each, without a mask.
-VEC_PAD = 64  # every dK/dV q-step (32 or 64 queries) divides it
+VEC_PAD = 64  # every dK/dV q-step (64 queries) divides it
 # How the one-pass backward (:func:`backward`) adds dQ: the FUSED_DQ value of the kernel.
 DQ_WRITES = {"tma": 1, "atomic": 2}
 # Shared-memory stages of each consumer's dQ write-back (two do not fit beside K/V, the Q/dO
@@ -156,7 +156,8 @@ def use_one_pass(deterministic: bool, left: int, right: int, head_dim: int) -> b
 
 
 @triton.jit
-def _walk_first(pid, COUNTER, ids, id_fulls, id_empties, PRODUCER: tl.constexpr, DYNAMIC: tl.constexpr):
+def _walk_first(pid, COUNTER, ids, id_fulls, id_empties, PRODUCER: tl.constexpr, DYNAMIC: tl.constexpr,
+                PUBLISH: tl.constexpr = True):
     """The first table index ``i`` of this program's walk over a Plan pass and its round ``r``.
 
     Static (``DYNAMIC`` off): every role computes the indices itself (``sched_first`` /
@@ -165,11 +166,14 @@ def _walk_first(pid, COUNTER, ids, id_fulls, id_empties, PRODUCER: tl.constexpr,
     producer takes indices from the launch's atomic counter, one tile ahead of the one it loads
     for, and publishes each in the tile-index ring (``ids``, ``id_fulls``, ``id_empties``:
     :func:`jagflash.core.pipeline.tile_publish`); the consumers take them from there in the same
-    order. The walk ends at the first index past the pass's tile count."""
+    order. The walk ends at the first index past the pass's tile count. ``PUBLISH`` off: the
+    producer walks alone (the forward's ``RING_TILES`` hands the consumers decoded tiles
+    instead of indices)."""
     if DYNAMIC:
         if PRODUCER:
             i, r = sched_first(pid, COUNTER, True)
-            tile_publish(ids, id_fulls, id_empties, r, i, ID_RING)
+            if PUBLISH:
+                tile_publish(ids, id_fulls, id_empties, r, i, ID_RING)
         else:
             r = pid * 0
             i = tile_take(ids, id_fulls, id_empties, r, ID_RING)
@@ -180,14 +184,15 @@ def _walk_first(pid, COUNTER, ids, id_fulls, id_empties, PRODUCER: tl.constexpr,
 
 @triton.jit
 def _walk_next(i, r, pid, nprog, COUNTER, ids, id_fulls, id_empties, PRODUCER: tl.constexpr,
-               DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr):
+               DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr, PUBLISH: tl.constexpr = True):
     """The index after ``i`` (round ``r``) of this program's walk, and its round: see
     :func:`_walk_first`. The producer calls it before it loads for tile ``i`` (so a dynamic
     claim's latency hides behind that tile), the consumers after they finish it."""
     if DYNAMIC:
         if PRODUCER:
             i, r = sched_next(i, r, pid, nprog, COUNTER, True, ZIGZAG)
-            tile_publish(ids, id_fulls, id_empties, r, i, ID_RING)
+            if PUBLISH:
+                tile_publish(ids, id_fulls, id_empties, r, i, ID_RING)
         else:
             r = r + 1
             i = tile_take(ids, id_fulls, id_empties, r, ID_RING)
@@ -429,15 +434,9 @@ def _fwd_kernel(
             kv_cnt = 0
             tile_cnt = 0
             pub_cnt = 0  # tiles published in the tile ring (RING_TILES)
-            if RING_TILES:
-                i, r = sched_first(pid, COUNTER, DYNAMIC)
-            else:
-                i, r = _walk_first(pid, COUNTER, ids, id_fulls, id_empties, True, DYNAMIC)
+            i, r = _walk_first(pid, COUNTER, ids, id_fulls, id_empties, True, DYNAMIC, not RING_TILES)
             while i < count:
-                if RING_TILES:
-                    i_next, r = sched_next(i, r, pid, nprog, COUNTER, DYNAMIC, ZIGZAG)
-                else:
-                    i_next, r = _walk_next(i, r, pid, nprog, COUNTER, ids, id_fulls, id_empties, True, DYNAMIC, ZIGZAG)
+                i_next, r = _walk_next(i, r, pid, nprog, COUNTER, ids, id_fulls, id_empties, True, DYNAMIC, ZIGZAG, not RING_TILES)
                 live, h, m0, q_start, lq, k_start, lk = _tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
                 if RING_TILES:
                     # published as the producer reaches the tile: Q_BUFS tiles ahead of the

@@ -109,10 +109,8 @@ def _default_plan(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool
     if torch.compiler.is_compiling():
         return None, None, None
     blocks, schedule, backward_schedule = _layout(q, k, causal, backend, BACKEND_DEFAULT, BACKEND_DEFAULT)
-    key = (
-        q.device, tuple(q.shape), tuple(k.shape), bool(causal), bool(backward), tuple(sorted(blocks.items())),
-        schedule, backward_schedule,
-    )
+    # (the schedules follow from the backend, which the blocks name, the head dim and the mask)
+    key = (q.device, tuple(q.shape), tuple(k.shape), bool(causal), bool(backward), tuple(sorted(blocks.items())))
     hit = _PLANS.get(key)
     if hit is None:
         hit = _build(
