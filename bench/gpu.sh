@@ -46,7 +46,7 @@
 # --shard: the whole GPU suite ran ~13 minutes serially, more than one call), TESTS_WORKERS (4:
 # pytest-xdist processes for both test steps; 0: serial),
 # TLX_TESTS_TIMEOUT_S (220), TLX_AB_ARGS (tlx-ab's arguments, e.g. "--batches tiny,dense4x4096
-# --orders default-q2"), PROBE, PROBE_ARGS (its arguments, split on spaces), PROBE_TIMEOUT_S (180), DEMO_TIMEOUT_S (60), JAGFLASH_GIT_COMMIT
+# --orders default-q1,default-ring"), PROBE, PROBE_ARGS (its arguments, split on spaces), PROBE_TIMEOUT_S (180), DEMO_TIMEOUT_S (60), JAGFLASH_GIT_COMMIT
 # (the commit to record).
 
 set -u
@@ -199,7 +199,7 @@ fi
 if has_step demo; then
     run_step demo "$(cap "${DEMO_TIMEOUT_S:-60}" "$bench_reserve")" "$PY" -m jagflash.variants.jagged.demo
 fi
-if has_step tlx-ab; then  # TLX forward tile orders (core.tlx_attention._ab): 4 compiles
+if has_step tlx-ab; then  # TLX forward tile orders and options (core.tlx_attention._ab)
     run_step tlx-ab "$(cap 240 "$bench_reserve")" "$PY" -m jagflash.core.tlx_attention ${TLX_AB_ARGS:-}
 fi
 if has_step schedule-ab; then  # portable kernels with schedule none / static / dynamic, plan build time
