@@ -41,6 +41,19 @@ def test_one_pass_only_where_it_measured_faster(monkeypatch) -> None:
     assert not tlx_attention.use_one_pass(False, -1, -1, 128)
 
 
+def test_tile_ring_only_where_k_v_sequences_average_one_tile() -> None:
+    """The forward hands the consumers decoded tiles (``ring_tiles=None``) exactly where the
+    batch's K/V sequences average at most one K/V tile (BLOCK_N keys): the tiny batch it was
+    measured faster on (2,048 sequences of 1-63 tokens), not the long batches it cost up to
+    1.5 % on; an empty batch (no sequence) takes the ring."""
+    n = tlx_attention.BLOCK_N
+    assert tlx_attention.default_ring_tiles(2048 * 32, 2048)
+    assert tlx_attention.default_ring_tiles(4 * n, 4)
+    assert not tlx_attention.default_ring_tiles(4 * n + 1, 4)
+    assert not tlx_attention.default_ring_tiles(4 * 4096, 4)
+    assert tlx_attention.default_ring_tiles(0, 0)
+
+
 def test_dkdv_tiles_follow_head_dim() -> None:
     """64-query dK/dV steps at D 64 and 128 (the one pass needs them; causal too); what plans
     are laid out with for the TLX backend (plan_blocks) agrees."""
@@ -177,7 +190,8 @@ def test_launches_bind_to_the_kernels_signatures(monkeypatch, schedule) -> None:
     """forward, backward (one pass) and backward_dkdv launch their kernels with every argument
     bound once; a dynamic plan hands each launch a fresh zeroed int32 tile counter, the others
     pass an unused tensor and DYNAMIC off; the forward's options (``q_bufs``, ``ring_tiles``)
-    reach it as its constexprs (defaults: two Q tiles, no tile ring)."""
+    reach it as its constexprs (defaults: two Q tiles; the tile ring, as these K/V sequences
+    average 100 keys, under one K/V tile)."""
     from jagflash.core.schedule import make_plan
 
     fwd, dkdv = _Launches(tlx_attention._fwd_kernel), _Launches(tlx_attention._dkdv_kernel)
@@ -194,8 +208,8 @@ def test_launches_bind_to_the_kernels_signatures(monkeypatch, schedule) -> None:
     )
     kw = {"left": -1, "right": 0, "scale": 0.125, "plan": plan}
     _, lse = tlx_attention.forward(q, q, q, offs, offs, 200, **kw)
-    tlx_attention.forward(q, q, q, offs, offs, 200, q_bufs=1, ring_tiles=True, **kw)
-    assert [(a["Q_BUFS"], a["RING_TILES"]) for _, a in fwd.calls] == [(2, False), (1, True)]
+    tlx_attention.forward(q, q, q, offs, offs, 200, q_bufs=1, ring_tiles=False, **kw)
+    assert [(a["Q_BUFS"], a["RING_TILES"]) for _, a in fwd.calls] == [(2, True), (1, False)]
     lse.zero_()
     tlx_attention.backward(q, q, q, q, q, lse, offs, offs, **kw)
     tlx_attention.backward_dkdv(q, q, q, q, lse, lse, offs, offs, **kw)

@@ -97,15 +97,16 @@ def test_tlx_forward_other_walk_matches_reference(name, causal, schedule) -> Non
 
 @pytest.mark.parametrize(
     ("q_bufs", "ring_tiles", "schedule"),
-    [(1, False, "dynamic"), (2, True, "dynamic"), (2, True, "static"), (1, True, "dynamic")],
+    [(1, False, "dynamic"), (2, False, "dynamic"), (2, True, "dynamic"), (2, True, "static"), (1, True, "dynamic")],
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["odd_lengths", "lognormal"])
 def test_tlx_forward_q_tiles_and_tile_ring_match_reference(name, causal, q_bufs, ring_tiles, schedule) -> None:
     """``q_bufs`` (2, the default: the producer loads the next tile's Q while the consumers run
-    this one; 1: one Q tile per consumer) and ``ring_tiles`` (A/B: the producer walks the table
-    alone and passes each decoded tile to the consumers through shared memory, on a dynamic or
-    a static plan; the walk's end is a tile marked so): every tile computed once, in order."""
+    this one; 1: one Q tile per consumer) and ``ring_tiles`` forced on or off (on: the producer
+    walks the table alone and passes each decoded tile to the consumers through shared memory,
+    on a dynamic or a static plan; the walk's end is a tile marked so; by default only batches
+    of short K/V sequences take it, as odd_lengths does): every tile computed once, in order."""
     q_lens, k_lens, hq, hkv = CASES[name]
     case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
     t = case.build("cuda", requires_grad=False)

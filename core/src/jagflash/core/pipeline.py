@@ -69,28 +69,46 @@ def ring_release(empties, slot):
 
 
 @triton.jit
-def tile_publish(ids, fulls, empties, counter, index, NUM: tl.constexpr):
-    """Producer side of a tile-index ring (a dynamic schedule's persistent kernels): wait until
-    slot ``counter`` of the ring of NUM int32 buffers ``ids`` is free, write the table index
-    ``index`` there and mark it full. Only the producer takes tiles from the schedule's atomic
-    counter; the consumers learn each index from the ring (:func:`tile_take`), so all roles
-    walk the same tiles. Every thread of the producer writes the same value; Triton's
-    warpgroup barrier orders the writes before the one thread that arrives."""
+def record_publish(fields, fulls, empties, counter, values, NUM: tl.constexpr):
+    """Producer side of a record ring: wait until slot ``counter`` of a ring of NUM records is
+    free, write the tuple of int32 ``values`` there and mark it full. A record of F fields is F
+    one-int buffers, ``fields[slot * F + j]`` (``fields``: ``NUM * F`` buffers of shape (1,)).
+    Every thread of the producer writes the same values; Triton's warpgroup barrier orders the
+    writes before the one thread that arrives."""
     slot, phase = ring_slot(counter, NUM)
     tlx.barrier_wait(empties[slot], phase ^ 1)
-    tlx.local_store(ids[slot], tl.full([1], index, tl.int32))
+    for j in tl.static_range(len(values)):
+        tlx.local_store(fields[slot * len(values) + j], tl.full([1], values[j], tl.int32))
     tlx.barrier_arrive(fulls[slot], 1)
 
 
 @triton.jit
-def tile_take(ids, fulls, empties, counter, NUM: tl.constexpr):
-    """Consumer side of a tile-index ring: the index in slot ``counter`` once the producer
-    published it (:func:`tile_publish`); the slot is released at once (the empty barrier counts
-    one arrival per consumer warpgroup)."""
-    buf, slot = ring_acquire(ids, fulls, counter, NUM)
-    index = tl.sum(tlx.local_load(buf), 0)
+def record_take(fields, fulls, empties, counter, FIELDS: tl.constexpr, NUM: tl.constexpr):
+    """Consumer side of a record ring: the FIELDS int32 values (a tuple) of slot ``counter``
+    once the producer published them (:func:`record_publish`); the slot is released as soon as
+    they are read (the empty barrier counts one arrival per consumer warpgroup)."""
+    slot, phase = ring_slot(counter, NUM)
+    tlx.barrier_wait(fulls[slot], phase)
+    values = ()
+    for j in tl.static_range(FIELDS):
+        values = values + (tl.sum(tlx.local_load(fields[slot * FIELDS + j]), 0),)  # noqa: RUF005 (Triton's frontend concatenates tuples; no unpacking)
     ring_release(empties, slot)
-    return index
+    return values
+
+
+@triton.jit
+def tile_publish(ids, fulls, empties, counter, index, NUM: tl.constexpr):
+    """Producer side of a tile-index ring (a dynamic schedule's persistent kernels): the record
+    ring of one field, the table index ``index`` (:func:`record_publish`). Only the producer
+    takes tiles from the schedule's atomic counter; the consumers learn each index from the ring
+    (:func:`tile_take`), so all roles walk the same tiles."""
+    record_publish(ids, fulls, empties, counter, (index,), NUM)
+
+
+@triton.jit
+def tile_take(ids, fulls, empties, counter, NUM: tl.constexpr):
+    """Consumer side of a tile-index ring: the index in slot ``counter`` (:func:`record_take`)."""
+    return record_take(ids, fulls, empties, counter, 1, NUM)[0]
 
 
 @triton.jit

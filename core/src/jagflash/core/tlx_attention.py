@@ -65,6 +65,8 @@ from jagflash.core.pipeline import (
     dq_reduce_add,
     num_workers,
     opaque_zero,
+    record_publish,
+    record_take,
     ring_acquire,
     ring_load,
     ring_release,
@@ -133,6 +135,17 @@ def default_walk(left: int, right: int, dynamic: bool = False) -> str:
     (``_plan_row``): causal 16:4 1.73 ms, level with the grouped slot walk's 1.72 (walking
     query heads one at a time: 1.81)."""
     return "head" if dynamic or (left < 0 and right < 0) else "slot"
+
+
+def default_ring_tiles(total_kv: int, batch: int) -> bool:
+    """Whether a forward call that names no ``ring_tiles`` hands the consumers decoded tiles
+    (``RING_TILES``): where the batch's K/V sequences hold at most one K/V tile (BLOCK_N keys)
+    on average, so that each tile's start, not its loop, is what the consumers wait for.
+    Measured on the H200, kernels alone, bf16 H16 D128 (bench/NOTES.md, session 9), ring vs
+    none: 2,048 sequences of 1-63 tokens 0.885 vs 0.974 ms, causal 0.900 vs 0.964; on long
+    sequences the ring costs up to 1.5 % (lognormal 3.011 vs 2.967 ms, dense 4x4096 0.939 vs
+    0.928) or is level (causal, 4x8192 H32)."""
+    return total_kv <= BLOCK_N * max(batch, 1)
 
 
 def _head_major(walk: str | None, left: int, right: int, dynamic: bool) -> bool:
@@ -239,49 +252,6 @@ def _tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR: tl.constexp
     ok, b, h, m0 = _plan_row(i, TILES, count, heads, HEAD_MAJOR, GROUP)
     q_start, lq, k_start, lk = _starts(q_offsets, kv_offsets, b)
     return ok & (m0 < lq), h, m0, q_start, lq, k_start, lk
-
-
-@triton.jit
-def _publish_tile(fields, fulls, empties, counter, state, h, m0, q_start, lq, k_start, lk):
-    """Producer side of the decoded tile ring (``RING_TILES``): wait until slot ``counter`` of
-    the ring is free, write the tile's :data:`TILE_FIELDS` there (each field a one-int buffer:
-    ``fields[slot * TILE_FIELDS + j]``) and mark it full. Every thread of the producer writes
-    the same values; Triton's warpgroup barrier orders the writes before the one arrival."""
-    slot, phase = ring_slot(counter, ID_RING)
-    tlx.barrier_wait(empties[slot], phase ^ 1)
-    base = slot * TILE_FIELDS
-    tlx.local_store(fields[base], tl.full([1], state, tl.int32))
-    tlx.local_store(fields[base + 1], tl.full([1], h, tl.int32))
-    tlx.local_store(fields[base + 2], tl.full([1], m0, tl.int32))
-    tlx.local_store(fields[base + 3], tl.full([1], q_start, tl.int32))
-    tlx.local_store(fields[base + 4], tl.full([1], lq, tl.int32))
-    tlx.local_store(fields[base + 5], tl.full([1], k_start, tl.int32))
-    tlx.local_store(fields[base + 6], tl.full([1], lk, tl.int32))
-    tlx.barrier_arrive(fulls[slot], 1)
-
-
-@triton.jit
-def _field(fields, index):
-    return tl.sum(tlx.local_load(fields[index]), 0)
-
-
-@triton.jit
-def _take_tile(fields, fulls, empties, counter):
-    """Consumer side of the decoded tile ring: the fields of tile ``counter`` of the walk
-    (:func:`_publish_tile`); the slot is released once they are read (the empty barrier
-    counts one arrival per consumer warpgroup)."""
-    slot, phase = ring_slot(counter, ID_RING)
-    tlx.barrier_wait(fulls[slot], phase)
-    base = slot * TILE_FIELDS
-    state = _field(fields, base)
-    h = _field(fields, base + 1)
-    m0 = _field(fields, base + 2)
-    q_start = _field(fields, base + 3)
-    lq = _field(fields, base + 4)
-    k_start = _field(fields, base + 5)
-    lk = _field(fields, base + 6)
-    ring_release(empties, slot)
-    return state, h, m0, q_start, lq, k_start, lk
 
 
 @triton.jit
@@ -442,7 +412,7 @@ def _fwd_kernel(
                     # published as the producer reaches the tile: Q_BUFS tiles ahead of the
                     # consumers, who then read a tile from shared memory, not three dependent
                     # global loads (table row, offsets) at every tile start
-                    _publish_tile(ids, id_fulls, id_empties, pub_cnt, live.to(tl.int32), h, m0, q_start, lq, k_start, lk)
+                    record_publish(ids, id_fulls, id_empties, pub_cnt, (live.to(tl.int32), h, m0, q_start, lq, k_start, lk), ID_RING)
                     pub_cnt += 1
                 if live:
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
@@ -458,7 +428,7 @@ def _fwd_kernel(
                     tile_cnt += 1
                 i = i_next
             if RING_TILES:  # the walk's end
-                _publish_tile(ids, id_fulls, id_empties, pub_cnt, -1, 0, 0, 0, 0, 0, 0)
+                record_publish(ids, id_fulls, id_empties, pub_cnt, (-1, 0, 0, 0, 0, 0, 0), ID_RING)
 
         with tlx.async_task(num_warps=4, registers=240, replicate=2):  # consumers
             cid: tl.constexpr = tlx.async_task_replica_id()
@@ -470,7 +440,7 @@ def _fwd_kernel(
             tile_cnt = 0
             if RING_TILES:
                 taken = 0
-                state, h, m0, q_start, lq, k_start, lk = _take_tile(ids, id_fulls, id_empties, taken)
+                state, h, m0, q_start, lq, k_start, lk = record_take(ids, id_fulls, id_empties, taken, TILE_FIELDS, ID_RING)
                 more = state >= 0
             else:
                 i, r = _walk_first(pid, COUNTER, ids, id_fulls, id_empties, False, DYNAMIC)
@@ -527,7 +497,7 @@ def _fwd_kernel(
                     tile_cnt += 1
                 if RING_TILES:
                     taken += 1
-                    state, h, m0, q_start, lq, k_start, lk = _take_tile(ids, id_fulls, id_empties, taken)
+                    state, h, m0, q_start, lq, k_start, lk = record_take(ids, id_fulls, id_empties, taken, TILE_FIELDS, ID_RING)
                     more = state >= 0
                 else:
                     i, r = _walk_next(i, r, pid, nprog, COUNTER, ids, id_fulls, id_empties, False, DYNAMIC, ZIGZAG)
@@ -798,7 +768,7 @@ def forward(
     q_shared: bool = False,
     walk: str | None = None,
     q_bufs: int | None = None,
-    ring_tiles: bool = False,
+    ring_tiles: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` fp32 (inputs are made contiguous: TMA needs it).
 
@@ -830,11 +800,12 @@ def forward(
     +0.7 %, dense 4x4096 +0.7 % / causal +2.1 %, 2,048 sequences of 1-63 tokens +2.3 % /
     causal +4.8 % (session 5's 33 % loss on dense causal, on older kernels, did not recur).
 
-    ``ring_tiles`` (A/B, default off; not yet run on a GPU): the producer alone walks the table
-    and hands each decoded tile (head, rows, the sequence's starts and lengths) to the consumers
-    through shared memory (``RING_TILES``), instead of each consumer warpgroup reading the
-    table row and the offsets itself at every tile start: three dependent global loads, ~19 %
-    of the stall samples of the tiny batch's forward (ncu, bench/NOTES.md session 8)."""
+    ``ring_tiles``: the producer alone walks the table and hands each decoded tile (head, rows,
+    the sequence's starts and lengths) to the consumers through shared memory (``RING_TILES``),
+    instead of each consumer warpgroup reading the table row and the offsets itself at every
+    tile start: three dependent global loads, ~19 % of the stall samples of the tiny batch's
+    forward (ncu, bench/NOTES.md session 8). ``None`` (default): on where the batch's K/V
+    sequences average at most one K/V tile (:func:`default_ring_tiles`)."""
     reasons = _walk_reasons(walk)
     if q_bufs is None:
         q_bufs = 1 if q_shared else 2
@@ -862,6 +833,8 @@ def forward(
         return out, lse
     if k.shape[0] == 0:  # no keys anywhere: every row sees nothing (no descriptor over 0 rows)
         return out.zero_(), lse.fill_(float("-inf"))
+    if ring_tiles is None:
+        ring_tiles = default_ring_tiles(plan.info.total_kv, plan.info.batch)
     programs = min(num_workers(q.device), lay.rows)
     counter, deal = _deal(plan, "fwd")
     _fwd_kernel[(programs,)](
@@ -1121,8 +1094,10 @@ def compile_configs():
                 (False, True, False, False, True, True, 2, False), (True, True, False, False, True, True, 2, False),  # scale <= 0
                 (False, True, False, True, False, False, 2, False),  # walk="slot" unmasked
                 (False, True, False, True, True, True, 1, False), (True, True, False, True, True, True, 1, False),  # q_bufs=1 (A/B)
-                (False, True, False, True, True, True, 2, True), (True, True, False, True, True, True, 2, True),  # ring_tiles (A/B)
-                (True, True, False, True, False, False, 2, True),  # ring_tiles, static plan
+                # the decoded tile ring (default_ring_tiles: batches of short K/V sequences)
+                (False, True, False, True, True, True, 2, True), (True, True, False, True, True, True, 2, True),
+                (True, True, False, True, False, False, 2, True),  # static plan
+                (False, True, True, True, True, True, 1, True),  # broadcast-Q
             ):
                 signature = {
                     "desc_q": f"tensordesc<{dtype}[{BLOCK_M // 2},{dim}]>",
@@ -1210,8 +1185,9 @@ def _ab(argv: list[str] | None = None) -> int:
     static; dynamic: the atomic tile counter) walked slot by slot and head by head, on a
     lognormal jagged batch (H16, and GQA 16:4), 2,048 sequences of 1-63 tokens, and a dense one
     (bf16, H16, D128, causal and not) and dense 4 x 8192 H32 (its K/V, 256 MB, are five times the
-    L2), and the default order with one Q tile in flight (``q_bufs=1``; the default is 2) and with
-    the decoded tile ring (``ring_tiles=True``, A/B); checks that each
+    L2), and the default order with one Q tile in flight (``q_bufs=1``; the default is 2), with
+    and without the decoded tile ring (``default-ring`` / ``default-noring``: ``ring_tiles``
+    True / False; the default is :func:`default_ring_tiles`); checks that each
     matches the call's default, and prints TFLOP/s. ``--batches tiny,gqa4``: only the batches
     whose names contain one of these."""
     import argparse
@@ -1250,7 +1226,7 @@ def _ab(argv: list[str] | None = None) -> int:
             right = 0 if causal else -1
             flops = 4 * int(visible_pairs(lt, lt, -1, right).sum()) * dim * heads
             outs = {}
-            orders = ("default", *(f"{s}-{w}" for s in ("grouped", "static", "dynamic") for w in WALKS), "default-q1", "default-ring")
+            orders = ("default", *(f"{s}-{w}" for s in ("grouped", "static", "dynamic") for w in WALKS), "default-q1", "default-ring", "default-noring")
             for order in orders:
                 if args.orders and order != "default" and order not in args.orders.split(","):
                     continue  # (the default always runs: the others are compared with it)
@@ -1262,7 +1238,7 @@ def _ab(argv: list[str] | None = None) -> int:
                 )
                 run = functools.partial(
                     forward, q, k, v, offs, offs, longest, left=-1, right=right, scale=dim**-0.5,
-                    plan=plan, walk=walk, q_bufs=1 if order.endswith("q1") else None, ring_tiles=order.endswith("ring"),
+                    plan=plan, walk=walk, q_bufs=1 if order.endswith("q1") else None, ring_tiles={"default-ring": True, "default-noring": False}.get(order),
                 )
                 outs[order] = run()[0]
                 ms = do_bench(run, warmup=25, rep=args.reps_ms, return_mode="median")
