@@ -6,6 +6,10 @@ kernel launch (the public call, the variant's caller, which takes the eager path
 through the dispatcher, the op's body called directly, the variant's TLX
 module, ``tlx_attention.forward``), and the op body's pieces alone (the offsets check, backend
 selection, the plan check), prints the host time per call of each, and cProfiles the op body.
+Then it splits ``tlx_attention.forward`` and the one-pass ``tlx_attention.backward`` into
+the Triton launches alone (their recorded arguments replayed) and everything else (the same
+call with the kernels replaced by recorders), and times the public forward + backward with
+grad.
 
 Run on the GPU: ``PROBE=bench/probe_host_layers.py bash bench/gpu.sh probe``."""
 
@@ -23,6 +27,40 @@ def _rate(fn, n: int = 50) -> float:
     for _ in range(5):  # warm-up: compiles, caches
         fn()
     return host_ms_per_call(fn, n)
+
+
+class _Recorder:
+    """Stands in for a Triton kernel: ``kernel[grid](*args, **kw)`` records the launch."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.calls.append((grid, args, kw))
+
+
+def _launch_split(label: str, fn, module, names: tuple[str, ...]) -> None:
+    """Host ms per call of ``fn`` with ``module``'s kernels ``names`` replaced by recorders (its
+    host work without the launches), and of those launches alone, replayed."""
+    real = {name: getattr(module, name) for name in names}
+    recs = {name: _Recorder() for name in names}
+    try:
+        for name, rec in recs.items():
+            setattr(module, name, rec)
+        fn()
+        launches = [(real[name], call) for name, rec in recs.items() for call in rec.calls]
+        without = _rate(fn)
+    finally:
+        for name, kernel in real.items():
+            setattr(module, name, kernel)
+
+    def replay():
+        for kernel, (grid, args, kw) in launches:
+            kernel[grid](*args, **kw)
+
+    alone = _rate(replay)
+    print(f"{label:34s} host {without:7.3f} ms/call without its {len(launches)} launch(es), "
+          f"launches alone {alone:7.3f}", flush=True)
 
 
 def main() -> None:
@@ -68,6 +106,31 @@ def main() -> None:
             layers["op body, called directly"]()
         prof.disable()
         torch.cuda.synchronize()
+    lse = tlx_attention.forward(
+        q, k, v, plan.q_offsets, offs, q.shape[0], left=-1, right=-1, scale=scale, plan=plan, q_shared=True,
+    )[1]
+    rows = offs.numel() - 1
+    o = torch.randn(rows * q.shape[0], *q.shape[1:], device=q.device, dtype=q.dtype)
+    do = torch.randn_like(o)
+    split = {
+        "split: tlx_attention.forward": (layers["tlx_attention.forward"], ("_fwd_kernel",)),
+        "split: tlx_attention.backward": (
+            lambda: tlx_attention.backward(
+                do, q, k, v, o, lse, plan.q_offsets, offs, left=-1, right=-1, scale=scale, plan=plan, q_shared=True,
+            ),
+            ("_vectors_kernel", "_dkdv_kernel"),
+        ),
+    }
+    with torch.no_grad():
+        for name, (fn, kernels) in split.items():
+            _launch_split(name, fn, tlx_attention, kernels)
+    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+    grad_out = torch.randn(rows, *q.shape, device=q.device, dtype=q.dtype)
+
+    def step():
+        broadcast_q_attention(qg, kg, vg, offs, max_seqlen_kv=b.max_kv, plan=plan).backward(grad_out)
+
+    print(f"{'public forward + backward (grad)':34s} host {_rate(step):7.3f} ms/call", flush=True)
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
     print("cProfile of the op body called directly, 50 calls, by own time:")

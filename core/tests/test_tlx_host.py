@@ -121,6 +121,57 @@ def test_backward_vectors_pack_each_sequence_at_a_multiple_of_the_pad(given_delt
     torch.testing.assert_close(packed_delta, want_delta, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("given_delta", [False, True])
+def test_backward_vectors_read_a_per_sequence_lse_in_place(given_delta) -> None:
+    """LSE (and a given delta) ``[B, Hq, L]``, as the dense and broadcast-Q forwards store it
+    (``lse_per_sequence``), packs exactly as its ``[Hq, B*L]`` copy does: each value is read
+    where it lies, no transposed copy is made."""
+    from jagflash.core.jagged import lse_by_head
+
+    gen = torch.Generator().manual_seed(3)
+    n_seqs, hq, length, dim = 3, 2, 70, 16
+    offs = torch.arange(n_seqs + 1, dtype=torch.int32) * length
+    out = torch.randn(n_seqs * length, hq, dim, generator=gen)
+    dout = torch.randn(n_seqs * length, hq, dim, generator=gen)
+    lse = torch.randn(n_seqs, hq, length, generator=gen)
+    delta = torch.randn(n_seqs, hq, length, generator=gen)
+    if given_delta:
+        got = tlx_attention.backward_vectors(lse, offs, delta=delta)
+        want = tlx_attention.backward_vectors(lse_by_head(lse), offs, delta=lse_by_head(delta))
+    else:
+        got = tlx_attention.backward_vectors(lse, offs, out=out, dout=dout)
+        want = tlx_attention.backward_vectors(lse_by_head(lse), offs, out=out, dout=dout)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+
+
+def test_forward_refuses_lse_per_sequence_of_unequal_lengths() -> None:
+    """``lse_per_sequence`` stores LSE ``[B, Hq, L]``: 300 query rows in 7 sequences cannot be
+    that, refused before any launch, with the walk's own reason listed too."""
+    q = torch.zeros(300, 1, 128, dtype=torch.float16)
+    offs = torch.tensor([0, 1, 2, 3, 4, 5, 6, 300], dtype=torch.int32)
+    with pytest.raises(ValueError, match="lse_per_sequence needs sequences of one length: 300 query rows in 7") as err:
+        tlx_attention.forward(q, q, q, offs, offs, 294, left=-1, right=-1, scale=0.1, lse_per_sequence=True, walk="zig")
+    assert "walk must be None" in str(err.value)
+
+
+def test_forward_stores_a_per_sequence_lse_with_two_strides(monkeypatch) -> None:
+    """``lse_per_sequence``: LSE ``[B, Hq, L]``, the kernel given (L, Hq) as its head and
+    sequence-start strides (q_start = b L, so b Hq L + h L + row); otherwise ``[Hq, Tq]`` with
+    (Tq, 1)."""
+    fwd = _Launches(tlx_attention._fwd_kernel)
+    monkeypatch.setattr(tlx_attention, "_fwd_kernel", fwd)
+    monkeypatch.setattr(tlx_attention, "num_workers", lambda device: 3)
+    offs = torch.tensor([0, 50, 100, 150], dtype=torch.int32)
+    q = torch.randn(150, 4, 64).to(torch.float16)
+    kw = {"left": -1, "right": -1, "scale": 0.125}
+    _, lse = tlx_attention.forward(q, q, q, offs, offs, 50, lse_per_sequence=True, **kw)
+    assert lse.shape == (3, 4, 50)
+    _, lse_by_head = tlx_attention.forward(q, q, q, offs, offs, 50, **kw)
+    assert lse_by_head.shape == (4, 150)
+    assert [(a["stride_lh"], a["stride_ls"]) for _, a in fwd.calls] == [(50, 4), (150, 1)]
+
+
 def test_forward_refuses_an_unknown_walk() -> None:
     """Before any launch, naming the walks it knows (and every other reason: Q tiles in flight)."""
     q = torch.zeros(4, 1, 128, dtype=torch.float16)

@@ -366,7 +366,7 @@ def _consume(
 @triton.jit
 def _fwd_kernel(
     desc_q, desc_k, desc_v, O, LSE, q_offsets, kv_offsets, TILES, COUNT, COUNTER,
-    stride_ot, stride_oh, total_q, scale, left, right, heads,
+    stride_ot, stride_oh, stride_lh, stride_ls, scale, left, right, heads,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_KV: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     PIPELINE: tl.constexpr, ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False,
@@ -493,7 +493,9 @@ def _fwd_kernel(
                     o_rows = (q_start + rows).to(tl.int64)
                     o_ptrs = O + o_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
                     tl.store(o_ptrs, out.to(dtype), mask=valid[:, None])
-                    tl.store(LSE + h.to(tl.int64) * total_q + o_rows, lse, mask=valid)
+                    # LSE [Hq, Tq] (stride_lh = Tq, stride_ls = 1) or [B, Hq, L] (L, Hq: q_start = b L);
+                    # int32 offsets: LSE has D times fewer elements than O, which fits in memory
+                    tl.store(LSE + (h * stride_lh + q_start * stride_ls + rows), lse, mask=valid)
                     tile_cnt += 1
                 if RING_TILES:
                     taken += 1
@@ -769,8 +771,12 @@ def forward(
     walk: str | None = None,
     q_bufs: int | None = None,
     ring_tiles: bool | None = None,
+    lse_per_sequence: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` fp32 (inputs are made contiguous: TMA needs it).
+    ``lse_per_sequence``: LSE ``[B, Hq, L]`` instead, stored so by the kernel, for batches whose
+    B sequences all have L = Tq / B queries (dense, broadcast-Q; ``q_offsets`` = ``arange(B + 1)
+    * L``, which is the caller's to guarantee).
 
     ``q_shared`` (broadcast-Q): ``q`` is one block ``[Lq, Hq, D]`` that every sequence reads,
     ``q_offsets`` must then be ``arange(B + 1) * Lq`` and ``Tq = B * Lq`` (the output rows).
@@ -811,14 +817,23 @@ def forward(
         q_bufs = 1 if q_shared else 2
     if q_bufs not in (1, 2):
         reasons.append(f"q_bufs must be 1 or 2, got {q_bufs!r}")
+    tq = (q_offsets.numel() - 1) * q.shape[0] if q_shared else q.shape[0]
+    if lse_per_sequence and q_offsets.numel() > 1 and tq % (q_offsets.numel() - 1):
+        reasons.append(f"lse_per_sequence needs sequences of one length: {tq} query rows in {q_offsets.numel() - 1} sequences")
     if reasons:
         raise ValueError("tlx_attention.forward: " + "; ".join(reasons))
     q, k, v = (t.contiguous() for t in (q, k, v))
     _, hq, dim = q.shape
-    tq = (q_offsets.numel() - 1) * q.shape[0] if q_shared else q.shape[0]
     hkv = k.shape[1]
     out = alloc((tq, hq, dim), q.dtype, q.device)
-    lse = alloc((hq, tq), torch.float32, q.device)
+    if lse_per_sequence:
+        n_seqs = q_offsets.numel() - 1
+        rows = tq // n_seqs if n_seqs else 0
+        lse = alloc((n_seqs, hq, rows), torch.float32, q.device)
+        lse_strides = (rows, hq)  # q_start = b L: b Hq L + h L + row
+    else:
+        lse = alloc((hq, tq), torch.float32, q.device)
+        lse_strides = (tq, 1)
     if plan is None:
         schedule, _ = default_schedules("tlx-sm90", dim, window=(left, right))
         plan = make_plan(
@@ -841,7 +856,7 @@ def forward(
         rows_descriptor(q, BLOCK_M // 2, dim), rows_descriptor(k, BLOCK_N, dim),
         rows_descriptor(v, BLOCK_N, dim), out, lse, q_offsets, kv_offsets,
         plan.section("fwd"), plan.meta[PASSES.index("fwd"):], counter,
-        out.stride(0), out.stride(1), tq, scale, left, right, lay.heads, **deal,
+        out.stride(0), out.stride(1), *lse_strides, scale, left, right, lay.heads, **deal,
         **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NUM_KV=NUM_KV,
         PIPELINE=pipeline, Q_SHARED=q_shared, Q_BUFS=q_bufs, RING_TILES=ring_tiles,
         FOLD_SCALE=scale > 0, HEAD_MAJOR=_head_major(walk, left, right, deal["DYNAMIC"]), num_warps=4, num_stages=1,
@@ -852,27 +867,32 @@ def forward(
 @triton.jit
 def _vectors_kernel(
     O, DO, LSE, DELTA_IN, LSE2, DELTA, q_offsets, VEC_TILE, total_q, vec_rows, n_seqs, search_steps,
-    stride_ot, stride_oh, stride_dot, stride_doh,
+    stride_ot, stride_oh, stride_dot, stride_doh, stride_lh, stride_ls,
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, GIVEN_DELTA: tl.constexpr, PAD: tl.constexpr,
 ):
     """The backward's preprocess: for ``BLOCK`` query rows of head ``program_id(1)``, log2 LSE
-    (``lse_to_log2``) and delta = rowsum(dO * O) (or ``DELTA_IN`` ``[Hq, Tq]`` when
+    (``lse_to_log2``) and delta = rowsum(dO * O) (or ``DELTA_IN``, laid out as LSE, when
     ``GIVEN_DELTA``), written to row ``VEC_TILE[b] * PAD + (row - q_offsets[b])`` of the packed
-    ``[Hq, vec_rows]`` vectors, ``b`` the row's sequence (a binary search over the offsets)."""
+    ``[Hq, vec_rows]`` vectors, ``b`` the row's sequence (a binary search over the offsets).
+    LSE (and DELTA_IN) are ``[Hq, Tq]`` (``stride_lh`` Tq, ``stride_ls`` 1) or ``[B, Hq, L]``
+    (L, Hq): head h's value of the row at ``h * stride_lh + q_offsets[b] * stride_ls + (row -
+    q_offsets[b])``."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     h = tl.program_id(1).to(tl.int64)
     valid = rows < total_q
     b = upper_bound(q_offsets + 1, n_seqs, rows, search_steps)  # the row's sequence
-    packed = tl.load(VEC_TILE + b).to(tl.int64) * PAD + (rows - tl.load(q_offsets + b))
+    q_start = tl.load(q_offsets + b).to(tl.int64)
+    packed = tl.load(VEC_TILE + b).to(tl.int64) * PAD + (rows - q_start)
+    at = h * stride_lh + q_start * stride_ls + (rows - q_start)
     if GIVEN_DELTA:
-        delta = tl.load(DELTA_IN + h * total_q + rows, mask=valid, other=0.0)
+        delta = tl.load(DELTA_IN + at, mask=valid, other=0.0)
     else:
         offs_d = tl.arange(0, HEAD_DIM)
         r64 = rows.to(tl.int64)[:, None]
         o = tl.load(O + r64 * stride_ot + h * stride_oh + offs_d[None, :], mask=valid[:, None], other=0.0)
         do = tl.load(DO + r64 * stride_dot + h * stride_doh + offs_d[None, :], mask=valid[:, None], other=0.0)
         delta = attn_delta(o, do)
-    lse2 = lse_to_log2(tl.load(LSE + h * total_q + rows, mask=valid, other=0.0))
+    lse2 = lse_to_log2(tl.load(LSE + at, mask=valid, other=0.0))
     tl.store(LSE2 + h * vec_rows + packed, lse2, mask=valid)
     tl.store(DELTA + h * vec_rows + packed, delta, mask=valid)
 
@@ -887,10 +907,17 @@ def backward_vectors(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The dK/dV kernel's per-query vectors, packed (see :data:`VEC_PAD`): ``(lse2, delta,
     vec_tile)``, ``lse2`` and ``delta`` ``[Hq, vec_rows]`` fp32 and ``vec_tile`` ``[B + 1]`` int32,
-    sequence ``b``'s rows starting at row ``vec_tile[b] * VEC_PAD``. ``lse`` ``[Hq, Tq]``; delta
-    = rowsum(dO * O) of ``out`` and ``dout`` (``[Tq, Hq, D]``), or given (``[Hq, Tq]``, from the
-    portable dQ pass). No host synchronisation: ``vec_rows`` is the bound ``Tq + VEC_PAD * B``."""
-    hq, tq = lse.shape
+    sequence ``b``'s rows starting at row ``vec_tile[b] * VEC_PAD``. ``lse`` ``[Hq, Tq]``, or
+    ``[B, Hq, L]`` for sequences of one length L (:func:`forward`'s ``lse_per_sequence``); delta
+    = rowsum(dO * O) of ``out`` and ``dout`` (``[Tq, Hq, D]``), or given (laid out as ``lse``,
+    from the portable dQ pass). No host synchronisation: ``vec_rows`` is the bound ``Tq +
+    VEC_PAD * B``."""
+    if lse.dim() == 3:
+        n_rows, hq, length = lse.shape
+        tq, lse_strides = n_rows * length, (length, hq)
+    else:
+        hq, tq = lse.shape
+        lse_strides = (tq, 1)
     n_seqs = q_offsets.numel() - 1
     vec_tile = torch.zeros(n_seqs + 1, dtype=torch.int32, device=lse.device)
     vec_tile[1:] = torch.cumsum(torch.div(seq_lengths(q_offsets) + VEC_PAD - 1, VEC_PAD, rounding_mode="floor"), 0)
@@ -912,7 +939,7 @@ def backward_vectors(
         block = 64
         _vectors_kernel[(triton.cdiv(tq, block), hq)](
             out, dout, lse.contiguous(), delta, lse2, packed_delta, q_offsets, vec_tile, tq, vec_rows,
-            n_seqs, n_seqs.bit_length(), *strides, HEAD_DIM=dim, BLOCK=block, GIVEN_DELTA=given,
+            n_seqs, n_seqs.bit_length(), *strides, *lse_strides, HEAD_DIM=dim, BLOCK=block, GIVEN_DELTA=given,
             PAD=VEC_PAD, num_warps=4,
         )
     return lse2, packed_delta, vec_tile
@@ -988,7 +1015,8 @@ def backward_dkdv(
     walk: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dK ``[Tk, Hkv, D]`` and dV of jagged attention, given LSE and delta = rowsum(dO * O)
-    (both ``[Hq, Tq]`` fp32; the portable dQ pass computes delta): the second pass of the
+    (both ``[Hq, Tq]`` fp32, or both ``[B, Hq, L]``: :func:`backward_vectors`; the portable dQ
+    pass computes delta): the second pass of the
     deterministic backward (no atomics, no reduce-adds). ``q_shared``: broadcast-Q, as for
     :func:`forward` (``dout`` then has the ``B * Lq`` rows). ``walk``: as for :func:`forward`."""
     reasons = _walk_reasons(walk)
@@ -1029,7 +1057,7 @@ def backward(
     """dQ, dK, dV of jagged attention in one pass over the kv-tiles (after the delta
     preprocess): dK/dV stay in registers and each tile adds its share of dQ into an fp32
     accumulator, so dQ's summation order varies from run to run. ``out``, ``dout``:
-    ``[Tq, Hq, D]``; ``lse`` ``[Hq, Tq]``. ``q_shared`` (broadcast-Q, as for :func:`forward`):
+    ``[Tq, Hq, D]``; ``lse`` ``[Hq, Tq]`` (or ``[B, Hq, L]``: :func:`backward_vectors`). ``q_shared`` (broadcast-Q, as for :func:`forward`):
     dQ ``[Lq, Hq, D]`` is summed over the sequences by the same adds.
 
     ``dq_write``: ``"tma"`` (the staged TMA reduce-add of
@@ -1105,8 +1133,8 @@ def compile_configs():
                     "desc_v": f"tensordesc<{dtype}[{BLOCK_N},{dim}]>",
                     "O": f"*{dtype}", "LSE": "*fp32", "q_offsets": "*i32", "kv_offsets": "*i32",
                     "TILES": "*i32", "COUNT": "*i64", "COUNTER": "*i32" if dynamic else "*i64", "stride_ot": "i32:16",
-                    "stride_oh": "i32:16", "total_q": "i32", "scale": "fp32", "left": "i32", "right": "i32",
-                    "heads": "i32",
+                    "stride_oh": "i32:16", "stride_lh": "i32", "stride_ls": "i32", "scale": "fp32", "left": "i32",
+                    "right": "i32", "heads": "i32",
                 }
                 constexprs = {
                     "GROUP": 1, "HEAD_DIM": dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,

@@ -12,7 +12,6 @@ import torch
 
 from jagflash.core import tlx_attention
 from jagflash.core.backend import tlx_sm90_blocks
-from jagflash.core.jagged import lse_by_head, lse_by_sequence
 from jagflash.core.schedule import Plan, make_plan
 from jagflash.variants.broadcast_q import kernels_portable
 from jagflash.variants.broadcast_q.op import output_offsets
@@ -51,9 +50,9 @@ def forward(
     plan, q_offsets = _given(plan, q, k, kv_offsets, left, right, backward=False)
     out, lse = tlx_attention.forward(
         q, k, v, q_offsets, kv_offsets, lq, left=left, right=right, scale=scale, plan=plan,
-        q_shared=True,
+        q_shared=True, lse_per_sequence=True,
     )
-    return out.view(batch, lq, hq, dim), lse_by_sequence(lse, batch)
+    return out.view(batch, lq, hq, dim), lse
 
 
 def backward(
@@ -69,7 +68,7 @@ def backward(
     if tlx_attention.use_one_pass(deterministic, left, right, dim):
         return tlx_attention.backward(
             dout.reshape(batch * lq, hq, dim), q, k, v, out.reshape(batch * lq, hq, dim),
-            lse_by_head(lse), q_offsets, kv_offsets, left=left, right=right, scale=scale,
+            lse, q_offsets, kv_offsets, left=left, right=right, scale=scale,
             plan=plan, q_shared=True,
         )
     dq, delta = kernels_portable.backward_dq(
@@ -77,7 +76,7 @@ def backward(
         deterministic=deterministic, backend="portable",
     )
     dk, dv = tlx_attention.backward_dkdv(
-        dout.reshape(batch * lq, hq, dim), q, k, v, lse_by_head(lse), lse_by_head(delta), q_offsets,
+        dout.reshape(batch * lq, hq, dim), q, k, v, lse, delta, q_offsets,
         kv_offsets, left=left, right=right, scale=scale, plan=plan, q_shared=True,
     )
     return dq.to(q.dtype), dk, dv

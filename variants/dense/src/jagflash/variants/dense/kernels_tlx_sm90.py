@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 from jagflash.core import tlx_attention
-from jagflash.core.jagged import lse_by_head, lse_by_sequence
 
 __all__ = ["backward", "compile_configs", "forward"]
 
@@ -23,9 +22,9 @@ def forward(
     out, lse = tlx_attention.forward(
         q.reshape(batch * nq, *q.shape[2:]), k.reshape(batch * nk, *k.shape[2:]),
         v.reshape(batch * nk, *v.shape[2:]), plan.q_offsets, plan.kv_offsets, nq,
-        left=left, right=right, scale=scale, plan=plan,
+        left=left, right=right, scale=scale, plan=plan, lse_per_sequence=True,
     )
-    return out.view(q.shape), lse_by_sequence(lse, batch)
+    return out.view(q.shape), lse
 
 
 def backward(
@@ -42,7 +41,7 @@ def backward(
         dq, dk, dv = tlx_attention.backward(
             dout.reshape(batch * nq, *dout.shape[2:]), q.reshape(batch * nq, *q.shape[2:]),
             k.reshape(batch * nk, *k.shape[2:]), v.reshape(batch * nk, *v.shape[2:]),
-            out.reshape(batch * nq, *out.shape[2:]), lse_by_head(lse), plan.q_offsets,
+            out.reshape(batch * nq, *out.shape[2:]), lse, plan.q_offsets,
             plan.kv_offsets, left=left, right=right, scale=scale, plan=plan,
         )
         return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
@@ -52,7 +51,7 @@ def backward(
     dk, dv = tlx_attention.backward_dkdv(
         dout.reshape(batch * nq, *dout.shape[2:]), q.reshape(batch * nq, *q.shape[2:]),
         k.reshape(batch * nk, *k.shape[2:]), v.reshape(batch * nk, *v.shape[2:]),
-        lse_by_head(lse), lse_by_head(delta), plan.q_offsets, plan.kv_offsets,
+        lse, delta, plan.q_offsets, plan.kv_offsets,
         left=left, right=right, scale=scale, plan=plan,
     )
     return dq, dk.view(k.shape), dv.view(v.shape)
