@@ -153,3 +153,26 @@ def test_a_requested_backend_hands_on_a_backward_it_lacks_for_this_head_dim() ->
     assert "tlx-sm90 has no backward for this problem (backward with head_dim 64 not in {128})" in choice.why
     bwd128 = _problem(device_type="cpu", dtype=torch.float32, head_dim=128, backward=True)
     assert select(spec, bwd128, torch.device("cpu"), "tlx-sm90", record=False).name == "tlx-sm90"
+
+
+def test_stepped_arange_is_kept_in_plain_eager_mode_only() -> None:
+    """arange(n) * step, right for a zero step and n = 1; the same tensor again for the same
+    (n, step, device, dtype) in plain eager mode (no kernels per call); a fresh one under a
+    dispatch mode or for a tensor subclass among the call's tensors (never a cached fake)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from jagflash.core.ops import stepped_arange
+
+    cpu = torch.device("cpu")
+    assert stepped_arange(4, 3, cpu, torch.int32).tolist() == [0, 3, 6, 9]
+    assert stepped_arange(3, 0, cpu, torch.int64).tolist() == [0, 0, 0]
+    assert stepped_arange(1, 5, cpu, torch.int32).tolist() == [0]
+    x = torch.zeros(2)
+    kept = stepped_arange(5, 2, cpu, torch.int32, (x,))
+    assert stepped_arange(5, 2, cpu, torch.int32, (x,)) is kept
+    assert stepped_arange(5, 2, cpu, torch.int64, (x,)) is not kept
+    with FakeTensorMode() as mode:
+        fresh = stepped_arange(5, 2, cpu, torch.int32, (mode.from_tensor(x),))
+    assert fresh is not kept
+    sub = torch.nn.Parameter(x)  # a tensor subclass among the arguments
+    assert stepped_arange(5, 2, cpu, torch.int32, (sub,)) is not kept

@@ -143,6 +143,8 @@ def test_backward_vectors_read_a_per_sequence_lse_in_place(given_delta) -> None:
         want = tlx_attention.backward_vectors(lse_by_head(lse), offs, out=out, dout=dout)
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
+    # the sequences' first packed tiles depend on (B, L) alone: kept, not made again
+    assert tlx_attention.backward_vectors(lse, offs, delta=delta)[2] is got[2]
 
 
 def test_forward_refuses_lse_per_sequence_of_unequal_lengths() -> None:

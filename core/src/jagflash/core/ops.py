@@ -14,6 +14,7 @@ forward knew.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -34,6 +35,7 @@ __all__ = [
     "poison_outputs",
     "raise_if",
     "register_autograd",
+    "stepped_arange",
 ]
 
 
@@ -194,6 +196,22 @@ def plain_eager(args: tuple) -> bool:
     if _get_current_dispatch_mode() is not None:
         return False
     return all(type(a) is torch.Tensor for a in args if isinstance(a, torch.Tensor))
+
+
+def stepped_arange(n: int, step: int, device: torch.device, dtype: torch.dtype, args: tuple = ()) -> torch.Tensor:
+    """``arange(n) * step``. In plain eager mode (of the call's ``args``: :func:`plain_eager`)
+    the last few are kept per (n, step, device, dtype) and returned again, so a call does not
+    launch two kernels to remake them (nothing may write them); under modes and tracing they
+    are made fresh. The offsets of a batch of n - 1 sequences of ``step`` rows each (dense,
+    broadcast-Q) and the like."""
+    if plain_eager(args):
+        return _stepped_arange(n, step, device, dtype)
+    return torch.arange(n, device=device, dtype=dtype) * step
+
+
+@functools.lru_cache(maxsize=16)
+def _stepped_arange(n: int, step: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.arange(n, device=device, dtype=dtype) * step
 
 
 def register_autograd(fwd_op, bwd_op):

@@ -8,14 +8,12 @@ Only the backward's dK/dV grid needs it; the forward grid depends on Lq alone.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from jagflash.core.backend import select
 from jagflash.core.capability import InvalidInput
 from jagflash.core.jagged import lse_by_sequence, mask_bounds, resolve_max_seqlen
-from jagflash.core.ops import make_problem, plain_eager, register_autograd
+from jagflash.core.ops import make_problem, register_autograd, stepped_arange
 from jagflash.core.reference import reference_backward, reference_forward
 from jagflash.variants.broadcast_q.spec import SPEC
 
@@ -35,17 +33,9 @@ def output_offsets(q: torch.Tensor, kv_offsets: torch.Tensor) -> torch.Tensor:
     (as do its expanded queries, its LSE row block and its dO).
 
     Every call with a plan needs them (the TLX kernels read a sequence's first output row
-    there), and they depend on (B, Lq, device, dtype) alone: in plain eager mode the last few
-    are kept, so a call does not launch a kernel to make them again (nothing writes them)."""
-    n, lq = kv_offsets.numel(), q.shape[0]
-    if plain_eager((q, kv_offsets)):
-        return _output_offsets(n, lq, q.device, kv_offsets.dtype)
-    return torch.arange(n, device=q.device, dtype=kv_offsets.dtype) * lq
-
-
-@functools.lru_cache(maxsize=16)
-def _output_offsets(n: int, lq: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return torch.arange(n, device=device, dtype=dtype) * lq
+    there), and they depend on (B, Lq, device, dtype) alone: in plain eager mode they are kept
+    (``core.ops.stepped_arange``), so a call does not launch kernels to make them again."""
+    return stepped_arange(kv_offsets.numel(), q.shape[0], q.device, kv_offsets.dtype, (q, kv_offsets))
 
 
 def _expanded(q: torch.Tensor, kv_offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
