@@ -202,9 +202,11 @@ def stepped_arange(n: int, step: int, device: torch.device, dtype: torch.dtype, 
     """``arange(n) * step``. In plain eager mode (of the call's ``args``: :func:`plain_eager`)
     the last few are kept per (n, step, device, dtype) and returned again, so a call does not
     launch two kernels to remake them (nothing may write them); under modes and tracing they
-    are made fresh. The offsets of a batch of n - 1 sequences of ``step`` rows each (dense,
-    broadcast-Q) and the like."""
-    if plain_eager(args):
+    are made fresh, and so during a CUDA graph capture (a tensor made there holds its values
+    only once the graph replays). The offsets of a batch of n - 1 sequences of ``step`` rows
+    each (dense, broadcast-Q) and the like."""
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if plain_eager(args) and not capturing:
         return _stepped_arange(n, step, device, dtype)
     return torch.arange(n, device=device, dtype=dtype) * step
 
