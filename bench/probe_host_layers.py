@@ -18,6 +18,7 @@ from __future__ import annotations
 import cProfile
 import io
 import pstats
+import statistics
 
 import torch
 from probe_host import host_ms_per_call  # bench/ is the script's directory, first on sys.path
@@ -28,9 +29,11 @@ def _rate(fn, n: int = 50) -> float:
     # pool already holds the n outputs that n calls issued ahead of the GPU keep alive (with a
     # short warm-up the first layer timed paid for growing it: session 9, calls 4 and 6, where
     # the public call read ~0.08 ms over the caller it calls, which on the CPU costs the same).
+    # The median of 7 rounds: single rounds of one layer moved +-50 % between calls and even
+    # between neighbouring layers on the H200's host (session 9, calls 4, 6 and 9).
     for _ in range(n):
         fn()
-    return host_ms_per_call(fn, n)
+    return statistics.median(host_ms_per_call(fn, n) for _ in range(7))
 
 
 class _Recorder:
