@@ -369,6 +369,8 @@ def test_smoke_run_end_to_end(tmp_path):
         if r["status"] in ("wrong", "failed") and r["provider"].startswith("jagflash")
     ]
     assert (out / "results.md").read_text().startswith("# jagflash benchmark (smoke")
+    plan = json.loads((out / "plan-main.json").read_text())
+    assert (plan["cuda_graphs"], plan["graph_below_ms"]) == (False, 0.1)  # the timing options reach the run
     assert list(out.glob("tflops_*.png"))
     assert "TFLOP/s at the median" in done.stdout
     print(f"smoke run took {elapsed:.1f} s")

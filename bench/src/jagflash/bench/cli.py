@@ -64,7 +64,13 @@ def _parser() -> argparse.ArgumentParser:
         "--device", choices=("cuda", "cpu"), default=None, help="default: cuda if present"
     )
     p.add_argument(
-        "--cuda-graphs", action="store_true", help="time sub-0.1 ms problems by graph replay"
+        "--cuda-graphs", action="store_true",
+        help="time problems whose one run is under --graph-below-ms by CUDA graph replay",
+    )
+    p.add_argument(
+        "--graph-below-ms", type=float, default=0.1,
+        help="with --cuda-graphs, the run time under which a problem is replayed in a graph "
+        "(default 0.1; e.g. 1.0 also takes the host-bound broadcast-Q Lq256 x 64 rows)",
     )
     p.add_argument("--in-process", action="store_true", help="run the main group in this process")
     p.add_argument("--no-ceilings", action="store_true", help="skip the matmul / copy ceilings")
@@ -272,6 +278,7 @@ class _Run:
             rep_ms=self.args.rep_ms,
             min_reps=reps,
             cuda_graphs=self.args.cuda_graphs,
+            graph_below_ms=self.args.graph_below_ms,
             measure_ceilings=ceilings,
             progress_done=self._rows_done(),
             progress_total=self.total_rows,

@@ -48,6 +48,7 @@ class Plan:
     rep_ms: float = 100.0
     min_reps: int = 20
     cuda_graphs: bool = False
+    graph_below_ms: float = 0.1
     measure_ceilings: bool = False
     progress_done: int = 0
     progress_total: int = 0
@@ -280,6 +281,7 @@ class Worker:
             rep_ms=p.rep_ms,
             min_reps=p.min_reps,
             cuda_graph=p.cuda_graphs,
+            graph_below_ms=p.graph_below_ms,
             max_rep_ms=max(2000.0, p.rep_ms),
         )
         if p.deadline is None or self.device.type != "cuda":
