@@ -1,7 +1,9 @@
 """Broadcast-Q on Hopper with TLX: the warp-specialised kernels of ``jagflash.core.tlx_attention``
 with ``q_shared``: sequence ``b``'s q-tiles read the one shared Q block and write rows
-``b * Lq + m`` of the output, LSE and dO, so the batch is the jagged problem whose sequence ``b``
-has Lq queries, laid out (and cost-sorted by its K/V length) by a Plan like any jagged batch.
+``b * Lq + m`` of the output (and read those of dO), so the batch is the jagged problem whose
+sequence ``b`` has Lq queries, laid out (and cost-sorted by its K/V length) by a Plan like any
+jagged batch. LSE ``[B, Hq, Lq]`` is stored in place (``lse_per_sequence``) and the backward
+reads it there.
 The backward runs the portable dQ pass (dQ summed over the sequences by atomics, or in order
 with ``deterministic``; it also computes delta) and then the TLX dK/dV pass (the one-pass
 ``tlx_attention.backward`` only where ``tlx_attention.use_one_pass`` says so)."""

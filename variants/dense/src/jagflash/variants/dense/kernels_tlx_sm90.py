@@ -1,5 +1,6 @@
 """Dense attention on Hopper with TLX: ``[B, N, H, D]`` seen as a jagged batch of B sequences of
-N rows, run by the warp-specialised kernels of ``jagflash.core.tlx_attention``. The backward runs
+N rows, run by the warp-specialised kernels of ``jagflash.core.tlx_attention`` (LSE ``[B, H,
+N]`` stored in place: ``lse_per_sequence``). The backward runs
 the portable dQ pass (which also computes delta) and then the TLX dK/dV pass: deterministic (the
 one-pass backward only where ``tlx_attention.use_one_pass`` says so, as in the jagged variant)."""
 
