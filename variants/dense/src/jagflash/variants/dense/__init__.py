@@ -144,8 +144,7 @@ def _build(
         schedule=schedule, backward_schedule=backward_schedule, backward=backward,
         q_ptr=PTR_DENSE, kv_ptr=PTR_DENSE,
     ).to_ints()
-    arange = torch.arange(b + 1, device=q.device, dtype=torch.int64)
-    tiles, meta = build_plan(arange * nq, arange * nk, info)
+    tiles, meta = build_plan(*op._as_jagged(q, k), info)
     return tiles, meta, info
 
 

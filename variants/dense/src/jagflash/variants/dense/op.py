@@ -14,17 +14,20 @@ import torch
 
 from jagflash.core.backend import select
 from jagflash.core.jagged import lse_by_sequence, mask_bounds
-from jagflash.core.ops import make_problem, register_autograd
+from jagflash.core.ops import make_problem, register_autograd, stepped_arange
 from jagflash.core.reference import reference_backward, reference_forward
 from jagflash.core.schedule import Plan, resolve_plan
 from jagflash.variants.dense.spec import SPEC
 
 
 def _as_jagged(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Offsets that view ``[B, N, H, D]`` as jagged ``[B*N, H, D]`` (for the reference)."""
+    """Offsets that view ``[B, N, H, D]`` as jagged ``[B*N, H, D]`` (the plan check of every
+    call, the reference): kept per shape in plain eager mode (``core.ops.stepped_arange``)."""
     b, nq, nk = q.shape[0], q.shape[1], k.shape[1]
-    arange = torch.arange(b + 1, device=q.device)
-    return arange * nq, arange * nk
+    return (
+        stepped_arange(b + 1, nq, q.device, torch.int64, (q, k)),
+        stepped_arange(b + 1, nk, q.device, torch.int64, (q, k)),
+    )
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
