@@ -817,9 +817,10 @@ def forward(
         q_bufs = 1 if q_shared else 2
     if q_bufs not in (1, 2):
         reasons.append(f"q_bufs must be 1 or 2, got {q_bufs!r}")
-    tq = (q_offsets.numel() - 1) * q.shape[0] if q_shared else q.shape[0]
-    if lse_per_sequence and q_offsets.numel() > 1 and tq % (q_offsets.numel() - 1):
-        reasons.append(f"lse_per_sequence needs sequences of one length: {tq} query rows in {q_offsets.numel() - 1} sequences")
+    n_seqs = q_offsets.numel() - 1
+    tq = n_seqs * q.shape[0] if q_shared else q.shape[0]
+    if lse_per_sequence and n_seqs and tq % n_seqs:
+        reasons.append(f"lse_per_sequence needs sequences of one length: {tq} query rows in {n_seqs} sequences")
     if reasons:
         raise ValueError("tlx_attention.forward: " + "; ".join(reasons))
     q, k, v = (t.contiguous() for t in (q, k, v))
@@ -827,7 +828,6 @@ def forward(
     hkv = k.shape[1]
     out = alloc((tq, hq, dim), q.dtype, q.device)
     if lse_per_sequence:
-        n_seqs = q_offsets.numel() - 1
         rows = tq // n_seqs if n_seqs else 0
         lse = alloc((n_seqs, hq, rows), torch.float32, q.device)
         lse_strides = (rows, hq)  # q_start = b L: b Hq L + h L + row
