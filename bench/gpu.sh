@@ -22,7 +22,10 @@
 # static / dynamic, plan build time), probe (python $PROBE, a one-off measurement script), ncu (Nsight Compute, --clock-control none, on
 # one launch of bench/probe_ncu.py's kernel: NCU_ARGS its arguments, NCU_KERNEL the kernel-name regex
 # (default: _fwd_kernel with NCU_ARGS="--kernel fwd", else _dkdv_kernel), NCU_TIMEOUT_S (240); writes
-# ncu-report.ncu-rep, ncu-details.txt, ncu-sass.csv and prints the stall summary), bench (python -m jagflash.bench; arguments after `--`).
+# ncu-report.ncu-rep, ncu-details.txt, ncu-sass.csv and prints the stall summary), graph-bench (the
+# bench on GRAPH_WORKLOADS (bq-*) and GRAPH_PROVIDERS (jagflash-tlx, FA4 and FA2 expand-Q) with
+# --cuda-graphs --graph-below-ms GRAPH_BELOW_MS (1.0): rows under that replayed in a CUDA graph,
+# into $OUT/bench-graph; GRAPH_BENCH_TIMEOUT_S (150)), bench (python -m jagflash.bench; arguments after `--`).
 # A failing step does not stop the next. Everything a step prints is tee'd to $OUT/<step>.log; the bench writes
 # $OUT/bench/{results.csv,results.md,tflops_*.png,meta.json,rows.jsonl}. The short bench table is
 # printed last; at the end everything under $OUT is packed into $OUT/gpu-out.tgz (the device tool
@@ -63,8 +66,8 @@ bench_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --) shift; bench_args=("$@"); break ;;
-        ceilings|tlx-tests|tests|demo|tlx-ab|schedule-ab|probe|ncu|bench) steps+=("$1"); shift ;;
-        *) echo "gpu.sh: unknown step '$1' (steps: ceilings tlx-tests tests demo tlx-ab schedule-ab probe ncu bench; bench args after --)" >&2; exit 2 ;;
+        ceilings|tlx-tests|tests|demo|tlx-ab|schedule-ab|probe|ncu|graph-bench|bench) steps+=("$1"); shift ;;
+        *) echo "gpu.sh: unknown step '$1' (steps: ceilings tlx-tests tests demo tlx-ab schedule-ab probe ncu graph-bench bench; bench args after --)" >&2; exit 2 ;;
     esac
 done
 [ ${#steps[@]} -eq 0 ] && steps=(ceilings tests demo bench)
@@ -111,6 +114,10 @@ EOF
     found=$(find /tmp/fa4 -maxdepth 5 -path '*/flash_attn/cute/interface.py' -print -quit 2>/dev/null)
     [ -n "$found" ] && FA4_DIR=$(dirname "$(dirname "$(dirname "$found")")")
     log "FA4 root: ${FA4_DIR:-not found}"
+elif [ -d /tmp/fa4 ]; then  # unpacked by an earlier call on this (still warm) machine
+    found=$(find /tmp/fa4 -maxdepth 5 -path '*/flash_attn/cute/interface.py' -print -quit 2>/dev/null)
+    [ -n "$found" ] && FA4_DIR=$(dirname "$(dirname "$(dirname "$found")")")
+    log "FA4 already unpacked: ${FA4_DIR:-not found}"
 fi
 
 SRC="$ROOT/core/src:$ROOT/testing/src"
@@ -225,6 +232,12 @@ if has_step ncu; then  # Nsight Compute on one launch of bench/probe_ncu.py's ke
         '$PY' bench/probe_ncu.py --summarize '$OUT/ncu-sass.csv';
         rm -f '$OUT/ncu-report.ncu-rep'"  # (its exports stay; the report itself may outgrow what comes back)
 fi
+if has_step graph-bench; then  # the small rows again, replayed in CUDA graphs (what a serving loop sees)
+    gb=$(cap "${GRAPH_BENCH_TIMEOUT_S:-150}" "$bench_reserve")
+    run_step graph-bench "$gb" "$PY" -m jagflash.bench --out "$OUT/bench-graph" --budget-s $(( gb - 20 )) \
+        --cuda-graphs --graph-below-ms "${GRAPH_BELOW_MS:-1.0}" --workloads "${GRAPH_WORKLOADS:-bq-*}" \
+        --providers "${GRAPH_PROVIDERS:-jagflash-tlx,fa4-expand-q,expand-q-varlen}"
+fi
 if has_step bench; then
     budget=$(( $(left) - 45 ))
     [ "$budget" -lt 60 ] && budget=60
@@ -258,6 +271,10 @@ fi
 if has_step demo; then
     echo "-- demo (tail):"
     tail -n 8 "$OUT/demo.log" 2>/dev/null
+fi
+if has_step graph-bench; then
+    echo "-- graph-bench: $OUT/bench-graph/results.md"
+    cat "$OUT/bench-graph/summary.txt" 2>/dev/null || echo "(no graph-bench summary)"
 fi
 if has_step bench; then
     echo "-- bench: $OUT/bench/results.md, results.csv, tflops_*.png"

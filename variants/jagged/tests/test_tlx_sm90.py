@@ -117,6 +117,26 @@ def test_tlx_forward_q_tiles_and_tile_ring_match_reference(name, causal, q_bufs,
 
 @pytest.mark.parametrize("pipeline", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
+def test_tlx_forward_idle_half_changes_no_bit(causal, pipeline) -> None:
+    """A consumer whose 64 rows of a q-tile all lie past the sequence's end issues no matmul
+    (``idle_half``, the default): lengths on each side of 64 and 128 give tiles with one idle
+    half and tiles with none; the outputs and LSE equal those of the tiles computed in full
+    (``idle_half=False``), bit for bit, which match the reference."""
+    lens = (1, 37, 64, 65, 128, 129, 191, 192, 193, 300)
+    case = JaggedCase(lens, lens, hq=4, hkv=2, head_dim=128, dtype=torch.bfloat16, causal=causal)
+    t = case.build("cuda", requires_grad=False)
+    t.pop("dout")
+    busy = _forward(causal, pipeline, "dynamic", idle_half=False)
+    check_against_reference(busy, _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    out_idle, lse_idle = _forward(causal, pipeline, "dynamic")(*args)
+    out_busy, lse_busy = busy(*args)
+    assert torch.equal(out_idle, out_busy)
+    assert torch.equal(lse_idle, lse_busy)
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_gt_lk"])
 def test_tlx_forward_negative_scale_matches_reference(name, causal, pipeline) -> None:
     """A negative scale cannot ride in the exponent (the running max is taken on the scaled

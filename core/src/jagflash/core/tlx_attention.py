@@ -266,19 +266,50 @@ def _q_row(q_start, m0, Q_SHARED: tl.constexpr):
 
 
 @triton.jit
-def _issue_qk(q_buf, k_buf, CID: tl.constexpr):
-    """Start S = Q K^T on the tensor cores. The two consumer warpgroups issue in turn (named
-    barriers 9 and 10), so one's softmax overlaps the other's matmul ("ping-pong")."""
+def _turn_wait(CID: tl.constexpr):
+    """Wait for this warpgroup's turn to issue (named barriers 9 and 10, :func:`_issue_qk`)."""
     if CID == 0:
         tlx.named_barrier_wait(9, 256)
     else:
         tlx.named_barrier_wait(10, 256)
-    qk = tlx.async_dot(q_buf, tlx.local_trans(k_buf))
+
+
+@triton.jit
+def _turn_pass(CID: tl.constexpr):
+    """Hand the turn to issue to the other warpgroup."""
     if CID == 0:
         tlx.named_barrier_arrive(10, 256)
     else:
         tlx.named_barrier_arrive(9, 256)
+
+
+@triton.jit
+def _issue_qk(q_buf, k_buf, CID: tl.constexpr):
+    """Start S = Q K^T on the tensor cores. The two consumer warpgroups issue in turn (named
+    barriers 9 and 10), so one's softmax overlaps the other's matmul ("ping-pong")."""
+    _turn_wait(CID)
+    qk = tlx.async_dot(q_buf, tlx.local_trans(k_buf))
+    _turn_pass(CID)
     return qk
+
+
+@triton.jit
+def _pass_kv_tiles(kv_cnt, start, end, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
+                   CID: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr):
+    """A consumer whose half of the q-tile lies wholly past the sequence's end (``IDLE_HALF``):
+    over the kv-tiles ``[start, end)`` it issues no matmul, and keeps only its part of the
+    handshakes: its turns to issue (so the other warpgroup never waits for it) and its release
+    of each K and V slot, after the slot has filled (a release before that would count towards
+    the slot's previous round, which the other warpgroup may still be reading)."""
+    for _n0 in range(start, end, BLOCK_N):
+        _turn_wait(CID)
+        _turn_pass(CID)
+        _, k_slot = ring_acquire(k_tiles, k_fulls, kv_cnt, NUM_KV)
+        ring_release(k_empties, k_slot)
+        _, v_slot = ring_acquire(v_tiles, v_fulls, kv_cnt, NUM_KV)
+        ring_release(v_empties, v_slot)
+        kv_cnt += 1
+    return kv_cnt
 
 
 @triton.jit
@@ -371,7 +402,7 @@ def _fwd_kernel(
     NUM_KV: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     PIPELINE: tl.constexpr, ZIGZAG: tl.constexpr, Q_SHARED: tl.constexpr = False,
     FOLD_SCALE: tl.constexpr = False, HEAD_MAJOR: tl.constexpr = False, DYNAMIC: tl.constexpr = False,
-    Q_BUFS: tl.constexpr = 1, RING_TILES: tl.constexpr = False,
+    Q_BUFS: tl.constexpr = 1, RING_TILES: tl.constexpr = False, IDLE_HALF: tl.constexpr = True,
 ):
     HALF: tl.constexpr = BLOCK_M // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -457,45 +488,50 @@ def _fwd_kernel(
                     qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
                     tlx.barrier_wait(q_fulls[2 * qb + cid], q_phase)
                     q_buf = q_tiles[2 * qb + cid]
-                    m_i = tl.full([HALF], float("-inf"), tl.float32)
-                    l_i = tl.zeros([HALF], tl.float32)
-                    acc = tl.zeros([HALF, HEAD_DIM], tl.float32)
-                    if PIPELINE:
-                        if hi > lo:
-                            # Prologue: the first tile alone (its mask decided once, at run time).
-                            k_buf, k_slot = ring_acquire(k_tiles, k_fulls, kv_cnt, NUM_KV)
-                            qk = _issue_qk(q_buf, k_buf, cid)
-                            qk = tlx.async_dot_wait(0, qk)
-                            ring_release(k_empties, k_slot)
-                            if (lo < full_lo) | (lo >= full_hi):
-                                s2 = _scores(qk, qk_scale2, col_lo, col_hi, lo, BLOCK_N, BOUNDED_LEFT, True, FOLD_SCALE)
-                            else:
-                                s2 = _scores(qk, qk_scale2, col_lo, col_hi, lo, BLOCK_N, BOUNDED_LEFT, False, FOLD_SCALE)
-                            p, _, m_i, l_i = _softmax_step(s2, qk_scale2, m_i, l_i, FOLD_SCALE)  # acc is 0: no rescale
-                            kv_cnt += 1
-                            second = lo + BLOCK_N
-                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, second, tl.maximum(full_lo, second), qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE)
-                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, tl.maximum(full_lo, second), tl.maximum(full_hi, second), qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False, FOLD_SCALE)
-                            acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, tl.maximum(full_hi, second), hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE)
-                            # Epilogue: P V of the last tile.
-                            v_buf, v_slot = ring_acquire(v_tiles, v_fulls, kv_cnt - 1, NUM_KV)
-                            acc = tlx.async_dot(p.to(dtype), v_buf, acc)
-                            acc = tlx.async_dot_wait(0, acc)
-                            ring_release(v_empties, v_slot)
+                    idle = IDLE_HALF & (m0 + cid * HALF >= lq)  # (only the second half can be)
+                    if idle:
+                        kv_cnt = _pass_kv_tiles(kv_cnt, lo, hi, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, cid, BLOCK_N, NUM_KV)
+                        tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
                     else:
-                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, lo, full_lo, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE)
-                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, full_lo, full_hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False, FOLD_SCALE)
-                        acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, full_hi, hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE)
-                    tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
-                    out, lse = finish_softmax(acc, m_i, l_i)
-                    valid = rows < lq
-                    offs_d = tl.arange(0, HEAD_DIM)
-                    o_rows = (q_start + rows).to(tl.int64)
-                    o_ptrs = O + o_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
-                    tl.store(o_ptrs, out.to(dtype), mask=valid[:, None])
-                    # LSE [Hq, Tq] (stride_lh = Tq, stride_ls = 1) or [B, Hq, L] (L, Hq: q_start = b L);
-                    # int32 offsets: LSE has D times fewer elements than O, which fits in memory
-                    tl.store(LSE + (h * stride_lh + q_start * stride_ls + rows), lse, mask=valid)
+                        m_i = tl.full([HALF], float("-inf"), tl.float32)
+                        l_i = tl.zeros([HALF], tl.float32)
+                        acc = tl.zeros([HALF, HEAD_DIM], tl.float32)
+                        if PIPELINE:
+                            if hi > lo:
+                                # Prologue: the first tile alone (its mask decided once, at run time).
+                                k_buf, k_slot = ring_acquire(k_tiles, k_fulls, kv_cnt, NUM_KV)
+                                qk = _issue_qk(q_buf, k_buf, cid)
+                                qk = tlx.async_dot_wait(0, qk)
+                                ring_release(k_empties, k_slot)
+                                if (lo < full_lo) | (lo >= full_hi):
+                                    s2 = _scores(qk, qk_scale2, col_lo, col_hi, lo, BLOCK_N, BOUNDED_LEFT, True, FOLD_SCALE)
+                                else:
+                                    s2 = _scores(qk, qk_scale2, col_lo, col_hi, lo, BLOCK_N, BOUNDED_LEFT, False, FOLD_SCALE)
+                                p, _, m_i, l_i = _softmax_step(s2, qk_scale2, m_i, l_i, FOLD_SCALE)  # acc is 0: no rescale
+                                kv_cnt += 1
+                                second = lo + BLOCK_N
+                                acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, second, tl.maximum(full_lo, second), qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE)
+                                acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, tl.maximum(full_lo, second), tl.maximum(full_hi, second), qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False, FOLD_SCALE)
+                                acc, m_i, l_i, p, kv_cnt = _consume_pipelined(acc, m_i, l_i, p, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, tl.maximum(full_hi, second), hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE)
+                                # Epilogue: P V of the last tile.
+                                v_buf, v_slot = ring_acquire(v_tiles, v_fulls, kv_cnt - 1, NUM_KV)
+                                acc = tlx.async_dot(p.to(dtype), v_buf, acc)
+                                acc = tlx.async_dot_wait(0, acc)
+                                ring_release(v_empties, v_slot)
+                        else:
+                            acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, lo, full_lo, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE)
+                            acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, full_lo, full_hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, False, FOLD_SCALE)
+                            acc, m_i, l_i, kv_cnt = _consume(acc, m_i, l_i, kv_cnt, q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, col_lo, col_hi, full_hi, hi, qk_scale2, cid, dtype, BLOCK_N, NUM_KV, BOUNDED_LEFT, BOUNDED_RIGHT, True, FOLD_SCALE)
+                        tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
+                        out, lse = finish_softmax(acc, m_i, l_i)
+                        valid = rows < lq
+                        offs_d = tl.arange(0, HEAD_DIM)
+                        o_rows = (q_start + rows).to(tl.int64)
+                        o_ptrs = O + o_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
+                        tl.store(o_ptrs, out.to(dtype), mask=valid[:, None])
+                        # LSE [Hq, Tq] (stride_lh = Tq, stride_ls = 1) or [B, Hq, L] (L, Hq: q_start = b L);
+                        # int32 offsets: LSE has D times fewer elements than O, which fits in memory
+                        tl.store(LSE + (h * stride_lh + q_start * stride_ls + rows), lse, mask=valid)
                     tile_cnt += 1
                 if RING_TILES:
                     taken += 1
@@ -772,6 +808,7 @@ def forward(
     q_bufs: int | None = None,
     ring_tiles: bool | None = None,
     lse_per_sequence: bool = False,
+    idle_half: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` fp32 (inputs are made contiguous: TMA needs it).
     ``lse_per_sequence``: LSE ``[B, Hq, L]`` instead, stored so by the kernel, for batches whose
@@ -811,7 +848,14 @@ def forward(
     instead of each consumer warpgroup reading the table row and the offsets itself at every
     tile start: three dependent global loads, ~19 % of the stall samples of the tiny batch's
     forward (ncu, bench/NOTES.md session 8). ``None`` (default): on where the batch's K/V
-    sequences average at most one K/V tile (:func:`default_ring_tiles`)."""
+    sequences average at most one K/V tile (:func:`default_ring_tiles`).
+
+    ``idle_half`` (default ``True``): a consumer warpgroup whose 64 rows of a q-tile all lie
+    past the sequence's end issues no matmul there (``IDLE_HALF``, :func:`_pass_kv_tiles`):
+    the second half of every tile of a sequence of at most 64 queries (broadcast-Q with
+    Lq <= 64, short jagged sequences) and of the last tile where Lq % 128 is 1-64. ``False``
+    computes those rows and discards them (kept for A/B: they take the tensor cores from the
+    other warpgroup)."""
     reasons = _walk_reasons(walk)
     if q_bufs is None:
         q_bufs = 1 if q_shared else 2
@@ -858,7 +902,7 @@ def forward(
         plan.section("fwd"), plan.meta[PASSES.index("fwd"):], counter,
         out.stride(0), out.stride(1), *lse_strides, scale, left, right, lay.heads, **deal,
         **kernel_flags(hq, hkv, dim, left, right), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NUM_KV=NUM_KV,
-        PIPELINE=pipeline, Q_SHARED=q_shared, Q_BUFS=q_bufs, RING_TILES=ring_tiles,
+        PIPELINE=pipeline, Q_SHARED=q_shared, Q_BUFS=q_bufs, RING_TILES=ring_tiles, IDLE_HALF=idle_half,
         FOLD_SCALE=scale > 0, HEAD_MAJOR=_head_major(walk, left, right, deal["DYNAMIC"]), num_warps=4, num_stages=1,
     )
     return out, lse
@@ -1151,19 +1195,20 @@ def compile_configs():
                     "NUM_KV": NUM_KV, "BOUNDED_LEFT": False, "BOUNDED_RIGHT": causal,
                     "PIPELINE": pipeline, "ZIGZAG": not dynamic, "Q_SHARED": shared,
                     "FOLD_SCALE": fold, "HEAD_MAJOR": head_major, "DYNAMIC": dynamic, "Q_BUFS": q_bufs,
-                    "RING_TILES": ring,
+                    "RING_TILES": ring, "IDLE_HALF": True,
                 }
                 for name in constexprs:
                     signature[name] = "constexpr"
                 # version 2 carries P in fp32: a few per-tile values spill outside the kv loop
-                # (8-56 B, none inside it; at D 64 only unfolded, in fp16; the dynamic walk's
+                # (8-68 B, none inside it; at D 64 only unfolded, in fp16; the dynamic walk's
                 # tile-index ring adds a few, two Q tiles in flight 8 B on a static causal plan,
-                # the decoded tile ring as much as the dynamic walk's).
+                # the decoded tile ring as much as the dynamic walk's, the idle half's branch
+                # 4-8 B causal and none unmasked).
                 configs.append((
                     f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{_walk_suffix(head_major, causal, dynamic)}{'_q1' if q_bufs == 1 and not shared else ''}{'_ring' if ring else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
                     _fwd_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
-                    {64: 0 if fold else 8, 128: (52 if dynamic or ring else 32) if fold else 60}[dim] if pipeline else 0,
+                    {64: 0 if fold else 8, 128: (60 if dynamic or ring else 36) if fold else 68}[dim] if pipeline else 0,
                 ))
             # the one pass on a dynamic plan (jagged, broadcast-Q) and on dense unmasked's
             # static one; the two passes' dK/dV on batch order (portable dQ pass first)
@@ -1225,9 +1270,11 @@ def _ab(argv: list[str] | None = None) -> int:
     (bf16, H16, D128, causal and not) and dense 4 x 8192 H32 (its K/V, 256 MB, are five times the
     L2), and the default order with one Q tile in flight (``q_bufs=1``; the default is 2), with
     and without the decoded tile ring (``default-ring`` / ``default-noring``: ``ring_tiles``
-    True / False; the default is :func:`default_ring_tiles`); checks that each
-    matches the call's default, and prints TFLOP/s. ``--batches tiny,gqa4``: only the batches
-    whose names contain one of these."""
+    True / False; the default is :func:`default_ring_tiles`), and with the idle half computed
+    (``default-busy``: ``idle_half=False``); also broadcast-Q, one block of 64 queries against
+    1,024 lognormal K/V sequences (the bench's ``bq-lq64-b1024``, unmasked only); checks that
+    each matches the call's default, and prints TFLOP/s. ``--batches tiny,gqa4``: only the
+    batches whose names contain one of these."""
     import argparse
     import functools
 
@@ -1249,34 +1296,40 @@ def _ab(argv: list[str] | None = None) -> int:
         "lognormal128": (lognormal.long().tolist(), 16, 16), "lognormal128gqa4": (lognormal.long().tolist(), 16, 4),
         "tiny2048": (tiny.tolist(), 16, 16), "dense4x4096": ([4096] * 4, 16, 16),
         "dense4x8192h32": ([8192] * 4, 32, 32),
+        "bq64x1024": (torch.clamp((torch.exp(torch.randn(1024, generator=gen)) * 512).round(), 1, 4096).long().tolist(), 16, 16),
     }
     dim = 128
     print(f"{'batch':16s} {'causal':6s} {'order':14s} {'ms':>8s} {'TFLOP/s':>8s} {'max|x-dflt|':>11s}")
     for name, (lens, heads, kv_heads) in batches.items():
         if not any(part in name for part in args.batches.split(",")):
             continue
+        shared = name.startswith("bq")
         total, longest = sum(lens), max(lens)
-        q = torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16)
+        lq = 64 if shared else longest  # broadcast-Q: one block of lq queries
+        q = torch.randn(lq if shared else total, heads, dim, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(total, kv_heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         offs = offsets_from_lengths(lens, "cuda")
+        q_offs = offsets_from_lengths([lq] * len(lens), "cuda") if shared else offs
         lt = torch.tensor(lens)
-        for causal in (False, True):
+        for causal in (False,) if shared else (False, True):
             right = 0 if causal else -1
-            flops = 4 * int(visible_pairs(lt, lt, -1, right).sum()) * dim * heads
+            lq_t = torch.full_like(lt, lq) if shared else lt
+            flops = 4 * int(visible_pairs(lq_t, lt, -1, right).sum()) * dim * heads
             outs = {}
-            orders = ("default", *(f"{s}-{w}" for s in ("grouped", "static", "dynamic") for w in WALKS), "default-q1", "default-ring", "default-noring")
+            orders = ("default", *(f"{s}-{w}" for s in ("grouped", "static", "dynamic") for w in WALKS), "default-q1", "default-ring", "default-noring", "default-busy")
             for order in orders:
                 if args.orders and order != "default" and order not in args.orders.split(","):
                     continue  # (the default always runs: the others are compared with it)
                 schedule, walk = order.split("-") if not order.startswith("default") else (None, None)
                 plan = None if schedule is None else make_plan(
-                    offs, offs, total_q=total, total_kv=total, heads_q=heads, heads_kv=kv_heads,
-                    window=(-1, right), block_m=BLOCK_M, block_n=BLOCK_N, max_seqlen_q=longest,
+                    q_offs, offs, total_q=lq * len(lens) if shared else total, total_kv=total, heads_q=heads,
+                    heads_kv=kv_heads, window=(-1, right), block_m=BLOCK_M, block_n=BLOCK_N, max_seqlen_q=lq,
                     backward=False, schedule=schedule,
                 )
                 run = functools.partial(
-                    forward, q, k, v, offs, offs, longest, left=-1, right=right, scale=dim**-0.5,
-                    plan=plan, walk=walk, q_bufs=1 if order.endswith("q1") else None, ring_tiles={"default-ring": True, "default-noring": False}.get(order),
+                    forward, q, k, v, q_offs, offs, lq, left=-1, right=right, scale=dim**-0.5,
+                    plan=plan, walk=walk, q_shared=shared, q_bufs=1 if order.endswith("q1") else None,
+                    ring_tiles={"default-ring": True, "default-noring": False}.get(order), idle_half=order != "default-busy",
                 )
                 outs[order] = run()[0]
                 ms = do_bench(run, warmup=25, rep=args.reps_ms, return_mode="median")
