@@ -1,0 +1,66 @@
+"""Probe (H200): what dQ costs broadcast-Q's one-pass backward. Every kv-tile of every sequence
+adds its share of dQ into the one shared fp32 accumulator ``[Lq, Hq * D]`` (512 KB at Lq 64,
+H16, D128), so at Lq 64 x 1,024 sequences ~6,000 tiles a head reduce-add 32 KB each into the
+same L2 lines. This times, kernels alone, on the bench's broadcast-Q batches (bf16, H16, D128,
+lognormal K/V lengths, median 512): the one pass (TMA reduce-adds, as calls run it), the same
+kernel without dQ (``backward_dkdv`` on the same plan: what any change to the dQ write-back can
+win at most), and the deterministic two passes; and prints TFLOP/s (backward = 2.5 x the
+forward's 4 * Lq * sum(Lk) * D * H) and the time to move K, V, dK, dV once at the copy
+ceiling the bench measured (4.24 TB/s).
+
+Run on the GPU: ``PROBE=bench/probe_bq_backward.py bash bench/gpu.sh probe``."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from triton.testing import do_bench
+
+from jagflash.core import tlx_attention
+from jagflash.core.jagged import offsets_from_lengths
+from jagflash.core.schedule import default_schedules, make_plan
+
+COPY_TB_S = 4.24  # the bench's device-copy ceiling on this H200 (session 10)
+
+
+def _case(lq: int, count: int, heads: int = 16, dim: int = 128) -> None:
+    gen = torch.Generator().manual_seed(count)
+    lens = torch.clamp((torch.exp(torch.randn(count, generator=gen)) * 512).round(), 1, 4096).long().tolist()
+    total = sum(lens)
+    q = torch.randn(lq, heads, dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    dout = torch.randn(count * lq, heads, dim, device="cuda", dtype=torch.bfloat16)
+    kv_offs = offsets_from_lengths(lens, "cuda")
+    q_offs = offsets_from_lengths([lq] * count, "cuda")
+    scale = dim**-0.5
+    schedule, bwd_schedule = default_schedules("tlx-sm90", dim)
+    plan = make_plan(
+        q_offs, kv_offs, total_q=count * lq, total_kv=total, heads_q=heads, heads_kv=heads,
+        window=(-1, -1), block_m=tlx_attention.BLOCK_M, block_n=tlx_attention.BLOCK_N,
+        dkdv_blocks=(tlx_attention.ONE_PASS_BLOCK_M, 128), backward=True, schedule=schedule,
+        backward_schedule=bwd_schedule,
+    )
+    out, lse = tlx_attention.forward(q, k, v, q_offs, kv_offs, lq, left=-1, right=-1, scale=scale, plan=plan, q_shared=True)
+    delta = (dout.float() * out.float()).sum(-1).t().contiguous()  # [Hq, Tq], as the kernels take it
+    kw = dict(left=-1, right=-1, scale=scale, plan=plan, q_shared=True)
+    one_pass = functools.partial(tlx_attention.backward, dout, q, k, v, out, lse, q_offs, kv_offs, **kw)
+    dkdv_alone = functools.partial(tlx_attention.backward_dkdv, dout, q, k, v, lse, delta, q_offs, kv_offs, **kw)
+    ref = one_pass()
+    flops = 2.5 * 4 * lq * total * dim * heads
+    moved = 4 * total * heads * dim * 2  # K, V read and dK, dV written, bf16
+    print(f"bq Lq{lq} x {count}: {total} keys; K, V, dK, dV once at {COPY_TB_S} TB/s: {moved / COPY_TB_S / 1e9:.3f} ms", flush=True)
+    for mode, run in (("one pass, TMA dQ", one_pass), ("dK/dV alone, no dQ", dkdv_alone)):
+        got = run()
+        diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(got[-2:], ref[-2:]))
+        ms = do_bench(run, warmup=10, rep=300, return_mode="median")
+        print(f"  {mode:22s} {ms:8.3f} ms {flops / ms / 1e9:8.1f} TFLOP/s   max|dK,dV - one pass| {diff:.2e}", flush=True)
+
+
+def main() -> None:
+    for lq, count in ((64, 1024), (256, 256), (256, 64), (1024, 64)):
+        _case(lq, count)
+
+
+if __name__ == "__main__":
+    main()
