@@ -413,10 +413,9 @@ def test_probe_ncu_summarizes_a_source_page_export(tmp_path, capsys) -> None:
 
 @pytest.mark.gpu
 def test_gpu_graph_replay_times_a_backward_recorded_on_its_stream() -> None:
-    """A backward whose forward ran on the default stream, and whose leaf already accumulated a
-    gradient there, cannot be captured on another stream; with ``make_fn`` recording the
-    forward on the capture's stream and returning the gradient (as the runner's backward rows
-    do) it is replayed in a graph."""
+    """A backward whose forward ran on the default stream cannot be captured on another; with
+    ``make_fn`` recording the forward on the capture's stream it is replayed in a graph, and the
+    gradient it leaves is the eager one."""
     from jagflash.bench.timing import measure
 
     dev = torch.device("cuda")
@@ -424,17 +423,18 @@ def test_gpu_graph_replay_times_a_backward_recorded_on_its_stream() -> None:
     b = torch.randn(512, 512, device=dev)
     dout = torch.randn(512, 512, device=dev)
 
-    def grad_of_a_new_forward():
+    def backward_of_a_new_forward():
         with torch.enable_grad():
             out = (a @ b).relu()
-        return lambda: torch.autograd.grad(out, (a,), dout, retain_graph=True)
+        return lambda: out.backward(dout, retain_graph=True)
 
-    with torch.enable_grad():
-        eager_out = (a @ b).relu()
-    eager_out.backward(dout, retain_graph=True)  # an AccumulateGrad on the default stream
-    t = measure(
-        lambda: eager_out.backward(dout, retain_graph=True), dev, grad_to_none=[a], cuda_graph=True,
-        graph_below_ms=1e9, make_fn=grad_of_a_new_forward,
-    )
+    eager = backward_of_a_new_forward()
+    a.grad = None
+    eager()
+    want = a.grad.clone()
+    t = measure(eager, dev, grad_to_none=[a], cuda_graph=True, graph_below_ms=1e9, make_fn=backward_of_a_new_forward)
     assert t.timer == "cuda graph", t.timer
     assert 0 < t.p20 <= t.p50 <= t.p80
+    a.grad = None
+    eager()
+    torch.testing.assert_close(a.grad, want)

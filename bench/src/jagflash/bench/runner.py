@@ -429,17 +429,10 @@ class Worker:
         for x in leaves:
             x.grad = None
 
-        def on_this_stream():
-            # A graph capture's backward: its forwards recorded on the capture's stream, and the
-            # gradients returned (autograd.grad), not accumulated: the leaves' AccumulateGrad
-            # nodes, which the eager runs above created on the default stream, would sync with
-            # that stream inside the capture (session 10: every backward failed so).
+        def on_this_stream():  # a graph capture's backward: its forwards recorded on its stream
             with torch.enable_grad():
                 again = [p.fwd() for p in preps]
-            return Rotator([
-                functools.partial(torch.autograd.grad, o, p.leaves, p.dout, retain_graph=True, allow_unused=True)
-                for o, p in zip(again, preps)
-            ])
+            return Rotator([functools.partial(o.backward, p.dout, retain_graph=True) for o, p in zip(again, preps)])
 
         t = measure(Rotator(fns), dev, grad_to_none=leaves, make_fn=on_this_stream, **timing_kw)
         self._emit_timed(state, prov.name, "bwd", t, errs[worst], notes, n_sets, peak)

@@ -7,12 +7,10 @@ set is small enough that L2 could hold it. ``rep_ms`` is do_bench's repetition t
 ``cuda_graph`` a problem whose single run is under ``graph_below_ms`` is timed by replaying a CUDA
 graph of many runs (:func:`_graph_replay`, as ``do_bench_cudagraph`` does it: no launch gaps, no L2
 flush, so rotation matters there); a capture that fails falls back to do_bench and the row says
-so (and the graph's memory is released before it). A backward is captured with its forward
-recorded on the capture's stream (``make_fn``), returning its gradients rather than
-accumulating them: autograd runs a backward's kernels on the stream of the forward that
-recorded them, and accumulates into a leaf on the stream its first backward ran on, so a
-backward recorded or accumulated on the default stream cannot be captured on another
-(session 10: every backward of every provider failed so under ``do_bench_cudagraph``).
+so. A backward is captured with its forward recorded on the capture's stream (``make_fn``):
+autograd runs a backward's kernels on the stream of the forward that recorded them, and one
+recorded on the default stream cannot be captured on another (session 10: every backward of
+every provider failed so under ``do_bench_cudagraph``).
 
 On the CPU (smoke runs) fn is synchronous: ``min_reps`` calls after one warm-up, percentiles of
 their wall-clock times.
@@ -183,7 +181,6 @@ def measure(
             return _graph_replay(make_fn or (lambda: fn), rep, grads)
         except Exception as e:
             _sync(device)
-            torch.cuda.empty_cache()  # a failed capture's pool, before the next rows allocate
             why = (str(e).strip().splitlines() or [""])[0][:80]
             fallback = f"do_bench (graph capture failed: {type(e).__name__}{': ' + why if why else ''})"
         else:  # pragma: no cover - returned above
