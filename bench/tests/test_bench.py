@@ -406,35 +406,3 @@ def test_probe_ncu_summarizes_a_source_page_export(tmp_path, capsys) -> None:
     assert "x64" in long_sb[1]
     assert "LDG" in long_sb[1]
     assert "-- top 5 instructions for stall_barrier (300)" in out
-
-
-# ------------------------------------------------------------------------------- timing (GPU)
-
-
-@pytest.mark.gpu
-def test_gpu_graph_replay_times_a_backward_recorded_on_its_stream() -> None:
-    """A backward whose forward ran on the default stream cannot be captured on another; with
-    ``make_fn`` recording the forward on the capture's stream it is replayed in a graph, and the
-    gradient it leaves is the eager one."""
-    from jagflash.bench.timing import measure
-
-    dev = torch.device("cuda")
-    a = torch.randn(512, 512, device=dev, requires_grad=True)
-    b = torch.randn(512, 512, device=dev)
-    dout = torch.randn(512, 512, device=dev)
-
-    def backward_of_a_new_forward():
-        with torch.enable_grad():
-            out = (a @ b).relu()
-        return lambda: out.backward(dout, retain_graph=True)
-
-    eager = backward_of_a_new_forward()
-    a.grad = None
-    eager()
-    want = a.grad.clone()
-    t = measure(eager, dev, grad_to_none=[a], cuda_graph=True, graph_below_ms=1e9, make_fn=backward_of_a_new_forward)
-    assert t.timer == "cuda graph", t.timer
-    assert 0 < t.p20 <= t.p50 <= t.p80
-    a.grad = None
-    eager()
-    torch.testing.assert_close(a.grad, want)

@@ -428,13 +428,7 @@ class Worker:
         peak = _peak_mib(fns[0], dev)
         for x in leaves:
             x.grad = None
-
-        def on_this_stream():  # a graph capture's backward: its forwards recorded on its stream
-            with torch.enable_grad():
-                again = [p.fwd() for p in preps]
-            return Rotator([functools.partial(o.backward, p.dout, retain_graph=True) for o, p in zip(again, preps)])
-
-        t = measure(Rotator(fns), dev, grad_to_none=leaves, make_fn=on_this_stream, **timing_kw)
+        t = measure(Rotator(fns), dev, grad_to_none=leaves, **timing_kw)
         self._emit_timed(state, prov.name, "bwd", t, errs[worst], notes, n_sets, peak)
 
     def _emit_timed(self, state, provider, direction, t, err, notes, n_sets, peak=None) -> None:

@@ -5,12 +5,8 @@ flushed before every run (do_bench does that) *and* the inputs rotated over seve
 set is small enough that L2 could hold it. ``rep_ms`` is do_bench's repetition time; at least
 ``min_reps`` timed runs are asked for by lengthening it from a one-shot estimate. With
 ``cuda_graph`` a problem whose single run is under ``graph_below_ms`` is timed by replaying a CUDA
-graph of many runs (:func:`_graph_replay`, as ``do_bench_cudagraph`` does it: no launch gaps, no L2
-flush, so rotation matters there); a capture that fails falls back to do_bench and the row says
-so. A backward is captured with its forward recorded on the capture's stream (``make_fn``):
-autograd runs a backward's kernels on the stream of the forward that recorded them, and one
-recorded on the default stream cannot be captured on another (session 10: every backward of
-every provider failed so under ``do_bench_cudagraph``).
+graph (``do_bench_cudagraph``: no launch gaps, no L2 flush, so rotation matters there); a capture
+that fails falls back to do_bench and the row says so.
 
 On the CPU (smoke runs) fn is synchronous: ``min_reps`` calls after one warm-up, percentiles of
 their wall-clock times.
@@ -115,43 +111,6 @@ def _event_bench(
     return Timing(p20, p50, p80, n_rep, "cuda events")
 
 
-def _graph_replay(
-    make_fn: Callable[[], Callable[[], object]], rep_ms: float, grad_to_none, replays: int = 10
-) -> Timing:
-    """Capture a CUDA graph of as many runs as fill ``rep_ms`` and time ``replays`` replays of
-    it; each replay's time over its runs is one sample. ``make_fn`` builds the function on the
-    capture's own stream (a backward's forward runs there), which a warm-up run and a
-    five-run estimate then use before the capture."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn = make_fn()
-        fn()  # lazy allocations and compiles stay out of the graph
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(5):
-            fn()
-        end.record()
-        end.synchronize()
-        n = max(1, int(rep_ms / max(start.elapsed_time(end) / 5, 1e-3)))
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(n):
-                for x in grad_to_none or ():
-                    x.grad = None
-                fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(replays):
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / n)
-    p20, p50, p80 = np.percentile(np.asarray(times), [20, 50, 80]).tolist()
-    return Timing(p20, p50, p80, n * replays, "cuda graph")
-
-
 def measure(
     fn: Callable[[], object],
     device: torch.device,
@@ -163,10 +122,8 @@ def measure(
     grad_to_none: Sequence[torch.Tensor] | None = None,
     cuda_graph: bool = False,
     graph_below_ms: float = 0.1,
-    make_fn: Callable[[], Callable[[], object]] | None = None,
 ) -> Timing:
-    """p20/p50/p80 of ``fn`` in ms (see the module docstring). ``make_fn``: builds a function
-    equivalent to ``fn`` on the current stream, for a graph capture (default: ``fn`` itself)."""
+    """p20/p50/p80 of ``fn`` in ms (see the module docstring)."""
     if device.type != "cuda":
         return _wallclock(fn, min_reps)
     est = estimate_ms(fn, device)
@@ -178,11 +135,11 @@ def measure(
         return _event_bench(fn, warmup_ms, rep, est, grads)
     if cuda_graph and est < graph_below_ms:
         try:
-            return _graph_replay(make_fn or (lambda: fn), rep, grads)
+            qs = tt.do_bench_cudagraph(fn, rep=rep, grad_to_none=grads, quantiles=list(QUANTILES))
+            return Timing(*map(float, qs), max(1, int(rep / max(est, 1e-3))), "do_bench_cudagraph")
         except Exception as e:
             _sync(device)
-            why = (str(e).strip().splitlines() or [""])[0][:80]
-            fallback = f"do_bench (graph capture failed: {type(e).__name__}{': ' + why if why else ''})"
+            fallback = f"do_bench (graph capture failed: {type(e).__name__})"
         else:  # pragma: no cover - returned above
             fallback = "do_bench"
     else:
