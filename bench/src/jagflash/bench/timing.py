@@ -6,7 +6,13 @@ set is small enough that L2 could hold it. ``rep_ms`` is do_bench's repetition t
 ``min_reps`` timed runs are asked for by lengthening it from a one-shot estimate. With
 ``cuda_graph`` a problem whose single run is under ``graph_below_ms`` is timed by replaying a CUDA
 graph (``do_bench_cudagraph``: no launch gaps, no L2 flush, so rotation matters there); a capture
-that fails falls back to do_bench and the row says so.
+that fails falls back to do_bench and the row's ``timer`` says so, with the error. Backward rows
+do not capture (session 10, every provider): autograd runs a backward on the stream of the
+forward that recorded it and accumulates into each leaf on the stream of the leaf's first
+backward, both the default stream here, while the capture runs on a side stream. Recording the
+forward on the capture's stream was not enough (the leaves' AccumulateGrad nodes stay on the
+default stream, even for ``autograd.grad``); capturing a backward needs fresh leaves made on the
+capture's stream.
 
 On the CPU (smoke runs) fn is synchronous: ``min_reps`` calls after one warm-up, percentiles of
 their wall-clock times.
@@ -139,7 +145,8 @@ def measure(
             return Timing(*map(float, qs), max(1, int(rep / max(est, 1e-3))), "do_bench_cudagraph")
         except Exception as e:
             _sync(device)
-            fallback = f"do_bench (graph capture failed: {type(e).__name__})"
+            why = (str(e).strip().splitlines() or [""])[0][:80]
+            fallback = f"do_bench (graph capture failed: {type(e).__name__}{': ' + why if why else ''})"
         else:  # pragma: no cover - returned above
             fallback = "do_bench"
     else:
