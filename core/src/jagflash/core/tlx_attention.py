@@ -837,8 +837,7 @@ def forward(
     locality; see ``_plan_row``); ``None`` (default): :func:`default_walk`.
 
     ``q_bufs``: Q tiles in flight per program; 2 lets the producer load the next tile's Q (and
-    so its first K/V) while the consumers run this one. ``None`` (default): 2, or 1 with
-    ``q_shared`` (not measured there). Measured on the H200, kernels alone, bf16 H16 D128
+    so its first K/V) while the consumers run this one. ``None`` (default): 2. Measured on the H200, kernels alone, bf16 H16 D128
     (bench/NOTES.md, session 8), 2 against 1: faster on every batch, lognormal +0.5 %, causal
     +0.7 %, dense 4x4096 +0.7 % / causal +2.1 %, 2,048 sequences of 1-63 tokens +2.3 % /
     causal +4.8 % (session 5's 33 % loss on dense causal, on older kernels, did not recur).
@@ -858,7 +857,7 @@ def forward(
     other warpgroup)."""
     reasons = _walk_reasons(walk)
     if q_bufs is None:
-        q_bufs = 1 if q_shared else 2
+        q_bufs = 2
     if q_bufs not in (1, 2):
         reasons.append(f"q_bufs must be 1 or 2, got {q_bufs!r}")
     n_seqs = q_offsets.numel() - 1
@@ -1172,14 +1171,14 @@ def compile_configs():
                 (False, True, False, True, True, True, 2, False), (True, True, False, True, True, True, 2, False),
                 (False, True, False, True, True, False, 2, False), (True, True, False, True, False, False, 2, False),
                 (False, False, False, True, True, False, 2, False), (True, False, False, True, False, False, 2, False),  # v1
-                (False, True, True, True, True, True, 1, False),  # broadcast-Q (one Q tile in flight)
+                (False, True, True, True, True, True, 2, False), (False, True, True, True, True, True, 1, False),  # broadcast-Q (q_bufs=1: A/B)
                 (False, True, False, False, True, True, 2, False), (True, True, False, False, True, True, 2, False),  # scale <= 0
                 (False, True, False, True, False, False, 2, False),  # walk="slot" unmasked
                 (False, True, False, True, True, True, 1, False), (True, True, False, True, True, True, 1, False),  # q_bufs=1 (A/B)
                 # the decoded tile ring (default_ring_tiles: batches of short K/V sequences)
                 (False, True, False, True, True, True, 2, True), (True, True, False, True, True, True, 2, True),
                 (True, True, False, True, False, False, 2, True),  # static plan
-                (False, True, True, True, True, True, 1, True),  # broadcast-Q
+                (False, True, True, True, True, True, 2, True),  # broadcast-Q
             ):
                 signature = {
                     "desc_q": f"tensordesc<{dtype}[{BLOCK_M // 2},{dim}]>",
@@ -1205,7 +1204,7 @@ def compile_configs():
                 # the decoded tile ring as much as the dynamic walk's, the idle half's branch
                 # 4-8 B causal and none unmasked).
                 configs.append((
-                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{_walk_suffix(head_major, causal, dynamic)}{'_q1' if q_bufs == 1 and not shared else ''}{'_ring' if ring else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
+                    f"tlx_fwd{'' if pipeline else '_v1'}{'' if fold else '_unfolded'}{_walk_suffix(head_major, causal, dynamic)}{'_q1' if q_bufs == 1 else ''}{'_ring' if ring else ''}{'_bq' if shared else ''} {dtype} d{dim}{' causal' if causal else ''}",
                     _fwd_kernel,
                     signature, constexprs, {"num_warps": 4, "num_stages": 1},
                     {64: 0 if fold else 8, 128: (60 if dynamic or ring else 36) if fold else 68}[dim] if pipeline else 0,
