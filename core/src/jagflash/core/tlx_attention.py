@@ -805,7 +805,7 @@ def forward(
     plan=None,
     q_shared: bool = False,
     walk: str | None = None,
-    q_bufs: int | None = None,
+    q_bufs: int = 2,
     ring_tiles: bool | None = None,
     lse_per_sequence: bool = False,
     idle_half: bool = True,
@@ -837,8 +837,8 @@ def forward(
     locality; see ``_plan_row``); ``None`` (default): :func:`default_walk`.
 
     ``q_bufs``: Q tiles in flight per program; 2 lets the producer load the next tile's Q (and
-    so its first K/V) while the consumers run this one. ``None`` (default): 2. Measured on the H200, kernels alone, bf16 H16 D128
-    (bench/NOTES.md, session 8), 2 against 1: faster on every batch, lognormal +0.5 %, causal
+    so its first K/V) while the consumers run this one (default 2). Measured on the H200, kernels
+    alone, bf16 H16 D128 (bench/NOTES.md, session 8), 2 against 1: faster on every batch, lognormal +0.5 %, causal
     +0.7 %, dense 4x4096 +0.7 % / causal +2.1 %, 2,048 sequences of 1-63 tokens +2.3 % /
     causal +4.8 % (session 5's 33 % loss on dense causal, on older kernels, did not recur).
 
@@ -856,8 +856,6 @@ def forward(
     computes those rows and discards them (kept for A/B: they take the tensor cores from the
     other warpgroup)."""
     reasons = _walk_reasons(walk)
-    if q_bufs is None:
-        q_bufs = 2
     if q_bufs not in (1, 2):
         reasons.append(f"q_bufs must be 1 or 2, got {q_bufs!r}")
     n_seqs = q_offsets.numel() - 1
@@ -1289,13 +1287,17 @@ def _ab(argv: list[str] | None = None) -> int:
     parser.add_argument("--orders", default="", help="only these orders (comma-separated, e.g. default,default-q1)")
     args = parser.parse_args(argv)
     gen = torch.Generator().manual_seed(0)
-    lognormal = torch.clamp((torch.exp(torch.randn(128, generator=gen)) * 512).round(), 1, 4096)
+
+    def lognormal(n: int) -> list[int]:  # the bench's lengths: median 512, sigma 1, 1-4096
+        return torch.clamp((torch.exp(torch.randn(n, generator=gen)) * 512).round(), 1, 4096).long().tolist()
+
+    lens128 = lognormal(128)
     tiny = torch.randint(1, 64, (2048,), generator=gen)  # the bench's jagged-tiny shape
     batches = {  # lengths, q heads, kv heads
-        "lognormal128": (lognormal.long().tolist(), 16, 16), "lognormal128gqa4": (lognormal.long().tolist(), 16, 4),
+        "lognormal128": (lens128, 16, 16), "lognormal128gqa4": (lens128, 16, 4),
         "tiny2048": (tiny.tolist(), 16, 16), "dense4x4096": ([4096] * 4, 16, 16),
         "dense4x8192h32": ([8192] * 4, 32, 32),
-        "bq64x1024": (torch.clamp((torch.exp(torch.randn(1024, generator=gen)) * 512).round(), 1, 4096).long().tolist(), 16, 16),
+        "bq64x1024": (lognormal(1024), 16, 16),
     }
     dim = 128
     print(f"{'batch':16s} {'causal':6s} {'order':14s} {'ms':>8s} {'TFLOP/s':>8s} {'max|x-dflt|':>11s}")
@@ -1327,7 +1329,7 @@ def _ab(argv: list[str] | None = None) -> int:
                 )
                 run = functools.partial(
                     forward, q, k, v, q_offs, offs, lq, left=-1, right=right, scale=dim**-0.5,
-                    plan=plan, walk=walk, q_shared=shared, q_bufs=1 if order.endswith("q1") else None,
+                    plan=plan, walk=walk, q_shared=shared, q_bufs=1 if order.endswith("q1") else 2,
                     ring_tiles={"default-ring": True, "default-noring": False}.get(order), idle_half=order != "default-busy",
                 )
                 outs[order] = run()[0]
