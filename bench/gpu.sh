@@ -111,13 +111,11 @@ else:
     raise SystemExit("fa4 archive is neither tar nor zip")
 EOF
     rm -f /tmp/fa4.archive
+fi
+if [ -d /tmp/fa4 ]; then  # unpacked just now, or by an earlier call on this (still warm) machine
     found=$(find /tmp/fa4 -maxdepth 5 -path '*/flash_attn/cute/interface.py' -print -quit 2>/dev/null)
     [ -n "$found" ] && FA4_DIR=$(dirname "$(dirname "$(dirname "$found")")")
     log "FA4 root: ${FA4_DIR:-not found}"
-elif [ -d /tmp/fa4 ]; then  # unpacked by an earlier call on this (still warm) machine
-    found=$(find /tmp/fa4 -maxdepth 5 -path '*/flash_attn/cute/interface.py' -print -quit 2>/dev/null)
-    [ -n "$found" ] && FA4_DIR=$(dirname "$(dirname "$(dirname "$found")")")
-    log "FA4 already unpacked: ${FA4_DIR:-not found}"
 fi
 
 SRC="$ROOT/core/src:$ROOT/testing/src"
