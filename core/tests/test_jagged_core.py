@@ -12,17 +12,20 @@ from hypothesis import strategies as st
 
 from jagflash.core.jagged import (
     check_offsets,
-    dkdv_q_ranges,
-    kv_tile_ranges,
-    mask_bounds,
     max_seqlen,
     seq_lengths,
     tile_starts,
     to_jagged,
     to_padded,
+)
+from jagflash.core.mask import (
+    dkdv_q_range,
+    dkdv_q_ranges,
+    kv_tile_range,
+    kv_tile_ranges,
+    mask_bounds,
     visible_pairs,
 )
-from jagflash.core.math import dkdv_q_range, kv_tile_range
 from jagflash.core.reference import visibility_mask
 from jagflash.testing.strategies import length_lists
 

@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jagflash.core.capability import InvalidInput
-from jagflash.core.jagged import dkdv_q_ranges, kv_tile_ranges, offsets_from_lengths
+from jagflash.core.jagged import offsets_from_lengths
+from jagflash.core.mask import dkdv_q_ranges, kv_tile_ranges
 from jagflash.core.schedule import (
     BENCH_JAGGED,
     PASSES,

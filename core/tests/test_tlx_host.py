@@ -57,8 +57,7 @@ def test_tile_ring_only_where_k_v_sequences_average_one_tile() -> None:
 def test_dkdv_tiles_follow_head_dim() -> None:
     """64-query dK/dV steps at D 64 and 128 (the one pass needs them; causal too); what plans
     are laid out with for the TLX backend (plan_blocks) agrees."""
-    from jagflash.core.backend import tlx_sm90_blocks
-    from jagflash.core.portable import plan_blocks
+    from jagflash.core.tuning import plan_blocks, tlx_sm90_blocks
 
     assert tlx_sm90_blocks(128)["dkdv"] == (64, 128)
     assert tlx_sm90_blocks(64)["dkdv"] == (64, 128)
@@ -198,7 +197,7 @@ def test_default_schedules_are_dynamic_for_tlx_where_tile_costs_differ() -> None
     """The TLX kernels get the atomic tile counter wherever tiles differ in cost, for the
     forward and for the one-pass backward (D 64 and 128, no left bound); dense unmasked batches (equal
     costs) and the portable kernels keep the static defaults; explicit choices stand."""
-    from jagflash.core.schedule import (
+    from jagflash.core.tuning import (
         DEFAULT_BACKWARD_SCHEDULE,
         DEFAULT_SCHEDULE,
         default_schedules,

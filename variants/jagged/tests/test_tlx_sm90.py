@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jagflash.core.jagged import mask_bounds
+from jagflash.core.mask import mask_bounds
 from jagflash.testing import JaggedCase, check_against_reference, jagged_reference
 from jagflash.variants.jagged import SPEC
 

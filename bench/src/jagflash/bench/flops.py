@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from jagflash.core.jagged import mask_bounds
-from jagflash.core.jagged import visible_pairs as core_visible_pairs
+from jagflash.core.mask import mask_bounds
+from jagflash.core.mask import visible_pairs as core_visible_pairs
 
 __all__ = ["BWD_FACTOR", "bwd_flops", "fwd_flops", "mask_bounds", "visible_pairs"]
 

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 import torch
 
 from jagflash.core.capability import BackendSpec, Problem, UnsupportedProblem, VariantSpec
+from jagflash.core.tuning import PORTABLE_HEAD_DIMS
 
 __all__ = [
     "BACKENDS",
-    "PORTABLE_HEAD_DIMS",
     "BackendChoice",
     "FallbackWarning",
     "device_capability",
@@ -46,7 +46,6 @@ __all__ = [
     "select",
     "tlx_reasons",
     "tlx_sm90_backend",
-    "tlx_sm90_blocks",
 ]
 
 BACKENDS = ("tlx-sm90", "portable", "interpreter", "reference")
@@ -216,28 +215,6 @@ def plan_backend(spec: VariantSpec, problem: Problem, device: torch.device, requ
         return select(spec, problem, device, requested or None, record=False).name
     except UnsupportedProblem:
         return "portable"
-
-
-#: Head dims the portable kernels take (a non-power of two is padded to the next one and masked).
-PORTABLE_HEAD_DIMS = frozenset({16, 32, 64, 96, 128, 256})
-
-
-def tlx_sm90_blocks(head_dim: int) -> dict[str, tuple[int, int]]:
-    """Tile sizes ``(block_m, block_n)`` of the TLX kernels' forward and dK/dV passes
-    (``jagflash.core.tlx_attention``), here so that plans can be laid out for them without
-    importing TLX; their dQ pass is the portable one (``jagflash.core.portable.block_config``).
-
-    The dK/dV pass steps 64 queries at a time, causal or not, at D 64 and D 128: the one-pass
-    backward needs 64 (its dQ tile is a wgmma's 64 rows), and the two passes' dK/dV pass at D 64
-    measured faster with 64 than with 32 (bench/NOTES.md, session 8)."""
-    return {"fwd": (128, 128), "dkdv": (64, 128)}
-
-
-#: Head dims where the variants run the TLX one-pass backward (``tlx_attention.use_one_pass``,
-#: ``schedule.default_schedules``): where it measured faster than the alternatives. H200,
-#: kernels alone, bf16 H16, lognormal batch (bench/NOTES.md, session 8): D 64 5.10 ms vs the
-#: two passes' 6.06 and the portable backward's 6.54; D 128 8.31 vs the two passes' 16.8.
-TLX_ONE_PASS_HEAD_DIMS = (64, 128)
 
 
 def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:

@@ -4,17 +4,7 @@ A jagged tensor is ``values [T, ...]`` plus ``offsets [B+1]`` (int32 or int64, n
 ``offsets[0] == 0``, ``offsets[-1] == T``); sequence ``b`` is ``values[offsets[b]:offsets[b+1]]``.
 Zero-length sequences are legal.
 
-Tile ranges. A q-tile of ``block_m`` query rows starting at row ``m0`` of a sequence with ``lq``
-queries and ``lk`` keys visits the kv-tiles ``[lo, hi)`` (steps of ``block_n``). Of those,
-``[full_lo, full_hi)`` need no score mask: every (row, key) pair in them is visible and every key
-index is in range. The kernels run ``[lo, full_lo)`` and ``[full_hi, hi)`` in a masked,
-compile-time-specialised loop and ``[full_lo, full_hi)`` in an unmasked one. ``kv_tile_ranges``
-here is the vectorised twin of ``jagflash.core.math.kv_tile_range``; the two are checked against
-each other in the tests, and the schedules use this one for tile costs.
-
-Masks are written as a window ``(left, right)`` relative to the bottom-right diagonal: query ``i``
-sees key ``j`` iff ``i + d - left <= j <= i + d + right`` with ``d = lk - lq``; ``-1`` leaves a side
-unbounded. Causal is ``right = 0``.
+Which keys a query sees, and the tile ranges that follow from it, are ``jagflash.core.mask``'s.
 """
 
 from __future__ import annotations
@@ -25,11 +15,8 @@ import torch
 
 __all__ = [
     "check_offsets",
-    "dkdv_q_ranges",
-    "kv_tile_ranges",
     "lse_by_head",
     "lse_by_sequence",
-    "mask_bounds",
     "max_seqlen",
     "offsets_from_lengths",
     "resolve_max_seqlen",
@@ -37,16 +24,7 @@ __all__ = [
     "tile_starts",
     "to_jagged",
     "to_padded",
-    "visible_pairs",
 ]
-
-
-def mask_bounds(causal: bool, window: tuple[int, int] | None = None) -> tuple[int, int]:
-    """``(left, right)`` bounds of the visible band; -1 is unbounded. Causal clips right to 0."""
-    left, right = window if window is not None else (-1, -1)
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    return int(left), int(right)
 
 
 def check_offsets(
@@ -209,92 +187,6 @@ def tile_starts(offsets: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.
     first = torch.cumsum(counts, 0) - counts
     start = (torch.arange(seq.numel(), device=offsets.device) - first[seq]) * block
     return seq, start
-
-
-def _floor_to(x: torch.Tensor, block: int) -> torch.Tensor:
-    return torch.div(x, block, rounding_mode="floor") * block
-
-
-def _ceil_to(x: torch.Tensor, block: int) -> torch.Tensor:
-    return -torch.div(-x, block, rounding_mode="floor") * block
-
-
-def kv_tile_ranges(
-    m0: torch.Tensor,
-    lq: torch.Tensor,
-    lk: torch.Tensor,
-    block_m: int,
-    block_n: int,
-    left: int,
-    right: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """kv-tile bounds ``(lo, full_lo, full_hi, hi)`` for q-tiles starting at ``m0``.
-
-    Used by the forward and the dQ pass. ``hi`` is not tile-aligned (the last masked tile is
-    clipped to it); the others are multiples of ``block_n``.
-    """
-    m0, lq, lk = (torch.as_tensor(x, dtype=torch.int64) for x in (m0, lq, lk))
-    d = lk - lq
-    zero = torch.zeros_like(d)
-    hi_key = lk if right < 0 else torch.minimum(lk, m0 + block_m + d + right)
-    lo_key = zero if left < 0 else torch.clamp(m0 + d - left, min=0)
-    lo = _floor_to(lo_key, block_n)
-    hi = torch.where(hi_key > lo_key, hi_key, lo)
-    hi_full_key = lk if right < 0 else torch.clamp(torch.minimum(lk, m0 + d + right + 1), min=0)
-    lo_full_key = zero if left < 0 else torch.clamp(m0 + block_m - 1 + d - left, min=0)
-    full_lo = torch.minimum(torch.maximum(_ceil_to(lo_full_key, block_n), lo), hi)
-    full_hi = torch.maximum(torch.minimum(_floor_to(hi_full_key, block_n), hi), full_lo)
-    return lo, full_lo, full_hi, hi
-
-
-def dkdv_q_ranges(
-    n0: torch.Tensor,
-    lq: torch.Tensor,
-    lk: torch.Tensor,
-    block_m: int,
-    block_n: int,
-    left: int,
-    right: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q-tile bounds ``(lo, full_lo, full_hi, hi)`` for the kv-tiles starting at ``n0``.
-
-    Used by the dK/dV pass; all four are multiples of ``block_m``. Rows past ``lq`` inside the
-    last q-tile need no score mask there: the kernel loads their LSE as +inf, so they add zero.
-    """
-    n0, lq, lk = (torch.as_tensor(x, dtype=torch.int64) for x in (n0, lq, lk))
-    d = lk - lq
-    zero = torch.zeros_like(d)
-    lo_row = zero if right < 0 else torch.clamp(n0 - d - right, min=0)
-    hi_row = lq if left < 0 else torch.clamp(torch.minimum(lq, n0 + block_n - d + left), min=0)
-    lo = _floor_to(lo_row, block_m)
-    hi = torch.where(hi_row > lo_row, _ceil_to(hi_row, block_m), lo)
-    lo_full_row = zero if right < 0 else torch.clamp(n0 + block_n - 1 - d - right, min=0)
-    full_lo = torch.minimum(torch.maximum(_ceil_to(lo_full_row, block_m), lo), hi)
-    if left < 0:
-        full_hi = torch.maximum(hi, full_lo)
-    else:
-        hi_full_row = torch.clamp(n0 - d + left + 1, min=0)
-        full_hi = torch.maximum(torch.minimum(_floor_to(hi_full_row, block_m), hi), full_lo)
-    return lo, full_lo, full_hi, hi
-
-
-def visible_pairs(lq: torch.Tensor, lk: torch.Tensor, left: int, right: int) -> torch.Tensor:
-    """Number of visible (query, key) pairs per sequence, exactly (int64, no materialised mask).
-
-    Row ``i`` sees keys ``[max(0, i+d-left), min(lk-1, i+d+right)]``; the rows of all sequences
-    are counted at once (O(sum lq) work and memory) and summed per sequence.
-    """
-    lq = torch.as_tensor(lq, dtype=torch.int64).reshape(-1)
-    lk = torch.as_tensor(lk, dtype=torch.int64).reshape(-1).to(lq.device)
-    seq = torch.repeat_interleave(torch.arange(lq.numel(), device=lq.device), lq)
-    starts = torch.cumsum(lq, 0) - lq
-    i = torch.arange(seq.numel(), device=lq.device) - starts[seq]  # row within its sequence
-    k_len = lk[seq]
-    d = k_len - lq[seq]
-    hi = k_len - 1 if right < 0 else torch.minimum(k_len - 1, i + d + right)
-    lo = torch.zeros_like(i) if left < 0 else torch.clamp(i + d - left, min=0)
-    count = torch.clamp(hi - lo + 1, min=0)
-    return torch.zeros_like(lq).index_add_(0, seq, count)
 
 
 def to_padded(

@@ -21,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from jagflash.core.capability import InvalidInput, Problem
-from jagflash.core.schedule import BACKEND_DEFAULT, resolve_schedules
+from jagflash.core.tuning import BACKEND_DEFAULT, resolve_schedules
 
 __all__ = [
     "alloc",
@@ -267,7 +267,7 @@ def call_plan_layout(
     headed there gets the portable kernels'), ``"default"`` schedules resolved for it
     (``jagflash.core.schedule.default_schedules``; ``equal_costs``: see there)."""
     from jagflash.core.backend import plan_backend
-    from jagflash.core.portable import plan_blocks
+    from jagflash.core.tuning import plan_blocks
 
     name = plan_backend(spec, make_problem(layout, q, k, causal=causal), q.device, backend)
     if name == "reference":

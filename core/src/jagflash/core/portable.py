@@ -27,22 +27,17 @@ rows contiguous.
 
 from __future__ import annotations
 
-import functools
-
 import triton
 import triton.language as tl
 
-from jagflash.core.math import (
+from jagflash.core.mask import band_mask, dkdv_q_range, kv_tile_range
+from jagflash.core.seqlen import load_rows, store_rows
+from jagflash.core.softmax import (
     LOG2E,
     attn_delta,
-    band_mask,
-    dkdv_q_range,
     finish_softmax,
-    kv_tile_range,
-    load_rows,
     lse_to_log2,
     online_softmax_step,
-    store_rows,
 )
 
 
@@ -310,58 +305,3 @@ def plan_next(i, r, pid, n_workers, TILES, count, COUNTER, DYNAMIC: tl.constexpr
     return i, b, h, start, r
 
 
-def block_config(backend: str, head_dim: int, pass_: str) -> dict[str, int]:
-    """Tile sizes and launch options for one pass (``fwd``, ``dq`` or ``dkdv``) of the portable
-    kernels. Under the interpreter every tile iteration costs about the same whatever its size,
-    so small tiles there buy nothing but they do exercise multi-tile paths on small tests."""
-    block_d = triton.next_power_of_2(head_dim)
-    if backend == "interpreter":
-        return {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_D": block_d, "num_warps": 4, "num_stages": 1}
-    wide = block_d > 64
-    if pass_ == "fwd":
-        return {
-            "BLOCK_M": 128 if block_d <= 128 else 64,
-            "BLOCK_N": 64 if block_d <= 128 else 32,
-            "BLOCK_D": block_d,
-            "num_warps": 8 if block_d <= 128 else 4,
-            "num_stages": 3 if block_d <= 128 else 2,
-        }
-    if pass_ == "dq":
-        return {"BLOCK_M": 128 if not wide else 64, "BLOCK_N": 32 if not wide else 64, "BLOCK_D": block_d, "num_warps": 4 if not wide else 8, "num_stages": 3 if not wide else 2}
-    if pass_ == "dkdv":
-        return {"BLOCK_M": 32, "BLOCK_N": 128 if not wide else 64, "BLOCK_D": block_d, "num_warps": 4 if not wide else 8, "num_stages": 3 if not wide else 2}
-    raise ValueError(f"unknown pass {pass_!r}")
-
-
-def kernel_flags(heads_q: int, heads_kv: int, head_dim: int, left: int, right: int) -> dict[str, object]:
-    """The compile-time flags every attention kernel takes: the GQA group, the head dim and
-    which sides of the mask are bounded (``jagflash.core.jagged.mask_bounds``)."""
-    return {"GROUP": heads_q // heads_kv, "HEAD_DIM": head_dim, "BOUNDED_LEFT": left >= 0, "BOUNDED_RIGHT": right >= 0}
-
-
-def launch_options(cfg: dict[str, int]) -> dict[str, int]:
-    """The keyword arguments of a kernel launch from a :func:`block_config`."""
-    return {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "num_warps", "num_stages")}
-
-
-def plan_blocks(backend: str, head_dim: int) -> dict[str, tuple[int, int]]:
-    """``(block_m, block_n)`` of every pass of ``backend``'s kernels: what a Plan for them holds.
-    ``tlx-sm90`` runs its own forward and dK/dV passes and the portable dQ pass (its tiles:
-    ``jagflash.core.backend.tlx_sm90_blocks``). Every call asks (a plan's check): computed
-    once per (backend, head dim)."""
-    return dict(_plan_blocks(backend, head_dim))
-
-
-@functools.cache
-def _plan_blocks(backend: str, head_dim: int) -> tuple[tuple[str, tuple[int, int]], ...]:
-    tlx = backend == "tlx-sm90"
-    blocks = {
-        p: (cfg["BLOCK_M"], cfg["BLOCK_N"])
-        for p in ("fwd", "dq", "dkdv")
-        for cfg in (block_config("portable" if tlx else backend, head_dim, p),)
-    }
-    if tlx:
-        from jagflash.core.backend import tlx_sm90_blocks
-
-        blocks.update(tlx_sm90_blocks(head_dim))
-    return tuple(blocks.items())

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from jagflash.core.jagged import mask_bounds
+from jagflash.core.mask import mask_bounds
 
 __all__ = ["attention_reference", "reference_backward", "reference_forward", "visibility_mask"]
 

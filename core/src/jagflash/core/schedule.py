@@ -8,7 +8,7 @@ kernel one SM holds) loop over a table of tiles that this module builds, once pe
 device:
 
 - **cost model**: a forward (or dQ) q-tile costs the kv-tiles it visits under the mask
-  (:func:`jagflash.core.jagged.kv_tile_ranges`); a dK/dV kv-tile costs the q-tiles it visits
+  (:func:`jagflash.core.mask.kv_tile_ranges`); a dK/dV kv-tile costs the q-tiles it visits
   (:func:`jagflash.core.jagged.dkdv_q_ranges`). Tiles of no row do not exist; a tile that sees
   nothing costs 0 and stays (it writes zeros and LSE -inf).
 - **static** (``schedule="static"``): the table is sorted by cost, largest first (stable, so
@@ -73,14 +73,13 @@ import triton
 import triton.language as tl
 
 from jagflash.core.capability import InvalidInput
-from jagflash.core.jagged import dkdv_q_ranges, kv_tile_ranges, mask_bounds, seq_lengths
-from jagflash.core.math import upper_bound
+from jagflash.core.jagged import seq_lengths
+from jagflash.core.mask import dkdv_q_range, dkdv_q_ranges, kv_tile_range, kv_tile_ranges, mask_bounds
+from jagflash.core.seqlen import upper_bound
+from jagflash.core.tuning import DEFAULT_BACKWARD_SCHEDULE, DEFAULT_SCHEDULE
 
 __all__ = [
-    "BACKEND_DEFAULT",
     "BENCH_JAGGED",
-    "DEFAULT_BACKWARD_SCHEDULE",
-    "DEFAULT_SCHEDULE",
     "PASSES",
     "SCHEDULES",
     "JaggedWorkload",
@@ -90,7 +89,6 @@ __all__ = [
     "Simulation",
     "check_plan",
     "deal_flags",
-    "default_schedules",
     "default_workers",
     "launch",
     "make_plan",
@@ -99,7 +97,6 @@ __all__ = [
     "plan_info",
     "plan_launch",
     "resolve_plan",
-    "resolve_schedules",
     "section_costs",
     "sequences_in_flight",
     "simulate",
@@ -118,54 +115,6 @@ def sort_kind(schedule: str) -> int:
     """How a schedule orders its table: 0 batch order, 1 by tile cost, 2 by sequence cost then
     tile cost (``grouped``: a sequence's tiles stay together)."""
     return {"none": 0, "static": 1, "dynamic": 1, "grouped": 2}[schedule]
-
-
-#: The schedules of a plan a call builds for itself (no ``plan=`` given): the forward's, and the
-#: backward passes' (``None``: the forward's). On the H200 a batch-order backward ("none") beat
-#: the persistent ones by ~15 % on causal lognormal batches and tied elsewhere (see the A/B in
-#: ``jagflash.variants.jagged.ab_schedules``). The forward's: in the 2026-11-30 A/B (TLX and
-#: portable kernels, bench/NOTES.md) ``grouped`` was within 0.5 % of static or faster on every
-#: batch (causal lognormal 2.12 ms vs 2.26), and within 3 % of the fastest order.
-DEFAULT_SCHEDULE = "grouped"
-DEFAULT_BACKWARD_SCHEDULE: str | None = "none"
-#: ``schedule=`` / ``backward_schedule=`` of the variants' calls and ``make_plan``: the schedules
-#: measured fastest for the kernels the plan is for (:func:`default_schedules`).
-BACKEND_DEFAULT = "default"
-
-
-def default_schedules(
-    backend: str, head_dim: int, *, window: tuple[int, int] = (-1, -1), equal_costs: bool = False
-) -> tuple[str, str | None]:
-    """``(schedule, backward_schedule)`` of a plan for ``backend``'s kernels when the caller names
-    none. ``equal_costs``: every tile of a pass costs the same (a dense batch without a mask),
-    so a static deal is already balanced.
-
-    The portable kernels: :data:`DEFAULT_SCHEDULE` and :data:`DEFAULT_BACKWARD_SCHEDULE`. The
-    TLX kernels: ``"dynamic"`` (cost-sorted table, an atomic tile counter, walked head by head:
-    ``tlx_attention.default_walk``) wherever tile costs differ, for the forward and for the
-    one-pass backward (``backend.TLX_ONE_PASS_HEAD_DIMS``, no left bound; the two passes'
-    portable dQ pass keeps batch order). Measured on the H200, kernels alone, bf16 H16 D128 (bench/NOTES.md, 2026-12-01
-    session 7), dynamic + head walk against the previous defaults: forward causal lognormal
-    1.81 vs 1.96 ms, dense 4x4096 causal 0.509 vs 0.572, 4x8192 H32 causal 3.75 vs 4.86,
-    unmasked lognormal 2.93 vs 2.96; one-pass backward lognormal 8.97 vs 9.34 ms, causal 5.84
-    vs 6.29, dense causal 1.72 vs 1.79; but dense unmasked 3.03 vs 2.87 (equal costs: nothing
-    to balance), which keeps the static defaults."""
-    if backend != "tlx-sm90" or equal_costs:
-        return DEFAULT_SCHEDULE, DEFAULT_BACKWARD_SCHEDULE
-    from jagflash.core.backend import TLX_ONE_PASS_HEAD_DIMS
-
-    one_pass = window[0] < 0 and head_dim in TLX_ONE_PASS_HEAD_DIMS
-    return "dynamic", "dynamic" if one_pass else DEFAULT_BACKWARD_SCHEDULE
-
-
-def resolve_schedules(
-    schedule: str, backward_schedule: str | None, backend: str, head_dim: int, *,
-    window: tuple[int, int] = (-1, -1), equal_costs: bool = False,
-) -> tuple[str, str | None]:
-    """``schedule`` and ``backward_schedule`` with :data:`BACKEND_DEFAULT` replaced by
-    :func:`default_schedules`' (other values, and ``None`` for "the forward's", as given)."""
-    fwd, bwd = default_schedules(backend, head_dim, window=window, equal_costs=equal_costs)
-    return (fwd if schedule == BACKEND_DEFAULT else schedule), (bwd if backward_schedule == BACKEND_DEFAULT else backward_schedule)
 
 
 PASSES = ("fwd", "dq", "dkdv")
@@ -548,8 +497,8 @@ def _plan_slots_kernel(
     HEADS: tl.constexpr, ROOM: tl.constexpr,
 ):
     """Slot j of pass ``program_id(1)``: its sequence (binary search in the pass's PREFIX),
-    first row and cost (kv-tiles a q-tile visits, q-tiles a kv-tile visits; the vectorised
-    twins of ``jagflash.core.jagged``'s ranges with run-time tile sizes). Sorted passes (s0..s2):
+    first row and cost (kv-tiles a q-tile visits, q-tiles a kv-tile visits:
+    ``jagflash.core.mask``'s ranges with run-time tile sizes). Sorted passes (s0..s2):
     the sort key
     (pass, largest cost first, then slot; -1 past the count; the cost is the sequence's for
     ``grouped``) and the slot's (sequence, start); else its table rows, in batch order."""
@@ -572,26 +521,11 @@ def _plan_slots_kernel(
     lq = (tl.load(q_offsets + b + 1, mask=valid, other=0) - tl.load(q_offsets + b, mask=valid, other=0)).to(tl.int32)
     lk = (tl.load(kv_offsets + b + 1, mask=valid, other=0) - tl.load(kv_offsets + b, mask=valid, other=0)).to(tl.int32)
     if _pick(p, s0, s1, s2) != 0:
-        d = lk - lq
-        # forward / dQ: kv-tiles [lo, hi) of the q-tile at `start`
-        hi_key = lk
-        lo_key = lk * 0
-        if BOUNDED_RIGHT:
-            hi_key = tl.minimum(lk, start + bm + d + right)
-        if BOUNDED_LEFT:
-            lo_key = tl.maximum(start + d - left, 0)
-        k_lo = (lo_key // bn) * bn
-        k_hi = tl.where(hi_key > lo_key, hi_key, k_lo)
+        # the mask's ranges (jagflash.core.mask), with run-time tile sizes: kv-tiles a q-tile
+        # visits (forward, dQ), q-tiles a kv-tile visits (dK/dV)
+        k_lo, _, _, k_hi = kv_tile_range(start, lq, lk, left, right, bm, bn, BOUNDED_LEFT, BOUNDED_RIGHT)
         q_cost = (k_hi - k_lo + bn - 1) // bn
-        # dK/dV: q-tiles [lo, hi) of the kv-tile at `start`
-        lo_row = lq * 0
-        hi_row = lq
-        if BOUNDED_RIGHT:
-            lo_row = tl.maximum(start - d - right, 0)
-        if BOUNDED_LEFT:
-            hi_row = tl.maximum(tl.minimum(lq, start + bn - d + left), 0)
-        r_lo = (lo_row // bm) * bm
-        r_hi = tl.where(hi_row > lo_row, ((hi_row + bm - 1) // bm) * bm, r_lo)
+        r_lo, _, _, r_hi = dkdv_q_range(start, lq, lk, left, right, bm, bn, BOUNDED_LEFT, BOUNDED_RIGHT)
         kv_cost = (r_hi - r_lo) // bm
         cost = tl.where(kv_side, kv_cost, q_cost).to(tl.int64)
         if _pick(p, s0, s1, s2) == 2:  # grouped: the sequence's cost, then the tile's (_seq_cost)
@@ -765,7 +699,7 @@ def make_plan(
             bound the tile count, so the table's size needs no read of the offsets.
         heads_q, heads_kv: query and kv heads (forward and dQ tiles are per query head, dK/dV
             tiles per kv head, summing their GQA group).
-        causal, window: the mask (see :func:`jagflash.core.jagged.mask_bounds`).
+        causal, window: the mask (see :func:`jagflash.core.mask.mask_bounds`).
         block_m, block_n: the forward's tile sizes; ``dq_blocks``/``dkdv_blocks`` the backward
             passes' ``(block_m, block_n)`` (default: the forward's). A variant's own
             ``make_plan`` fills them in from its kernels' configuration.
@@ -1197,7 +1131,7 @@ def workload_plan_kwargs(
     """The :func:`make_plan` arguments of a bench workload (offsets on ``device``) with the
     portable kernels' tile sizes for ``backend``."""
     from jagflash.core.jagged import offsets_from_lengths
-    from jagflash.core.portable import plan_blocks
+    from jagflash.core.tuning import plan_blocks
 
     lens = w.lengths()
     offsets = offsets_from_lengths(lens, device)

@@ -45,21 +45,8 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from jagflash.core.backend import TLX_ONE_PASS_HEAD_DIMS, tlx_sm90_blocks
 from jagflash.core.jagged import seq_lengths
-from jagflash.core.math import (
-    LOG2E,
-    attn_delta,
-    band_bounds,
-    bounds_mask,
-    dkdv_q_range,
-    finish_softmax,
-    kv_tile_range,
-    lse_to_log2,
-    online_softmax_step,
-    online_softmax_step_scaled,
-    upper_bound,
-)
+from jagflash.core.mask import band_bounds, bounds_mask, dkdv_q_range, kv_tile_range
 from jagflash.core.ops import alloc, alloc_like, stepped_arange
 from jagflash.core.pipeline import (
     dq_reduce_add,
@@ -77,8 +64,23 @@ from jagflash.core.pipeline import (
     tma_load,
     vectors_descriptor,
 )
-from jagflash.core.portable import atomic_add_rows, kernel_flags, sched_first, sched_next
-from jagflash.core.schedule import PASSES, deal_flags, default_schedules, make_plan, tile_counter
+from jagflash.core.portable import atomic_add_rows, sched_first, sched_next
+from jagflash.core.schedule import PASSES, deal_flags, make_plan, tile_counter
+from jagflash.core.seqlen import upper_bound
+from jagflash.core.softmax import (
+    LOG2E,
+    attn_delta,
+    finish_softmax,
+    lse_to_log2,
+    online_softmax_step,
+    online_softmax_step_scaled,
+)
+from jagflash.core.tuning import (
+    TLX_ONE_PASS_HEAD_DIMS,
+    default_schedules,
+    kernel_flags,
+    tlx_sm90_blocks,
+)
 
 # q-tile rows (each consumer warpgroup takes half), kv rows: the same at every head dim and mask
 BLOCK_M, BLOCK_N = tlx_sm90_blocks(128)["fwd"]
@@ -1277,7 +1279,8 @@ def _ab(argv: list[str] | None = None) -> int:
 
     from triton.testing import do_bench
 
-    from jagflash.core.jagged import offsets_from_lengths, visible_pairs
+    from jagflash.core.jagged import offsets_from_lengths
+    from jagflash.core.mask import visible_pairs
 
     parser = argparse.ArgumentParser(description=_ab.__doc__.splitlines()[0])
     parser.add_argument("--reps-ms", type=int, default=300, help="do_bench rep time per case")

@@ -23,18 +23,16 @@ import torch
 import triton
 import triton.language as tl
 
-from jagflash.core.math import store_rows
 from jagflash.core.ops import alloc, alloc_like, for_kernel
 from jagflash.core.portable import (
     atomic_add_rows,
     attn_bwd_dkdv_tile,
     attn_bwd_dq_acc,
     attn_fwd_tile,
-    block_config,
-    kernel_flags,
-    launch_options,
     locate_sequence,
 )
+from jagflash.core.seqlen import store_rows
+from jagflash.core.tuning import block_config, kernel_flags, launch_options
 
 
 @triton.jit

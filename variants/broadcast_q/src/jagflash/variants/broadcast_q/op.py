@@ -12,7 +12,8 @@ import torch
 
 from jagflash.core.backend import select
 from jagflash.core.capability import InvalidInput
-from jagflash.core.jagged import lse_by_sequence, mask_bounds, resolve_max_seqlen
+from jagflash.core.jagged import lse_by_sequence, resolve_max_seqlen
+from jagflash.core.mask import mask_bounds
 from jagflash.core.ops import make_problem, register_autograd, stepped_arange
 from jagflash.core.reference import reference_backward, reference_forward
 from jagflash.variants.broadcast_q.spec import SPEC
@@ -89,8 +90,8 @@ def _plan(tiles, meta, info, q, k, kv_offsets, max_seqlen_kv, backend, passes):
     then lay out their own; the portable broadcast-Q kernels take a plain grid and no plan)."""
     if tiles is None or meta is None or info is None:
         return None
-    from jagflash.core.portable import plan_blocks
     from jagflash.core.schedule import resolve_plan
+    from jagflash.core.tuning import plan_blocks
 
     left, right = mask_bounds(False)
     return resolve_plan(

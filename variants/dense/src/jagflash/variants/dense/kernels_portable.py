@@ -18,14 +18,12 @@ from jagflash.core.portable import (
     attn_bwd_dkdv_tile,
     attn_bwd_dq_tile,
     attn_fwd_tile,
-    block_config,
-    kernel_flags,
-    launch_options,
     plan_next,
     plan_tile,
     sched_first,
 )
 from jagflash.core.schedule import Plan, launch
+from jagflash.core.tuning import block_config, kernel_flags, launch_options
 
 
 @triton.jit(do_not_specialize=["n_workers"])

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.backend import select
-from jagflash.core.jagged import lse_by_sequence, mask_bounds
+from jagflash.core.jagged import lse_by_sequence
+from jagflash.core.mask import mask_bounds
 from jagflash.core.ops import make_problem, register_autograd, stepped_arange
 from jagflash.core.reference import reference_backward, reference_forward
 from jagflash.core.schedule import Plan, resolve_plan
@@ -35,7 +36,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 def _plan(tiles, meta, info, q, k, left, right, backend, passes) -> Plan:
-    from jagflash.core.portable import plan_blocks
+    from jagflash.core.tuning import plan_blocks
 
     b, nq, nk = q.shape[0], q.shape[1], k.shape[1]
     q_offsets, kv_offsets = _as_jagged(q, k)

@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from jagflash.core.jagged import mask_bounds, offsets_from_lengths, visible_pairs
+from jagflash.core.jagged import offsets_from_lengths
+from jagflash.core.mask import mask_bounds, visible_pairs
 from jagflash.core.schedule import BENCH_JAGGED, SCHEDULES, JaggedWorkload, occupancies
 from jagflash.variants.jagged import make_plan
 from jagflash.variants.jagged import op as jop

@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
     from jagflash.core.backend import last_choice
-    from jagflash.core.jagged import offsets_from_lengths, visible_pairs
+    from jagflash.core.jagged import offsets_from_lengths
+    from jagflash.core.mask import visible_pairs
     from jagflash.core.reference import attention_reference
     from jagflash.core.tolerance import assert_close_all
     from jagflash.variants.jagged import SPEC, jagged_attention

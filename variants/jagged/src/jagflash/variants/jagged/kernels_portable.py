@@ -23,15 +23,13 @@ from jagflash.core.portable import (
     attn_bwd_dkdv_tile,
     attn_bwd_dq_tile,
     attn_fwd_tile,
-    block_config,
-    kernel_flags,
-    launch_options,
     locate_sequence,
     plan_next,
     plan_tile,
     sched_first,
 )
 from jagflash.core.schedule import Plan, launch
+from jagflash.core.tuning import block_config, kernel_flags, launch_options
 
 
 @triton.jit

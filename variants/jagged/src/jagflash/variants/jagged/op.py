@@ -19,7 +19,8 @@ import torch
 
 from jagflash.core.backend import select
 from jagflash.core.capability import InvalidInput
-from jagflash.core.jagged import mask_bounds, resolve_max_seqlen
+from jagflash.core.jagged import resolve_max_seqlen
+from jagflash.core.mask import mask_bounds
 from jagflash.core.ops import make_problem, register_autograd
 from jagflash.core.reference import reference_backward, reference_forward
 from jagflash.core.schedule import Plan, resolve_plan
@@ -93,7 +94,7 @@ def jagged_fwd(
 
 
 def _plan(tiles, meta, info, q, k, q_offsets, kv_offsets, max_q, max_k, left, right, backend, passes) -> Plan:
-    from jagflash.core.portable import plan_blocks
+    from jagflash.core.tuning import plan_blocks
 
     return resolve_plan(
         "jagged_attention", tiles, meta, info, q_offsets=q_offsets, kv_offsets=kv_offsets,

@@ -1,0 +1,269 @@
+"""Visibility: the ONE description of which keys a query sees, for every kernel and the plan.
+
+A mask is a band around the bottom-right diagonal: query ``i`` of a sequence with ``lq`` queries
+and ``lk`` keys sees key ``j`` iff ``i + d - left <= j <= i + d + right`` with ``d = lk - lq``;
+``-1`` leaves a side unbounded, causal is ``right = 0`` (:func:`mask_bounds`). In kernels the two
+bounded flags are compile-time (``BOUNDED_LEFT`` / ``BOUNDED_RIGHT``), so an unbounded side costs
+nothing.
+
+Block ranges. A q-tile of ``block_m`` rows starting at row ``m0`` visits the kv-blocks
+``[lo, hi)`` (steps of ``block_n``): :func:`kv_tile_range` in kernels, :func:`kv_tile_ranges` its
+torch twin for the plan's cost model (the tests check the two against each other). The range
+splits into a masked head ``[lo, full_lo)``, an unmasked body ``[full_lo, full_hi)`` (every pair
+visible, every key in range: no score mask, no bound checks) and a masked tail ``[full_hi, hi)``;
+kernels run head and tail in the masked compile-time specialisation of their loop and the body in
+the unmasked one. :func:`dkdv_q_range` / :func:`dkdv_q_ranges` are the transposed ranges of the
+dK/dV pass (q-blocks a kv-tile visits). Inside an edge block the element mask comes from
+:func:`band_bounds` (the per-row key bounds, formed once per row) and :func:`bounds_mask`.
+
+Extension point: a new mask (a window's bounds already are one; a block-sparse index list next)
+changes the ranges these functions hand out and the element mask of the edge blocks, never a
+kernel body: the producer and the consumers of a kernel iterate the same ranges from here.
+
+Every clamp keeps the operands of ``//`` non-negative: Triton divides integers by truncation,
+the interpreter by flooring. The ``@triton.jit`` functions take their block sizes either as
+compile-time constants (the attention kernels) or at run time (the plan's build kernels).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = [
+    "band_bounds",
+    "band_mask",
+    "bounds_mask",
+    "ceil_to",
+    "dkdv_q_range",
+    "dkdv_q_ranges",
+    "floor_to",
+    "kv_tile_range",
+    "kv_tile_ranges",
+    "mask_bounds",
+    "visible_pairs",
+]
+
+
+def mask_bounds(causal: bool, window: tuple[int, int] | None = None) -> tuple[int, int]:
+    """``(left, right)`` bounds of the visible band; -1 is unbounded. Causal clips right to 0."""
+    left, right = window if window is not None else (-1, -1)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return int(left), int(right)
+
+
+# --- in kernels -------------------------------------------------------------------------
+
+
+@triton.jit
+def floor_to(x, BLOCK):
+    """``x`` rounded down to a multiple of BLOCK (compile-time or not), for ``x >= 0``."""
+    return (x // BLOCK) * BLOCK
+
+
+@triton.jit
+def ceil_to(x, BLOCK):
+    """``x`` rounded up to a multiple of BLOCK (compile-time or not), for ``x >= 0``."""
+    return ((x + BLOCK - 1) // BLOCK) * BLOCK
+
+
+@triton.jit
+def kv_tile_range(
+    m0,
+    lq,
+    lk,
+    left,
+    right,
+    BLOCK_M,
+    BLOCK_N,
+    BOUNDED_LEFT: tl.constexpr,
+    BOUNDED_RIGHT: tl.constexpr,
+):
+    """kv bounds ``(lo, full_lo, full_hi, hi)`` for the q-tile at ``m0`` (forward and dQ).
+
+    Twin of :func:`kv_tile_ranges`; ``BLOCK_M`` and ``BLOCK_N`` compile-time or not.
+    """
+    d = lk - lq
+    hi_key = lk
+    hi_full_key = lk
+    if BOUNDED_RIGHT:
+        hi_key = tl.minimum(lk, m0 + BLOCK_M + d + right)
+        hi_full_key = tl.maximum(tl.minimum(lk, m0 + d + right + 1), 0)
+    lo_key = lk * 0
+    lo_full_key = lk * 0
+    if BOUNDED_LEFT:
+        lo_key = tl.maximum(m0 + d - left, 0)
+        lo_full_key = tl.maximum(m0 + BLOCK_M - 1 + d - left, 0)
+    lo = floor_to(lo_key, BLOCK_N)
+    hi = tl.where(hi_key > lo_key, hi_key, lo)
+    full_lo = tl.minimum(tl.maximum(ceil_to(lo_full_key, BLOCK_N), lo), hi)
+    full_hi = tl.maximum(tl.minimum(floor_to(hi_full_key, BLOCK_N), hi), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def dkdv_q_range(
+    n0,
+    lq,
+    lk,
+    left,
+    right,
+    BLOCK_M,
+    BLOCK_N,
+    BOUNDED_LEFT: tl.constexpr,
+    BOUNDED_RIGHT: tl.constexpr,
+):
+    """q-tile bounds ``(lo, full_lo, full_hi, hi)`` for the kv-tile at ``n0`` (dK/dV pass).
+
+    Twin of :func:`dkdv_q_ranges`; all four are multiples of BLOCK_M.
+    """
+    d = lk - lq
+    lo_row = lq * 0
+    lo_full_row = lq * 0
+    if BOUNDED_RIGHT:
+        lo_row = tl.maximum(n0 - d - right, 0)
+        lo_full_row = tl.maximum(n0 + BLOCK_N - 1 - d - right, 0)
+    hi_row = lq
+    if BOUNDED_LEFT:
+        hi_row = tl.maximum(tl.minimum(lq, n0 + BLOCK_N - d + left), 0)
+    lo = floor_to(lo_row, BLOCK_M)
+    hi = tl.where(hi_row > lo_row, ceil_to(hi_row, BLOCK_M), lo)
+    full_lo = tl.minimum(tl.maximum(ceil_to(lo_full_row, BLOCK_M), lo), hi)
+    full_hi = tl.maximum(hi, full_lo)
+    if BOUNDED_LEFT:
+        hi_full_row = tl.maximum(n0 - d + left + 1, 0)
+        full_hi = tl.maximum(tl.minimum(floor_to(hi_full_row, BLOCK_M), hi), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def band_bounds(qi, lq, lk, left, right, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr):
+    """Keys ``[lo, hi)`` visible to each query ``qi`` (any shape), ``hi`` clipped to ``lk``.
+    Forming the bounds once per query keeps the per-element mask to one or two compares."""
+    d = lk - lq
+    hi = qi * 0 + lk
+    if BOUNDED_RIGHT:
+        hi = tl.minimum(qi + d + right + 1, lk)
+    lo = qi * 0
+    if BOUNDED_LEFT:
+        lo = qi + d - left
+    return lo, hi
+
+
+@triton.jit
+def bounds_mask(kj, lo, hi, BOUNDED_LEFT: tl.constexpr):
+    """Mask from :func:`band_bounds` (broadcast against the keys ``kj``)."""
+    mask = kj < hi
+    if BOUNDED_LEFT:
+        mask = mask & (kj >= lo)
+    return mask
+
+
+@triton.jit
+def band_mask(
+    qi,
+    kj,
+    lq,
+    lk,
+    left,
+    right,
+    BOUNDED_LEFT: tl.constexpr,
+    BOUNDED_RIGHT: tl.constexpr,
+):
+    """Visibility of keys ``kj`` to queries ``qi`` (broadcastable index tensors), keys past ``lk``
+    hidden. Pass ``offs_m[:, None], offs_n[None, :]`` for an ``[M, N]`` mask and
+    ``offs_m[None, :], offs_n[:, None]`` for its transpose."""
+    lo, hi = band_bounds(qi, lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
+    return bounds_mask(kj, lo, hi, BOUNDED_LEFT)
+
+
+# --- on the host (torch twins, for the plan's cost model and tools) ----------------------
+
+
+def _floor_to(x: torch.Tensor, block: int) -> torch.Tensor:
+    return torch.div(x, block, rounding_mode="floor") * block
+
+
+def _ceil_to(x: torch.Tensor, block: int) -> torch.Tensor:
+    return -torch.div(-x, block, rounding_mode="floor") * block
+
+
+def kv_tile_ranges(
+    m0: torch.Tensor,
+    lq: torch.Tensor,
+    lk: torch.Tensor,
+    block_m: int,
+    block_n: int,
+    left: int,
+    right: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kv-tile bounds ``(lo, full_lo, full_hi, hi)`` for q-tiles starting at ``m0``.
+
+    Used by the forward and the dQ pass. ``hi`` is not tile-aligned (the last masked tile is
+    clipped to it); the others are multiples of ``block_n``.
+    """
+    m0, lq, lk = (torch.as_tensor(x, dtype=torch.int64) for x in (m0, lq, lk))
+    d = lk - lq
+    zero = torch.zeros_like(d)
+    hi_key = lk if right < 0 else torch.minimum(lk, m0 + block_m + d + right)
+    lo_key = zero if left < 0 else torch.clamp(m0 + d - left, min=0)
+    lo = _floor_to(lo_key, block_n)
+    hi = torch.where(hi_key > lo_key, hi_key, lo)
+    hi_full_key = lk if right < 0 else torch.clamp(torch.minimum(lk, m0 + d + right + 1), min=0)
+    lo_full_key = zero if left < 0 else torch.clamp(m0 + block_m - 1 + d - left, min=0)
+    full_lo = torch.minimum(torch.maximum(_ceil_to(lo_full_key, block_n), lo), hi)
+    full_hi = torch.maximum(torch.minimum(_floor_to(hi_full_key, block_n), hi), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+def dkdv_q_ranges(
+    n0: torch.Tensor,
+    lq: torch.Tensor,
+    lk: torch.Tensor,
+    block_m: int,
+    block_n: int,
+    left: int,
+    right: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q-tile bounds ``(lo, full_lo, full_hi, hi)`` for the kv-tiles starting at ``n0``.
+
+    Used by the dK/dV pass; all four are multiples of ``block_m``. Rows past ``lq`` inside the
+    last q-tile need no score mask there: the kernel loads their LSE as +inf, so they add zero.
+    """
+    n0, lq, lk = (torch.as_tensor(x, dtype=torch.int64) for x in (n0, lq, lk))
+    d = lk - lq
+    zero = torch.zeros_like(d)
+    lo_row = zero if right < 0 else torch.clamp(n0 - d - right, min=0)
+    hi_row = lq if left < 0 else torch.clamp(torch.minimum(lq, n0 + block_n - d + left), min=0)
+    lo = _floor_to(lo_row, block_m)
+    hi = torch.where(hi_row > lo_row, _ceil_to(hi_row, block_m), lo)
+    lo_full_row = zero if right < 0 else torch.clamp(n0 + block_n - 1 - d - right, min=0)
+    full_lo = torch.minimum(torch.maximum(_ceil_to(lo_full_row, block_m), lo), hi)
+    if left < 0:
+        full_hi = torch.maximum(hi, full_lo)
+    else:
+        hi_full_row = torch.clamp(n0 - d + left + 1, min=0)
+        full_hi = torch.maximum(torch.minimum(_floor_to(hi_full_row, block_m), hi), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+def visible_pairs(lq: torch.Tensor, lk: torch.Tensor, left: int, right: int) -> torch.Tensor:
+    """Number of visible (query, key) pairs per sequence, exactly (int64, no materialised mask).
+
+    Row ``i`` sees keys ``[max(0, i+d-left), min(lk-1, i+d+right)]``; the rows of all sequences
+    are counted at once (O(sum lq) work and memory) and summed per sequence.
+    """
+    lq = torch.as_tensor(lq, dtype=torch.int64).reshape(-1)
+    lk = torch.as_tensor(lk, dtype=torch.int64).reshape(-1).to(lq.device)
+    seq = torch.repeat_interleave(torch.arange(lq.numel(), device=lq.device), lq)
+    starts = torch.cumsum(lq, 0) - lq
+    i = torch.arange(seq.numel(), device=lq.device) - starts[seq]  # row within its sequence
+    k_len = lk[seq]
+    d = k_len - lq[seq]
+    hi = k_len - 1 if right < 0 else torch.minimum(k_len - 1, i + d + right)
+    lo = torch.zeros_like(i) if left < 0 else torch.clamp(i + d - left, min=0)
+    count = torch.clamp(hi - lo + 1, min=0)
+    return torch.zeros_like(lq).index_add_(0, seq, count)
+

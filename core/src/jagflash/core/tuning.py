@@ -1,0 +1,282 @@
+"""THE policy table: tile shapes, head dims, which backward runs, default schedules and walks.
+
+Every other module asks here; none decides on its own. Each rule names the measurement that
+settled it in ``bench/NOTES.md`` (the figures live there, not here). Nothing here imports Triton
+kernels or TLX, so plans can be laid out for any backend on any machine.
+
+- Portable (stock Triton) kernels: :func:`block_config` per pass, :func:`plan_blocks`.
+- TLX (sm_90a) kernels: :func:`tlx_sm90_blocks`, :func:`fwd_config` / :func:`bwd_config`
+  (frozen :class:`FwdConfig` / :class:`BwdConfig`: the compile-time choices of one launch),
+  :func:`use_one_pass` (one-pass backward or two passes).
+- Schedules: :func:`default_schedules` (what a plan a call builds for itself uses).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass
+
+import triton
+
+__all__ = [
+    "BACKEND_DEFAULT",
+    "DEFAULT_BACKWARD_SCHEDULE",
+    "DEFAULT_SCHEDULE",
+    "PORTABLE_HEAD_DIMS",
+    "TLX_HEAD_DIMS",
+    "TLX_ONE_PASS_HEAD_DIMS",
+    "BwdConfig",
+    "FwdConfig",
+    "block_config",
+    "bwd_config",
+    "default_head_major",
+    "default_ring_tiles",
+    "default_schedules",
+    "dq_cols",
+    "fwd_config",
+    "kernel_flags",
+    "launch_options",
+    "plan_blocks",
+    "resolve_schedules",
+    "tlx_sm90_blocks",
+    "use_one_pass",
+]
+
+# --- portable kernels ------------------------------------------------------------------------
+
+#: Head dims the portable kernels take (a non-power of two is padded to the next one and masked).
+PORTABLE_HEAD_DIMS = frozenset({16, 32, 64, 96, 128, 256})
+
+
+
+def block_config(backend: str, head_dim: int, pass_: str) -> dict[str, int]:
+    """Tile sizes and launch options for one pass (``fwd``, ``dq`` or ``dkdv``) of the portable
+    kernels. Under the interpreter every tile iteration costs about the same whatever its size,
+    so small tiles there buy nothing but they do exercise multi-tile paths on small tests."""
+    block_d = triton.next_power_of_2(head_dim)
+    if backend == "interpreter":
+        return {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_D": block_d, "num_warps": 4, "num_stages": 1}
+    wide = block_d > 64
+    if pass_ == "fwd":
+        return {
+            "BLOCK_M": 128 if block_d <= 128 else 64,
+            "BLOCK_N": 64 if block_d <= 128 else 32,
+            "BLOCK_D": block_d,
+            "num_warps": 8 if block_d <= 128 else 4,
+            "num_stages": 3 if block_d <= 128 else 2,
+        }
+    if pass_ == "dq":
+        return {"BLOCK_M": 128 if not wide else 64, "BLOCK_N": 32 if not wide else 64, "BLOCK_D": block_d, "num_warps": 4 if not wide else 8, "num_stages": 3 if not wide else 2}
+    if pass_ == "dkdv":
+        return {"BLOCK_M": 32, "BLOCK_N": 128 if not wide else 64, "BLOCK_D": block_d, "num_warps": 4 if not wide else 8, "num_stages": 3 if not wide else 2}
+    raise ValueError(f"unknown pass {pass_!r}")
+
+
+def kernel_flags(heads_q: int, heads_kv: int, head_dim: int, left: int, right: int) -> dict[str, object]:
+    """The compile-time flags every attention kernel takes: the GQA group, the head dim and
+    which sides of the mask are bounded (``jagflash.core.mask.mask_bounds``)."""
+    return {"GROUP": heads_q // heads_kv, "HEAD_DIM": head_dim, "BOUNDED_LEFT": left >= 0, "BOUNDED_RIGHT": right >= 0}
+
+
+def launch_options(cfg: dict[str, int]) -> dict[str, int]:
+    """The keyword arguments of a kernel launch from a :func:`block_config`."""
+    return {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "num_warps", "num_stages")}
+
+
+def plan_blocks(backend: str, head_dim: int) -> dict[str, tuple[int, int]]:
+    """``(block_m, block_n)`` of every pass of ``backend``'s kernels: what a Plan for them holds.
+    ``tlx-sm90`` runs its own forward and dK/dV passes and the portable dQ pass (its tiles:
+    :func:`tlx_sm90_blocks`). Every call asks (a plan's check): computed
+    once per (backend, head dim)."""
+    return dict(_plan_blocks(backend, head_dim))
+
+
+@functools.cache
+def _plan_blocks(backend: str, head_dim: int) -> tuple[tuple[str, tuple[int, int]], ...]:
+    tlx = backend == "tlx-sm90"
+    blocks = {
+        p: (cfg["BLOCK_M"], cfg["BLOCK_N"])
+        for p in ("fwd", "dq", "dkdv")
+        for cfg in (block_config("portable" if tlx else backend, head_dim, p),)
+    }
+    if tlx:
+        blocks.update(tlx_sm90_blocks(head_dim))
+    return tuple(blocks.items())
+
+
+
+# --- TLX (Hopper, sm_90a) kernels ------------------------------------------------------------
+
+#: Head dims the TLX kernels take, forward and backward.
+TLX_HEAD_DIMS = (64, 128)
+#: Head dims where the variants run the TLX one-pass backward (:func:`use_one_pass`): where it
+#: measured faster than the two passes and the portable backward (bench/NOTES.md, session 8).
+#: Its dQ tiles are 64 columns wide, the 128-byte swizzle of 16-bit K (:func:`dq_cols`).
+TLX_ONE_PASS_HEAD_DIMS = (64, 128)
+
+
+def tlx_sm90_blocks(head_dim: int) -> dict[str, tuple[int, int]]:
+    """Tile sizes ``(block_m, block_n)`` of the TLX kernels' forward and dK/dV passes, here so
+    that plans can be laid out for them without importing TLX; their dQ pass (two-pass
+    backward) is the portable one (:func:`block_config`). The dK/dV pass steps 64 queries at a
+    time, causal or not, at D 64 and D 128: the one-pass backward needs 64 (its dQ tile is a
+    wgmma's 64 rows), and the two passes' dK/dV pass at D 64 measured faster with 64 than with
+    32 (bench/NOTES.md, session 8)."""
+    return {"fwd": (128, 128), "dkdv": (64, 128)}
+
+
+def use_one_pass(deterministic: bool, left: int, right: int, head_dim: int) -> bool:
+    """Whether a TLX backward runs in one pass (dQ reduce-added from every kv-tile, so its order
+    varies) rather than as a portable dQ pass and a TLX dK/dV pass: where it measured faster
+    (:data:`TLX_ONE_PASS_HEAD_DIMS`, causal or not; a bounded left side is not yet measured)
+    and the call does not ask for a deterministic backward."""
+    return not deterministic and left < 0 and head_dim in TLX_ONE_PASS_HEAD_DIMS
+
+
+def dq_cols(head_dim: int) -> int:
+    """Columns of dQ one consumer warpgroup of the one-pass backward computes at once: half the
+    head dim, 64 at D 128; the whole head dim at D 64, on alternate steps, since half of it (32
+    columns, 64 bytes) would slice K off its 128-byte swizzle."""
+    return head_dim if head_dim < 128 else head_dim // 2
+
+
+def default_head_major(left: int, right: int, dynamic: bool) -> bool:
+    """Whether a TLX launch walks its plan's table one (K/V) head at a time (for L2 locality)
+    rather than slot by slot in the table's cost order: without a mask, or on a dynamic plan;
+    a static plan with a mask needs the cost order across heads for its zigzag deal to balance
+    (bench/NOTES.md, sessions 6 and 7)."""
+    return dynamic or (left < 0 and right < 0)
+
+
+def default_ring_tiles(total_kv: int, batch: int, block_n: int) -> bool:
+    """Whether the TLX forward's producer hands the consumers decoded tiles through shared
+    memory (``RING_TILES``) instead of each consumer reading the table row and the offsets at
+    every tile start: where the batch's K/V sequences hold at most one K/V tile on average, so
+    that each tile's start, not its loop, is what the consumers wait for (bench/NOTES.md,
+    session 9: faster on short batches, up to 1.5 % slower on long ones)."""
+    return total_kv <= block_n * max(batch, 1)
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    """The compile-time choices of one TLX forward launch (the kernel's constexprs). Chosen by
+    :func:`fwd_config`; the tile shapes, ring depths and register split are fixed (the measured
+    winners: bench/NOTES.md)."""
+
+    HEAD_DIM: int
+    GROUP: int  # query heads per K/V head (GQA)
+    BOUNDED_LEFT: bool
+    BOUNDED_RIGHT: bool
+    Q_SHARED: bool  # broadcast-Q: one Q block shared by every sequence
+    FOLD_SCALE: bool  # a positive scale rides in the exponent's fused multiply-add
+    HEAD_MAJOR: bool  # walk the table one K/V head at a time (default_head_major)
+    DYNAMIC: bool  # tiles from the launch's atomic counter (a dynamic plan)
+    ZIGZAG: bool  # a static deal mirrored on odd rounds
+    RING_TILES: bool  # decoded tiles through shared memory (default_ring_tiles)
+    BLOCK_M: int = 128  # q rows per tile, 64 per consumer warpgroup
+    BLOCK_N: int = 128  # kv rows per K/V ring slot
+    NUM_KV: int = 2  # K/V ring depth
+    Q_BUFS: int = 2  # Q tiles in flight (the next tile's Q loads during this one)
+
+    def constexprs(self) -> dict[str, object]:
+        """The kernel's compile-time keyword arguments."""
+        return asdict(self)
+
+
+def fwd_config(
+    *, head_dim: int, group: int, left: int, right: int, q_shared: bool, scale: float,
+    dynamic: bool, zigzag: bool, total_kv: int, batch: int,
+) -> FwdConfig:
+    """The :class:`FwdConfig` of a forward call."""
+    block_m, block_n = tlx_sm90_blocks(head_dim)["fwd"]
+    return FwdConfig(
+        HEAD_DIM=head_dim, GROUP=group, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
+        Q_SHARED=q_shared, FOLD_SCALE=scale > 0, HEAD_MAJOR=default_head_major(left, right, dynamic),
+        DYNAMIC=dynamic, ZIGZAG=zigzag, RING_TILES=default_ring_tiles(total_kv, batch, block_n),
+        BLOCK_M=block_m, BLOCK_N=block_n,
+    )
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """The compile-time choices of one launch of the TLX dK/dV kernel: the two-pass backward's
+    dK/dV pass (``FUSED_DQ`` off) or the one-pass backward (on: each 64-query step also adds its
+    share of dQ with a staged TMA reduce-add). Chosen by :func:`bwd_config`."""
+
+    HEAD_DIM: int
+    GROUP: int
+    BOUNDED_LEFT: bool
+    BOUNDED_RIGHT: bool
+    Q_SHARED: bool
+    FUSED_DQ: bool
+    HEAD_MAJOR: bool
+    DYNAMIC: bool
+    ZIGZAG: bool
+    BLOCK_M: int  # queries per step (64)
+    BLOCK_N: int  # kv rows per tile, 64 per consumer warpgroup
+    DQ_COLS: int  # dQ columns a consumer computes at once (dq_cols)
+    NUM_Q: int = 2  # Q/dO ring depth
+    DQ_STAGES: int = 1  # shared-memory stages of each consumer's dQ write-back (two do not fit at D 128)
+    PAD: int = 64  # rows the packed per-query vectors of each sequence are padded to
+
+    def constexprs(self) -> dict[str, object]:
+        """The kernel's compile-time keyword arguments."""
+        return asdict(self)
+
+
+def bwd_config(
+    *, head_dim: int, group: int, left: int, right: int, q_shared: bool, fused_dq: bool,
+    dynamic: bool, zigzag: bool,
+) -> BwdConfig:
+    """The :class:`BwdConfig` of a backward call (``fused_dq``: the one-pass backward)."""
+    block_m, block_n = tlx_sm90_blocks(head_dim)["dkdv"]
+    return BwdConfig(
+        HEAD_DIM=head_dim, GROUP=group, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
+        Q_SHARED=q_shared, FUSED_DQ=fused_dq, HEAD_MAJOR=default_head_major(left, right, dynamic),
+        DYNAMIC=dynamic, ZIGZAG=zigzag, BLOCK_M=block_m, BLOCK_N=block_n, DQ_COLS=dq_cols(head_dim),
+    )
+
+
+# --- schedules ---------------------------------------------------------------------------------
+
+#: The schedules of a plan a call builds for itself for the portable kernels: the forward's and
+#: the backward passes'. The forward's ``grouped`` was within 0.5 % of static or faster on every
+#: batch and within 3 % of the fastest order; a batch-order backward ("none") beat the
+#: persistent ones by ~15 % on causal lognormal batches and tied elsewhere (bench/NOTES.md,
+#: 2026-11-30).
+DEFAULT_SCHEDULE = "grouped"
+DEFAULT_BACKWARD_SCHEDULE: str | None = "none"
+#: ``schedule=`` / ``backward_schedule=`` of the variants' calls and ``make_plan``: the schedules
+#: measured fastest for the kernels the plan is for (:func:`default_schedules`).
+BACKEND_DEFAULT = "default"
+
+
+def default_schedules(
+    backend: str, head_dim: int, *, window: tuple[int, int] = (-1, -1), equal_costs: bool = False,
+    deterministic: bool = False,
+) -> tuple[str, str | None]:
+    """``(schedule, backward_schedule)`` of a plan for ``backend``'s kernels when the caller names
+    none. ``equal_costs``: every tile of a pass costs the same (a dense batch without a mask), so
+    a static deal is already balanced. ``deterministic``: the backward the plan is for.
+
+    The portable kernels: :data:`DEFAULT_SCHEDULE` and :data:`DEFAULT_BACKWARD_SCHEDULE`. The
+    TLX kernels: ``"dynamic"`` (cost-sorted table, an atomic tile counter, walked head by head)
+    wherever tile costs differ, for the forward and for the one-pass backward
+    (:func:`use_one_pass`); the two passes' portable dQ pass keeps batch order
+    (bench/NOTES.md, session 7; dense unmasked keeps the static defaults)."""
+    if backend != "tlx-sm90" or equal_costs:
+        return DEFAULT_SCHEDULE, DEFAULT_BACKWARD_SCHEDULE
+    one_pass = use_one_pass(deterministic, window[0], window[1], head_dim)
+    return "dynamic", "dynamic" if one_pass else DEFAULT_BACKWARD_SCHEDULE
+
+
+def resolve_schedules(
+    schedule: str, backward_schedule: str | None, backend: str, head_dim: int, *,
+    window: tuple[int, int] = (-1, -1), equal_costs: bool = False, deterministic: bool = False,
+) -> tuple[str, str | None]:
+    """``schedule`` and ``backward_schedule`` with :data:`BACKEND_DEFAULT` replaced by
+    :func:`default_schedules`' (other values, and ``None`` for "the forward's", as given)."""
+    fwd, bwd = default_schedules(
+        backend, head_dim, window=window, equal_costs=equal_costs, deterministic=deterministic
+    )
+    return (fwd if schedule == BACKEND_DEFAULT else schedule), (bwd if backward_schedule == BACKEND_DEFAULT else backward_schedule)
