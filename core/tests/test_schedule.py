@@ -334,16 +334,16 @@ def test_gpu_build_is_sync_free_and_matches_cpu(schedule: str) -> None:
 def test_tlx_kernels_deal_static_tables_zigzag_and_dynamic_ones_by_counter() -> None:
     """How the TLX kernels walk a plan: zigzag for grouped and static, in order for batch order,
     and from a fresh zeroed tile counter per launch for a dynamic plan (host side; no GPU)."""
-    tlx_attention = pytest.importorskip("jagflash.core.tlx_attention")
+    from jagflash.core.schedule import deal_flags, tile_counter
     qo = torch.tensor([0, 5, 300], dtype=torch.int32)
     want = {"grouped": (True, False), "static": (True, False), "none": (False, False), "dynamic": (False, True)}
     for schedule, (zigzag, dynamic) in want.items():
         plan = make_plan(qo, qo, total_q=300, total_kv=300, heads_q=2, heads_kv=2, block_m=128, block_n=128, schedule=schedule)
         for pass_ in ("fwd", "dkdv"):
-            first, deal = tlx_attention._deal(plan, pass_)
-            assert (deal["ZIGZAG"], deal["DYNAMIC"]) == (zigzag, dynamic), (schedule, pass_)
+            first, deal = tile_counter(plan, pass_), deal_flags(plan.info, pass_)
+            assert deal == (dynamic, zigzag), (schedule, pass_)
             if dynamic:
-                second = tlx_attention._deal(plan, pass_)[0]
+                second = tile_counter(plan, pass_)
                 assert first.dtype == torch.int32
                 assert first.tolist() == [0]
                 assert first.data_ptr() != second.data_ptr()

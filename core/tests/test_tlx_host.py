@@ -6,52 +6,53 @@ from __future__ import annotations
 import pytest
 import torch
 
-tlx_attention = pytest.importorskip("jagflash.core.tlx_attention", reason="needs triton-utlx")
+pytest.importorskip("triton.language.extra.tlx", reason="needs triton-utlx")
+
+from jagflash.core import tuning
+from jagflash.core.seqlen import plan_row
+from jagflash.core.tlx import bwd_preprocess, bwd_sm90, fwd_sm90
 
 
-def test_one_pass_backward_lists_every_reason_it_refuses() -> None:
-    """An unknown dQ write and a head dim the kernel has no dQ tiles for (D 32): both named."""
+def test_one_pass_backward_refuses_a_head_dim_without_dq_tiles() -> None:
+    """A head dim the kernel has no dQ tiles for (D 32): refused before any launch, naming the
+    head dims it takes."""
     q = torch.zeros(4, 1, 32, dtype=torch.float16)
     offs = torch.tensor([0, 4], dtype=torch.int32)
-    with pytest.raises(ValueError, match="dq_write must be one of") as err:
-        tlx_attention.backward(q, q, q, q, q, torch.zeros(1, 4), offs, offs, left=-1, right=-1, scale=0.125, dq_write="scatter")
-    assert "head dims (64, 128)" in str(err.value)
+    with pytest.raises(ValueError, match=r"head dims \(64, 128\)") as err:
+        bwd_sm90.backward(q, q, q, q, q, torch.zeros(1, 4), offs, offs, left=-1, right=-1, scale=0.125)
     assert "got 32" in str(err.value)
 
 
 def test_dq_tiles_are_half_the_head_dim_or_whole_rows_at_d64() -> None:
     """D 128: each consumer warpgroup computes 64 of the columns every step; D 64: whole rows
     (64 columns) every other step, never a 32-column slice of K."""
-    assert tlx_attention.dq_cols(128) == 64
-    assert tlx_attention.dq_cols(64) == 64
+    assert tuning.dq_cols(128) == 64
+    assert tuning.dq_cols(64) == 64
 
 
-def test_one_pass_only_where_it_measured_faster(monkeypatch) -> None:
-    """When on: D 64 and 128, causal or not, never for a deterministic call or a windowed mask
-    (a left bound: not yet measured); off: never."""
-    monkeypatch.setattr(tlx_attention, "ONE_PASS_BACKWARD", True)
-    assert tlx_attention.use_one_pass(False, -1, -1, 128)
-    assert tlx_attention.use_one_pass(False, -1, 0, 128)  # causal
-    assert not tlx_attention.use_one_pass(True, -1, -1, 128)
-    assert not tlx_attention.use_one_pass(True, -1, 0, 128)
-    assert not tlx_attention.use_one_pass(False, 64, -1, 128)  # window
-    assert tlx_attention.use_one_pass(False, -1, 0, 64)
-    assert not tlx_attention.use_one_pass(True, -1, 0, 64)
-    monkeypatch.setattr(tlx_attention, "ONE_PASS_BACKWARD", False)
-    assert not tlx_attention.use_one_pass(False, -1, -1, 128)
+def test_one_pass_only_where_it_measured_faster() -> None:
+    """D 64 and 128, causal or not, never for a deterministic call or a windowed mask (a left
+    bound: not yet measured)."""
+    assert tuning.use_one_pass(False, -1, -1, 128)
+    assert tuning.use_one_pass(False, -1, 0, 128)  # causal
+    assert not tuning.use_one_pass(True, -1, -1, 128)
+    assert not tuning.use_one_pass(True, -1, 0, 128)
+    assert not tuning.use_one_pass(False, 64, -1, 128)  # window
+    assert tuning.use_one_pass(False, -1, 0, 64)
+    assert not tuning.use_one_pass(True, -1, 0, 64)
 
 
 def test_tile_ring_only_where_k_v_sequences_average_one_tile() -> None:
-    """The forward hands the consumers decoded tiles (``ring_tiles=None``) exactly where the
+    """The forward hands the consumers decoded tiles (``RING_TILES``) exactly where the
     batch's K/V sequences average at most one K/V tile (BLOCK_N keys): the tiny batch it was
     measured faster on (2,048 sequences of 1-63 tokens), not the long batches it cost up to
     1.5 % on; an empty batch (no sequence) takes the ring."""
-    n = tlx_attention.BLOCK_N
-    assert tlx_attention.default_ring_tiles(2048 * 32, 2048)
-    assert tlx_attention.default_ring_tiles(4 * n, 4)
-    assert not tlx_attention.default_ring_tiles(4 * n + 1, 4)
-    assert not tlx_attention.default_ring_tiles(4 * 4096, 4)
-    assert tlx_attention.default_ring_tiles(0, 0)
+    n = tuning.tlx_sm90_blocks(128)["fwd"][1]
+    assert tuning.default_ring_tiles(2048 * 32, 2048, n)
+    assert tuning.default_ring_tiles(4 * n, 4, n)
+    assert not tuning.default_ring_tiles(4 * n + 1, 4, n)
+    assert not tuning.default_ring_tiles(4 * 4096, 4, n)
+    assert tuning.default_ring_tiles(0, 0, n)
 
 
 def test_dkdv_tiles_follow_head_dim() -> None:
@@ -76,8 +77,8 @@ def test_one_pass_backward_refuses_a_plan_laid_out_for_32_query_steps() -> None:
         offs, offs, total_q=8, total_kv=8, heads_q=1, heads_kv=1, window=(-1, 0), block_m=128,
         block_n=128, dkdv_blocks=(32, 128), backward=True,
     )
-    with pytest.raises(ValueError, match=r"dK/dV tiles are 32x128; the one-pass backward takes 64x128"):
-        tlx_attention.backward(q, q, q, q, q, torch.zeros(1, 8), offs, offs, left=-1, right=0, scale=0.125, plan=plan)
+    with pytest.raises(ValueError, match=r"the plan's tiles are 32x128, the config's 64x128"):
+        bwd_sm90.backward(q, q, q, q, q, torch.zeros(1, 8), offs, offs, left=-1, right=0, scale=0.125, plan=plan)
 
 
 @pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
@@ -87,7 +88,7 @@ def test_backward_vectors_pack_each_sequence_at_a_multiple_of_the_pad(given_delt
     sequence b's rows start at row vec_tile[b] * VEC_PAD, hold log2 LSE (+inf where LSE is
     -inf) and delta = rowsum(dO * O) (or the given delta); padding rows hold +inf and 0.
     Zero-length sequences (first, inside, last), a sequence of exactly VEC_PAD rows, one row."""
-    pad = tlx_attention.VEC_PAD
+    pad = tuning.VEC_PAD
     gen = torch.Generator().manual_seed(7)
     lens = [0, 3, pad, 0, pad + 5, 1, 0]
     offs = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=offsets_dtype)
@@ -98,9 +99,9 @@ def test_backward_vectors_pack_each_sequence_at_a_multiple_of_the_pad(given_delt
     lse[1, 4] = float("-inf")  # a row that saw no key
     delta = (out * dout).sum(-1).T.contiguous()
     if given_delta:
-        got = tlx_attention.backward_vectors(lse, offs, delta=delta)
+        got = bwd_preprocess.backward_vectors(lse, offs, delta=delta)
     else:
-        got = tlx_attention.backward_vectors(lse, offs, out=out, dout=dout)
+        got = bwd_preprocess.backward_vectors(lse, offs, out=out, dout=dout)
     lse2, packed_delta, vec_tile = got
     tiles = [0]
     for n in lens:
@@ -135,62 +136,67 @@ def test_backward_vectors_read_a_per_sequence_lse_in_place(given_delta) -> None:
     lse = torch.randn(n_seqs, hq, length, generator=gen)
     delta = torch.randn(n_seqs, hq, length, generator=gen)
     if given_delta:
-        got = tlx_attention.backward_vectors(lse, offs, delta=delta)
-        want = tlx_attention.backward_vectors(lse_by_head(lse), offs, delta=lse_by_head(delta))
+        got = bwd_preprocess.backward_vectors(lse, offs, delta=delta)
+        want = bwd_preprocess.backward_vectors(lse_by_head(lse), offs, delta=lse_by_head(delta))
     else:
-        got = tlx_attention.backward_vectors(lse, offs, out=out, dout=dout)
-        want = tlx_attention.backward_vectors(lse_by_head(lse), offs, out=out, dout=dout)
+        got = bwd_preprocess.backward_vectors(lse, offs, out=out, dout=dout)
+        want = bwd_preprocess.backward_vectors(lse_by_head(lse), offs, out=out, dout=dout)
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
     # the sequences' first packed tiles depend on (B, L) alone: kept, not made again
-    assert tlx_attention.backward_vectors(lse, offs, delta=delta)[2] is got[2]
+    assert bwd_preprocess.backward_vectors(lse, offs, delta=delta)[2] is got[2]
 
 
 def test_forward_refuses_lse_per_sequence_of_unequal_lengths() -> None:
     """``lse_per_sequence`` stores LSE ``[B, Hq, L]``: 300 query rows in 7 sequences cannot be
-    that, refused before any launch, with the walk's own reason listed too."""
+    that, refused before any launch."""
     q = torch.zeros(300, 1, 128, dtype=torch.float16)
     offs = torch.tensor([0, 1, 2, 3, 4, 5, 6, 300], dtype=torch.int32)
-    with pytest.raises(ValueError, match="lse_per_sequence needs sequences of one length: 300 query rows in 7") as err:
-        tlx_attention.forward(q, q, q, offs, offs, 294, left=-1, right=-1, scale=0.1, lse_per_sequence=True, walk="zig")
-    assert "walk must be None" in str(err.value)
+    with pytest.raises(ValueError, match="lse_per_sequence needs sequences of one length: 300 query rows in 7"):
+        fwd_sm90.forward(q, q, q, offs, offs, 294, left=-1, right=-1, scale=0.1, lse_per_sequence=True)
 
 
 def test_forward_stores_a_per_sequence_lse_with_two_strides(monkeypatch) -> None:
     """``lse_per_sequence``: LSE ``[B, Hq, L]``, the kernel given (L, Hq) as its head and
     sequence-start strides (q_start = b L, so b Hq L + h L + row); otherwise ``[Hq, Tq]`` with
     (Tq, 1)."""
-    fwd = _Launches(tlx_attention._fwd_kernel)
-    monkeypatch.setattr(tlx_attention, "_fwd_kernel", fwd)
-    monkeypatch.setattr(tlx_attention, "num_workers", lambda device: 3)
+    fwd = _Launches(fwd_sm90._fwd_kernel)
+    monkeypatch.setattr(fwd_sm90, "_fwd_kernel", fwd)
+    monkeypatch.setattr(fwd_sm90, "num_workers", lambda device: 3)
     offs = torch.tensor([0, 50, 100, 150], dtype=torch.int32)
     q = torch.randn(150, 4, 64).to(torch.float16)
     kw = {"left": -1, "right": -1, "scale": 0.125}
-    _, lse = tlx_attention.forward(q, q, q, offs, offs, 50, lse_per_sequence=True, **kw)
+    _, lse = fwd_sm90.forward(q, q, q, offs, offs, 50, lse_per_sequence=True, **kw)
     assert lse.shape == (3, 4, 50)
-    _, lse_by_head = tlx_attention.forward(q, q, q, offs, offs, 50, **kw)
+    _, lse_by_head = fwd_sm90.forward(q, q, q, offs, offs, 50, **kw)
     assert lse_by_head.shape == (4, 150)
     assert [(a["stride_lh"], a["stride_ls"]) for _, a in fwd.calls] == [(50, 4), (150, 1)]
 
 
-def test_forward_refuses_an_unknown_walk() -> None:
-    """Before any launch, naming the walks it knows (and every other reason: Q tiles in flight)."""
+def test_forward_refuses_a_config_that_does_not_fit_the_call() -> None:
+    """A forced config whose fixed fields disagree with the call (head dim, mask) is refused
+    before any launch, with every reason; the free fields (walk, tile hand-off) may differ."""
+    import dataclasses
+
     q = torch.zeros(4, 1, 128, dtype=torch.float16)
     offs = torch.tensor([0, 4], dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"walk must be None or one of \('slot', 'head'\), got 'diagonal'") as err:
-        tlx_attention.forward(q, q, q, offs, offs, 4, left=-1, right=-1, scale=0.125, walk="diagonal", q_bufs=3)
-    assert "q_bufs must be 1 or 2, got 3" in str(err.value)
+    want = tuning.fwd_config(head_dim=128, group=1, left=-1, right=-1, q_shared=False, scale=0.125, dynamic=True, zigzag=False, total_kv=4, batch=1)
+    bad = dataclasses.replace(want, HEAD_DIM=64, BOUNDED_RIGHT=True, RING_TILES=not want.RING_TILES)
+    with pytest.raises(ValueError, match="HEAD_DIM=64, the call needs 128") as err:
+        fwd_sm90.forward(q, q, q, offs, offs, 4, left=-1, right=-1, scale=0.125, config=bad)
+    assert "BOUNDED_RIGHT=True, the call needs False" in str(err.value)
+    assert "RING_TILES" not in str(err.value)
 
 
 def test_default_walk_is_the_slot_walk_only_on_a_static_plan_with_a_mask() -> None:
     """Measured (bench/NOTES.md, sessions 6 and 7): the head walk wins unmasked and on a dynamic
     plan; with a mask a static plan's zigzag deal needs the slot walk's cost order."""
-    assert tlx_attention.default_walk(-1, -1) == "head"
-    assert tlx_attention.default_walk(-1, 0) == "slot"
-    assert tlx_attention.default_walk(128, -1) == "slot"
-    assert tlx_attention.default_walk(128, 0) == "slot"
+    assert tuning.default_head_major(-1, -1, False)
+    assert not tuning.default_head_major(-1, 0, False)
+    assert not tuning.default_head_major(128, -1, False)
+    assert not tuning.default_head_major(128, 0, False)
     for window in ((-1, -1), (-1, 0), (128, -1), (128, 0)):
-        assert tlx_attention.default_walk(*window, dynamic=True) == "head"
+        assert tuning.default_head_major(*window, True)
 
 
 def test_default_schedules_are_dynamic_for_tlx_where_tile_costs_differ() -> None:
@@ -211,11 +217,18 @@ def test_default_schedules_are_dynamic_for_tlx_where_tile_costs_differ() -> None
     assert default_schedules("tlx-sm90", 64) == ("dynamic", "dynamic")
     assert default_schedules("tlx-sm90", 64, window=(64, 0)) == ("dynamic", DEFAULT_BACKWARD_SCHEDULE)
     assert default_schedules("tlx-sm90", 128, window=(64, 0)) == ("dynamic", DEFAULT_BACKWARD_SCHEDULE)
+    # a deterministic backward runs the two passes: its plan's backward passes keep batch order
+    assert default_schedules("tlx-sm90", 128, deterministic=True) == ("dynamic", DEFAULT_BACKWARD_SCHEDULE)
     for backend in ("portable", "interpreter"):
         assert default_schedules(backend, 128) == static
     assert resolve_schedules("default", "default", "tlx-sm90", 128) == ("dynamic", "dynamic")
     assert resolve_schedules("static", None, "tlx-sm90", 128) == ("static", None)
     assert resolve_schedules("default", "none", "portable", 64) == static
+
+
+def _config_of(args: dict) -> tuning.FwdConfig:
+    """The FwdConfig a recorded forward launch was given (its constexprs)."""
+    return tuning.FwdConfig(**{name: args[name] for name in tuning.FwdConfig.__dataclass_fields__})
 
 
 class _Launches:
@@ -241,30 +254,33 @@ class _Launches:
 def test_launches_bind_to_the_kernels_signatures(monkeypatch, schedule) -> None:
     """forward, backward (one pass) and backward_dkdv launch their kernels with every argument
     bound once; a dynamic plan hands each launch a fresh zeroed int32 tile counter, the others
-    pass an unused tensor and DYNAMIC off; the forward's options (``q_bufs``, ``ring_tiles``)
-    reach it as its constexprs (defaults: two Q tiles; the tile ring, as these K/V sequences
-    average 100 keys, under one K/V tile)."""
+    pass an unused tensor and DYNAMIC off; a forced config reaches the kernel as its constexprs
+    (by default: two Q tiles; the tile ring, as these K/V sequences average 100 keys, under one
+    K/V tile)."""
+    import dataclasses
+
     from jagflash.core.schedule import make_plan
 
-    fwd, dkdv = _Launches(tlx_attention._fwd_kernel), _Launches(tlx_attention._dkdv_kernel)
-    monkeypatch.setattr(tlx_attention, "_fwd_kernel", fwd)
-    monkeypatch.setattr(tlx_attention, "_dkdv_kernel", dkdv)
-    monkeypatch.setattr(tlx_attention, "num_workers", lambda device: 3)
+    fwd, dkdv = _Launches(fwd_sm90._fwd_kernel), _Launches(bwd_sm90._dkdv_kernel)
+    monkeypatch.setattr(fwd_sm90, "_fwd_kernel", fwd)
+    monkeypatch.setattr(bwd_sm90, "_dkdv_kernel", dkdv)
+    monkeypatch.setattr(fwd_sm90, "num_workers", lambda device: 3)
+    monkeypatch.setattr(bwd_sm90, "num_workers", lambda device: 3)
     offs = torch.tensor([0, 100, 100, 300], dtype=torch.int32)
     q = torch.randn(300, 2, 128).to(torch.float16)
     plan = make_plan(
         offs, offs, total_q=300, total_kv=300, heads_q=2, heads_kv=2, window=(-1, 0),
-        block_m=tlx_attention.BLOCK_M, block_n=tlx_attention.BLOCK_N,
-        dkdv_blocks=(tlx_attention.ONE_PASS_BLOCK_M, tlx_attention.BLOCK_N), backward=True,
+        block_m=128, block_n=128, dkdv_blocks=tuning.tlx_sm90_blocks(128)["dkdv"], backward=True,
         schedule=schedule,
     )
     kw = {"left": -1, "right": 0, "scale": 0.125, "plan": plan}
-    _, lse = tlx_attention.forward(q, q, q, offs, offs, 200, **kw)
-    tlx_attention.forward(q, q, q, offs, offs, 200, q_bufs=1, ring_tiles=False, **kw)
-    assert [(a["Q_BUFS"], a["RING_TILES"]) for _, a in fwd.calls] == [(2, True), (1, False)]
+    _, lse = fwd_sm90.forward(q, q, q, offs, offs, 200, **kw)
+    forced = dataclasses.replace(_config_of(fwd.calls[0][1]), RING_TILES=False)
+    fwd_sm90.forward(q, q, q, offs, offs, 200, config=forced, **kw)
+    assert [(a["Q_BUFS"], a["RING_TILES"]) for _, a in fwd.calls] == [(2, True), (2, False)]
     lse.zero_()
-    tlx_attention.backward(q, q, q, q, q, lse, offs, offs, **kw)
-    tlx_attention.backward_dkdv(q, q, q, q, lse, lse, offs, offs, **kw)
+    bwd_sm90.backward(q, q, q, q, q, lse, offs, offs, **kw)
+    bwd_sm90.backward_dkdv(q, q, q, q, lse, lse, offs, offs, **kw)
     calls = fwd.calls + dkdv.calls
     assert len(calls) == 4
     for grid, args in calls:
@@ -280,7 +296,7 @@ def test_launches_bind_to_the_kernels_signatures(monkeypatch, schedule) -> None:
 @pytest.mark.interpret
 @pytest.mark.parametrize(("heads", "group", "slots"), [(8, 1, 5), (8, 4, 3), (16, 4, 1), (6, 2, 7)])
 def test_head_walk_visits_every_table_row_once_kv_head_by_kv_head(heads, group, slots) -> None:
-    """``_plan_row`` with ``HEAD_MAJOR``: the walk is a permutation of the table's rows (each slot
+    """``seqlen.plan_row`` with ``HEAD_MAJOR``: the walk is a permutation of the table's rows (each slot
     holds its ``heads`` heads side by side), and runs one K/V head's GROUP query heads at a
     time, slot after slot (under the interpreter: it is plain Triton)."""
     import triton
@@ -290,7 +306,7 @@ def test_head_walk_visits_every_table_row_once_kv_head_by_kv_head(heads, group, 
     def walk(TILES, COUNT, OUT, heads, GROUP: tl.constexpr, N: tl.constexpr):
         count = tl.load(COUNT).to(tl.int32)
         for i in tl.static_range(N):
-            _ok, b, h, _start = tlx_attention._plan_row(i, TILES, count, heads, True, GROUP)
+            _ok, b, h, _start = plan_row(i, TILES, count, heads, True, GROUP)
             tl.store(OUT + i * 2, b)
             tl.store(OUT + i * 2 + 1, h)
 

@@ -465,16 +465,15 @@ def test_gpu_tlx_walks_a_given_plan(deterministic: bool) -> None:
 
 
 @pytest.mark.sm90
-@pytest.mark.parametrize("dq_write", ["tma", "atomic"])
-def test_gpu_tlx_one_pass_backward(dq_write: str) -> None:
+def test_gpu_tlx_one_pass_backward() -> None:
     """The one-pass TLX backward with the shared Q block (``q_shared``): dQ summed over the
-    sequences by the kv-tiles' reduce-adds (TMA or atomics), dK/dV per sequence, against
+    sequences by the kv-tiles' TMA reduce-adds, dK/dV per sequence, against
     autograd through the reference given its O and LSE; GQA, an empty sequence, Lq not a
     multiple of the tile."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs sm_90")
-    from jagflash.core import tlx_attention
     from jagflash.core.jagged import lse_by_head
+    from jagflash.core.tlx import bwd_sm90
     from jagflash.core.tolerance import assert_close_all
 
     case = Case(130, (0, *_lognormal(12, 13)), hq=8, hkv=2, head_dim=128, dtype=torch.bfloat16)
@@ -488,10 +487,10 @@ def test_gpu_tlx_one_pass_backward(dq_write: str) -> None:
         if dtype == torch.float64:
             ref_out, ref_lse = out.detach(), lse.float()
     batch, (lq, hq, dim) = kv_offsets.numel() - 1, q.shape
-    got = tlx_attention.backward(
+    got = bwd_sm90.backward(
         dout.reshape(batch * lq, hq, dim), q, k, v, ref_out.to(q.dtype).reshape(batch * lq, hq, dim),
         lse_by_head(ref_lse), bop.output_offsets(q, kv_offsets), kv_offsets, left=-1, right=-1,
-        scale=dim**-0.5, q_shared=True, dq_write=dq_write,
+        scale=dim**-0.5, q_shared=True,
     )
     assert_close_all(["dq", "dk", "dv"], list(got), grads[torch.float64], grads[torch.bfloat16], SPEC.atol[case.dtype])
 

@@ -16,9 +16,14 @@ from jagflash.variants.jagged import SPEC
 pytestmark = pytest.mark.sm90
 
 
-def _forward(causal: bool, pipeline: bool, schedule: str, sign: float = 1.0, walk: str | None = None, **options):
-    from jagflash.core import tlx_attention
-    from jagflash.core.schedule import make_plan
+def _forward(causal: bool, schedule: str, sign: float = 1.0, **free):
+    """The TLX forward on a plan of ``schedule``; ``free``: FwdConfig fields forced other than the
+    policy picks them (``HEAD_MAJOR``, ``RING_TILES``)."""
+    import dataclasses
+
+    from jagflash.core.schedule import deal_flags, make_plan
+    from jagflash.core.tlx import fwd_sm90
+    from jagflash.core.tuning import fwd_config
 
     left, right = mask_bounds(causal)
 
@@ -26,15 +31,34 @@ def _forward(causal: bool, pipeline: bool, schedule: str, sign: float = 1.0, wal
         max_q = int((q_offsets[1:] - q_offsets[:-1]).max()) if q_offsets.numel() > 1 else 0
         plan = make_plan(
             q_offsets, kv_offsets, total_q=q.shape[0], total_kv=k.shape[0], heads_q=q.shape[1],
-            heads_kv=k.shape[1], causal=causal, block_m=tlx_attention.BLOCK_M,
-            block_n=tlx_attention.BLOCK_N, schedule=schedule, backward=False,
+            heads_kv=k.shape[1], causal=causal, block_m=128, block_n=128, schedule=schedule, backward=False,
         )
-        return tlx_attention.forward(
-            q, k, v, q_offsets, kv_offsets, max_q, left=left, right=right,
-            scale=sign * q.shape[-1] ** -0.5, pipeline=pipeline, plan=plan, walk=walk, **options,
-        )
+        scale = sign * q.shape[-1] ** -0.5
+        config = None
+        if free:
+            dynamic, zigzag = deal_flags(plan.info, "fwd")
+            config = dataclasses.replace(fwd_config(
+                head_dim=q.shape[-1], group=q.shape[1] // k.shape[1], left=left, right=right, q_shared=False,
+                scale=scale, dynamic=dynamic, zigzag=zigzag, total_kv=k.shape[0], batch=q_offsets.numel() - 1,
+            ), **free)
+        return fwd_sm90.forward(q, k, v, q_offsets, kv_offsets, max_q, left=left, right=right, scale=scale, plan=plan, config=config)
 
     return run
+
+
+def _forced_backward(plan, q, k, left, right, *, fused: bool, head_major: bool):
+    """A BwdConfig for ``plan``'s dK/dV pass with the walk forced (``HEAD_MAJOR``)."""
+    import dataclasses
+
+    from jagflash.core.schedule import deal_flags
+    from jagflash.core.tuning import bwd_config
+
+    dynamic, zigzag = deal_flags(plan.info, "dkdv")
+    cfg = bwd_config(
+        head_dim=q.shape[-1], group=q.shape[1] // k.shape[1], left=left, right=right, q_shared=False,
+        fused_dq=fused, dynamic=dynamic, zigzag=zigzag,
+    )
+    return dataclasses.replace(cfg, HEAD_MAJOR=head_major)
 
 
 def _reference(causal: bool, sign: float = 1.0):
@@ -58,94 +82,80 @@ CASES = {
 }
 
 
-# The default consumer (version 2) on the static schedule at every dtype and head dim; version 1,
-# the batch-order table ("none") and the atomic tile counter ("dynamic") at bf16 only (what they
-# change does not depend on the dtype): 64 cases instead of the full 128, for the GPU suite's time.
+# The static schedule at every dtype and head dim; the batch-order table ("none") and the atomic
+# tile counter ("dynamic") at bf16 only (what they change does not depend on the dtype).
 FORWARD_VARIANTS = [
-    *((dtype, dim, True, "static") for dtype in (torch.bfloat16, torch.float16) for dim in (64, 128)),
-    *((torch.bfloat16, dim, False, "static") for dim in (64, 128)),
-    (torch.bfloat16, 128, True, "none"),
-    (torch.bfloat16, 128, True, "dynamic"),
+    *((dtype, dim, "static") for dtype in (torch.bfloat16, torch.float16) for dim in (64, 128)),
+    (torch.bfloat16, 64, "dynamic"),
+    (torch.bfloat16, 128, "none"),
+    (torch.bfloat16, 128, "dynamic"),
 ]
 
 
-@pytest.mark.parametrize(("dtype", "head_dim", "pipeline", "schedule"), FORWARD_VARIANTS)
+@pytest.mark.parametrize(("dtype", "head_dim", "schedule"), FORWARD_VARIANTS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", CASES)
-def test_tlx_forward_matches_reference(name, causal, head_dim, dtype, pipeline, schedule) -> None:
+def test_tlx_forward_matches_reference(name, causal, head_dim, dtype, schedule) -> None:
     q_lens, k_lens, hq, hkv = CASES[name]
     case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=head_dim, dtype=dtype, causal=causal)
     t = case.build("cuda", requires_grad=False)
     t.pop("dout")
-    check_against_reference(_forward(causal, pipeline, schedule), _reference(causal), t, atol=SPEC.atol[dtype])
+    check_against_reference(_forward(causal, schedule), _reference(causal), t, atol=SPEC.atol[dtype])
 
 
 @pytest.mark.parametrize("schedule", ["static", "none", "dynamic"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["odd_lengths", "lognormal"])
 def test_tlx_forward_other_walk_matches_reference(name, causal, schedule) -> None:
-    """The walk a call does not get by default (``default_walk``: ``"slot"`` unmasked,
-    ``"head"`` causal): every tile is still computed once (GQA, zero-length sequences, a padded
-    table)."""
+    """The walk a call does not get by default (``tuning.default_head_major``): every tile is
+    still computed once (GQA, zero-length sequences, a padded table)."""
     q_lens, k_lens, hq, hkv = CASES[name]
     case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
     t = case.build("cuda", requires_grad=False)
     t.pop("dout")
-    walk = "head" if causal else "slot"
-    check_against_reference(_forward(causal, True, schedule, walk=walk), _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
+    from jagflash.core.tuning import default_head_major
+
+    left, right = mask_bounds(causal)
+    other = not default_head_major(left, right, schedule == "dynamic")
+    check_against_reference(_forward(causal, schedule, HEAD_MAJOR=other), _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
 
 
-@pytest.mark.parametrize(
-    ("q_bufs", "ring_tiles", "schedule"),
-    [(1, False, "dynamic"), (2, False, "dynamic"), (2, True, "dynamic"), (2, True, "static"), (1, True, "dynamic")],
-)
+@pytest.mark.parametrize(("ring_tiles", "schedule"), [(False, "dynamic"), (True, "dynamic"), (True, "static")])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["odd_lengths", "lognormal"])
-def test_tlx_forward_q_tiles_and_tile_ring_match_reference(name, causal, q_bufs, ring_tiles, schedule) -> None:
-    """``q_bufs`` (2, the default: the producer loads the next tile's Q while the consumers run
-    this one; 1: one Q tile per consumer) and ``ring_tiles`` forced on or off (on: the producer
-    walks the table alone and passes each decoded tile to the consumers through shared memory,
-    on a dynamic or a static plan; the walk's end is a tile marked so; by default only batches
-    of short K/V sequences take it, as odd_lengths does): every tile computed once, in order."""
+def test_tlx_forward_tile_ring_on_and_off_match_reference(name, causal, ring_tiles, schedule) -> None:
+    """``RING_TILES`` forced on or off (on: the producer walks the table alone and passes each
+    decoded tile to the consumers through shared memory, on a dynamic or a static plan; the
+    walk's end is a tile marked so; by default only batches of short K/V sequences take it, as
+    odd_lengths does): every tile computed once, in order."""
     q_lens, k_lens, hq, hkv = CASES[name]
     case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
     t = case.build("cuda", requires_grad=False)
     t.pop("dout")
-    run = _forward(causal, True, schedule, q_bufs=q_bufs, ring_tiles=ring_tiles)
-    check_against_reference(run, _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
+    check_against_reference(_forward(causal, schedule, RING_TILES=ring_tiles), _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
 
 
-@pytest.mark.parametrize("pipeline", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_tlx_forward_idle_half_changes_no_bit(causal, pipeline) -> None:
-    """A consumer whose 64 rows of a q-tile all lie past the sequence's end issues no matmul
-    (``idle_half``, the default): lengths on each side of 64 and 128 give tiles with one idle
-    half and tiles with none; the outputs and LSE equal those of the tiles computed in full
-    (``idle_half=False``), bit for bit, which match the reference."""
+def test_tlx_forward_idle_halves_match_reference(causal) -> None:
+    """A consumer whose 64 rows of a q-tile all lie past the sequence's end issues no matmul:
+    lengths on each side of 64 and 128 give tiles with one idle half and tiles with none."""
     lens = (1, 37, 64, 65, 128, 129, 191, 192, 193, 300)
     case = JaggedCase(lens, lens, hq=4, hkv=2, head_dim=128, dtype=torch.bfloat16, causal=causal)
     t = case.build("cuda", requires_grad=False)
     t.pop("dout")
-    busy = _forward(causal, pipeline, "dynamic", idle_half=False)
-    check_against_reference(busy, _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
-    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
-    out_idle, lse_idle = _forward(causal, pipeline, "dynamic")(*args)
-    out_busy, lse_busy = busy(*args)
-    assert torch.equal(out_idle, out_busy)
-    assert torch.equal(lse_idle, lse_busy)
+    check_against_reference(_forward(causal, "dynamic"), _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
 
 
-@pytest.mark.parametrize("pipeline", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_gt_lk"])
-def test_tlx_forward_negative_scale_matches_reference(name, causal, pipeline) -> None:
+def test_tlx_forward_negative_scale_matches_reference(name, causal) -> None:
     """A negative scale cannot ride in the exponent (the running max is taken on the scaled
     scores): the kernel then scales the scores first (``FOLD_SCALE`` off)."""
     q_lens, k_lens, hq, hkv = CASES[name]
     case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
     t = case.build("cuda", requires_grad=False)
     t.pop("dout")
-    check_against_reference(_forward(causal, pipeline, "static", -1.0), _reference(causal, -1.0), t, atol=SPEC.atol[torch.bfloat16])
+    check_against_reference(_forward(causal, "static", -1.0), _reference(causal, -1.0), t, atol=SPEC.atol[torch.bfloat16])
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -192,7 +202,7 @@ def test_tlx_deterministic_backward_is_bitwise_repeatable() -> None:
 def test_tlx_dkdv_matches_reference(name, causal, head_dim) -> None:
     """The TLX dK/dV pass alone against autograd through the reference, given the reference's
     LSE and delta."""
-    from jagflash.core import tlx_attention
+    from jagflash.core.tlx import bwd_sm90
     from jagflash.core.tolerance import assert_close_all
 
     q_lens, k_lens, hq, hkv = CASES[name]
@@ -209,7 +219,7 @@ def test_tlx_dkdv_matches_reference(name, causal, head_dim) -> None:
             lse32 = lse.float()
             delta = (out.detach().double() * dout.double()).sum(-1).transpose(0, 1).float().contiguous()
     left, right = mask_bounds(causal)
-    dk, dv = tlx_attention.backward_dkdv(dout, q, k, v, lse32, delta, qo, ko, left=left, right=right, scale=scale)
+    dk, dv = bwd_sm90.backward_dkdv(dout, q, k, v, lse32, delta, qo, ko, left=left, right=right, scale=scale)
     assert_close_all(["dk", "dv"], [dk, dv], grads[torch.float64], grads[torch.bfloat16], SPEC.atol[torch.bfloat16])
 
 
@@ -226,16 +236,16 @@ def _reference_grads(t, causal):
     return ref_out, ref_lse, grads[torch.float64], grads[torch.bfloat16]
 
 
-@pytest.mark.parametrize(("dq_write", "head_dim"), [("tma", 128), ("atomic", 128), ("tma", 64)])
+@pytest.mark.parametrize("head_dim", [128, 64])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_lt_lk", "cross_lq_gt_lk", "lognormal"])
-def test_tlx_fused_backward_matches_reference(name, causal, dq_write, head_dim) -> None:
+def test_tlx_fused_backward_matches_reference(name, causal, head_dim) -> None:
     """The one-pass TLX backward (per-query preprocess, dK/dV with dQ reduce-added from every
     kv-tile) against autograd through the reference, given the reference's O and LSE; GQA,
     zero-length sequences, Lq != Lk, rows that see no key, tiles past a sequence's end. D 128
     (each warpgroup writes half of dQ's columns every step) and D 64 (whole rows, the two
     warpgroups taking alternate steps)."""
-    from jagflash.core import tlx_attention
+    from jagflash.core.tlx import bwd_sm90
     from jagflash.core.tolerance import assert_close_all
 
     q_lens, k_lens, hq, hkv = CASES[name]
@@ -244,9 +254,8 @@ def test_tlx_fused_backward_matches_reference(name, causal, dq_write, head_dim) 
     q, k, v, qo, ko, dout = (t[n] for n in ("q", "k", "v", "q_offsets", "kv_offsets", "dout"))
     ref_out, lse32, exact, low = _reference_grads(t, causal)
     left, right = mask_bounds(causal)
-    got = tlx_attention.backward(
+    got = bwd_sm90.backward(
         dout, q, k, v, ref_out.to(q.dtype), lse32, qo, ko, left=left, right=right, scale=head_dim**-0.5,
-        dq_write=dq_write,
     )
     assert_close_all(["dq", "dk", "dv"], list(got), exact, low, SPEC.atol[torch.bfloat16])
 
@@ -257,8 +266,8 @@ def test_tlx_backward_walk_changes_no_dkdv_bit(causal) -> None:
     the head walk's and a dynamic plan's (atomic tile counter, both walks) are bitwise the
     default's; dQ (summed in a varying order) agrees to rounding. The one pass, then the two
     passes' dK/dV."""
-    from jagflash.core import tlx_attention
     from jagflash.core.schedule import make_plan
+    from jagflash.core.tlx import bwd_sm90
 
     q_lens, k_lens, hq, hkv = CASES["lognormal"]
     t = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal).build("cuda", requires_grad=False)
@@ -269,19 +278,28 @@ def test_tlx_backward_walk_changes_no_dkdv_bit(causal) -> None:
     kw = {"left": left, "right": right, "scale": 128**-0.5}
     dynamic = make_plan(
         qo, ko, total_q=q.shape[0], total_kv=k.shape[0], heads_q=hq, heads_kv=hkv, window=(left, right),
-        block_m=tlx_attention.BLOCK_M, block_n=tlx_attention.BLOCK_N,
-        dkdv_blocks=(tlx_attention.ONE_PASS_BLOCK_M, tlx_attention.BLOCK_N), backward=True, schedule="dynamic",
+        block_m=128, block_n=128, dkdv_blocks=(64, 128), backward=True, schedule="dynamic",
     )
-    others = {"slot": {"walk": "slot"}, "head": {"walk": "head"}, "dynamic slot": {"walk": "slot", "plan": dynamic}, "dynamic head": {"walk": "head", "plan": dynamic}}
-    base = tlx_attention.backward(dout, q, k, v, out, lse32, qo, ko, **kw)
-    for name, extra in others.items():
-        got = tlx_attention.backward(dout, q, k, v, out, lse32, qo, ko, **extra, **kw)
+    static = make_plan(
+        qo, ko, total_q=q.shape[0], total_kv=k.shape[0], heads_q=hq, heads_kv=hkv, window=(left, right),
+        block_m=128, block_n=128, dkdv_blocks=(64, 128), backward=True, schedule="static",
+    )
+
+    def others(fused):
+        return {
+            f"{deal} {walk}": {"plan": plan, "config": _forced_backward(plan, q, k, left, right, fused=fused, head_major=walk == "head")}
+            for deal, plan in (("static", static), ("dynamic", dynamic)) for walk in ("slot", "head")
+        }
+
+    base = bwd_sm90.backward(dout, q, k, v, out, lse32, qo, ko, plan=static, **kw)
+    for name, extra in others(True).items():
+        got = bwd_sm90.backward(dout, q, k, v, out, lse32, qo, ko, **extra, **kw)
         assert torch.equal(base[1], got[1]), name
         assert torch.equal(base[2], got[2]), name
         torch.testing.assert_close(base[0], got[0], rtol=0, atol=2e-2, msg=name)
     delta = (ref_out.double() * dout.double()).sum(-1).transpose(0, 1).float().contiguous()
-    base = tlx_attention.backward_dkdv(dout, q, k, v, lse32, delta, qo, ko, **kw)
-    for name, extra in others.items():
-        got = tlx_attention.backward_dkdv(dout, q, k, v, lse32, delta, qo, ko, **extra, **kw)
+    base = bwd_sm90.backward_dkdv(dout, q, k, v, lse32, delta, qo, ko, plan=static, **kw)
+    for name, extra in others(False).items():
+        got = bwd_sm90.backward_dkdv(dout, q, k, v, lse32, delta, qo, ko, **extra, **kw)
         for a, b in zip(base, got):
             assert torch.equal(a, b), name

@@ -218,9 +218,9 @@ def plan_backend(spec: VariantSpec, problem: Problem, device: torch.device, requ
 
 
 def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
-    """The TLX warp-specialised kernels of ``jagflash.core.tlx_attention`` (Hopper only):
+    """The TLX warp-specialised kernels of ``jagflash.core.tlx`` (Hopper only):
     forward, and a backward that runs in one pass with dQ reduce-added from every kv-tile where
-    ``tlx_attention.use_one_pass`` says so (D 64 and 128, causal or not, no left bound, not
+    ``jagflash.core.tuning.use_one_pass`` says so (D 64 and 128, causal or not, no left bound, not
     ``deterministic``), and otherwise as a portable dQ pass and a TLX dK/dV pass, without
     atomics in the jagged and dense variants: deterministic."""
     return BackendSpec(

@@ -1,13 +1,12 @@
 """Compile every TLX kernel configuration for sm_90a on a machine without a GPU, and report.
 
-    python -m jagflash.core.compile_check            # all installed variants
+    python -m jagflash.core.compile_check            # every configuration, 2 processes on 2 cores
     python -m jagflash.core.compile_check --max-spill-bytes 256 -k d128
     python -m jagflash.core.compile_check -k "bf16 d128" --loops   # + the SASS of each inner loop
 
-Each variant with a ``kernels_tlx_sm90`` module lists its launch configurations in
-``compile_configs()`` as ``(name, kernel, signature, constexprs, options)``, optionally with a
-sixth element: the spilled bytes that configuration is known to need (printed in the table, so
-a known spill stays visible; a configuration that spills more fails). Each is compiled
+The configurations are the declared TLX space of ``jagflash.core.tlx.configs``, each
+``(name, kernel, signature, constexprs, options, known_spill)``: ``known_spill`` the spilled
+bytes it is known to need (printed in the table, so a known spill stays visible; more fails). Each is compiled
 with ``triton.compile`` for ``GPUTarget("cuda", 90, 32)``; the PTX is assembled again with the
 wheel's ``ptxas -arch=sm_90a -v`` for registers and spills. The table shows registers, spilled
 bytes, shared memory, and whether wgmma, setmaxnreg and TMA (cp.async.bulk.tensor) made it into
@@ -23,7 +22,6 @@ kv loop was found 100 instructions longer than the uTLX tutorial's (bench/NOTES.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import re
 import subprocess
@@ -192,27 +190,16 @@ def compile_one(name, kernel, signature, constexprs, options, known_spill: int =
     return rep
 
 
-def variant_configs() -> list[tuple]:
-    """Every TLX configuration of every installed variant."""
-    from jagflash.core.registry import variants
+def all_configs() -> list[tuple]:
+    """Every configuration of the declared TLX space (``jagflash.core.tlx.configs``)."""
+    from jagflash.core.tlx.configs import compile_configs
 
-    out = []
-    for name in sorted(variants()):
-        try:
-            mod = importlib.import_module(f"jagflash.variants.{name}.kernels_tlx_sm90")
-        except ModuleNotFoundError as e:
-            if e.name == f"jagflash.variants.{name}.kernels_tlx_sm90":
-                continue
-            raise
-        out.extend(mod.compile_configs())
-    # Variants that launch the same core kernel list the same configurations: compile each once.
-    seen, unique = set(), []
-    for cfg in out:
-        key = (id(cfg[1]), tuple(sorted(cfg[2].items())), tuple(sorted(cfg[3].items())))
-        if key not in seen:
-            seen.add(key)
-            unique.append(cfg)
-    return unique
+    return compile_configs()
+
+
+def _compile(name: str) -> Report:
+    """Compile the configuration called ``name`` (in a worker process: kernels do not pickle)."""
+    return compile_one(*next(c for c in all_configs() if c[0] == name))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,19 +209,26 @@ def main(argv: list[str] | None = None) -> int:
         help="spilled bytes a configuration may have before it fails (default 0)",
     )
     parser.add_argument("-k", default="", help="only configurations whose name contains this")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="configurations compiled at once (processes)")
     parser.add_argument(
         "--loops", action="store_true",
         help="also list each kernel's innermost SASS loops (instructions, HGMMA, LDL/STL spills)",
     )
     args = parser.parse_args(argv)
-    configs = [c for c in variant_configs() if args.k in c[0]]
+    configs = [c for c in all_configs() if args.k in c[0]]
     if not configs:
         print("compile_check: no TLX kernel configurations found", file=sys.stderr)
         return 1
     reports = []
     print(f"{'configuration':40s} {'regs':>5s} {'spill B':>8s} {'shared B':>9s}  wgmma setmaxnreg tma")
-    for cfg in configs:
-        r = compile_one(*cfg, loops=args.loops)
+    if args.loops or args.jobs <= 1:
+        results = (compile_one(*cfg, loops=args.loops) for cfg in configs)
+    else:
+        import multiprocessing
+
+        pool = multiprocessing.get_context("spawn").Pool(args.jobs)
+        results = pool.imap(_compile, [c[0] for c in configs])
+    for r in results:
         reports.append(r)
         if r.error:
             print(f"{r.name:40s} {r.error}")

@@ -74,7 +74,13 @@ import triton.language as tl
 
 from jagflash.core.capability import InvalidInput
 from jagflash.core.jagged import seq_lengths
-from jagflash.core.mask import dkdv_q_range, dkdv_q_ranges, kv_tile_range, kv_tile_ranges, mask_bounds
+from jagflash.core.mask import (
+    dkdv_q_range,
+    dkdv_q_ranges,
+    kv_tile_range,
+    kv_tile_ranges,
+    mask_bounds,
+)
 from jagflash.core.seqlen import upper_bound
 from jagflash.core.tuning import DEFAULT_BACKWARD_SCHEDULE, DEFAULT_SCHEDULE
 

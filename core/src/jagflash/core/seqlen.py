@@ -1,12 +1,13 @@
-"""A tile's sequence, in kernels (``@triton.jit``): which sequence owns a position, and the
-masked row loads and stores that never cross a sequence's end."""
+"""A tile's sequence, in kernels (``@triton.jit``, portable): a Plan row decoded into its
+sequence's starts and lengths, the row a q-tile reads Q from, which sequence owns a position, and
+the masked row loads and stores that never cross a sequence's end."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-__all__ = ["load_rows", "store_rows", "upper_bound"]
+__all__ = ["fwd_tile", "load_rows", "plan_row", "q_row", "seq_starts", "store_rows", "upper_bound"]
 
 @triton.jit
 def upper_bound(ends, n, x, steps):
@@ -49,3 +50,53 @@ def store_rows(ptrs, x, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, EVEN_D: tl
     else:
         tl.store(ptrs, x, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM))
 
+
+@triton.jit
+def plan_row(i, TILES, count, heads, HEAD_MAJOR: tl.constexpr, GROUP: tl.constexpr = 1):
+    """Row ``i`` of a Plan pass's table (walked in the order of :func:`walk_first`): (in range,
+    sequence, head, first row).
+
+    ``HEAD_MAJOR``: the table holds each tile slot's ``heads`` heads side by side; walk it one
+    K/V head at a time instead: the GROUP query heads that share it (GQA; the forward's table
+    holds query heads) side by side, slot after slot, then the next K/V head. The tiles that run
+    at once then share one K/V head in L2, as the uTLX tutorial's grid order does. It gives up
+    the cost order across heads (each head's tiles still come heaviest first), which a static
+    deal pays for on masked batches and a dynamic one does not."""
+    ok = i < count
+    t = i
+    if HEAD_MAJOR:
+        span = tl.maximum(count // heads, 1) * GROUP  # the tiles of one K/V head
+        rem = i % span
+        t = (rem // GROUP) * heads + (i // span) * GROUP + rem % GROUP
+    row = TILES + tl.where(ok, t, 0).to(tl.int64) * 3
+    return ok, tl.load(row, mask=ok, other=0), tl.load(row + 1, mask=ok, other=0), tl.load(row + 2, mask=ok, other=0)
+
+
+@triton.jit
+def seq_starts(q_offsets, kv_offsets, b):
+    """(q start, lq, kv start, lk) of sequence ``b``; int32, as TMA coordinates are 32-bit."""
+    q_start = tl.load(q_offsets + b).to(tl.int32)
+    lq = tl.load(q_offsets + b + 1).to(tl.int32) - q_start
+    k_start = tl.load(kv_offsets + b).to(tl.int32)
+    lk = tl.load(kv_offsets + b + 1).to(tl.int32) - k_start
+    return q_start, lq, k_start, lk
+
+
+@triton.jit
+def fwd_tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR: tl.constexpr, GROUP: tl.constexpr):
+    """The forward q-tile at index ``i`` of the walk: (live, head, first row, q start, lq, kv
+    start, lk)."""
+    ok, b, h, m0 = plan_row(i, TILES, count, heads, HEAD_MAJOR, GROUP)
+    q_start, lq, k_start, lk = seq_starts(q_offsets, kv_offsets, b)
+    return ok & (m0 < lq), h, m0, q_start, lq, k_start, lk
+
+
+@triton.jit
+def q_row(q_start, m0, Q_SHARED: tl.constexpr):
+    """Row of Q where a q-tile starting at ``m0`` of a sequence starting at ``q_start`` reads its
+    queries: the sequence's own rows, or, broadcast-Q (``Q_SHARED``), the one shared block
+    (outputs, LSE and dO still use the sequence's rows ``q_start + m0``)."""
+    if Q_SHARED:
+        return m0
+    else:
+        return q_start + m0

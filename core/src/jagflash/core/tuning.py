@@ -22,13 +22,16 @@ __all__ = [
     "BACKEND_DEFAULT",
     "DEFAULT_BACKWARD_SCHEDULE",
     "DEFAULT_SCHEDULE",
+    "FREE_FIELDS",
     "PORTABLE_HEAD_DIMS",
     "TLX_HEAD_DIMS",
     "TLX_ONE_PASS_HEAD_DIMS",
+    "VEC_PAD",
     "BwdConfig",
     "FwdConfig",
     "block_config",
     "bwd_config",
+    "config_reasons",
     "default_head_major",
     "default_ring_tiles",
     "default_schedules",
@@ -197,6 +200,11 @@ def fwd_config(
     )
 
 
+#: Rows the packed per-query vectors of each sequence are padded to (a multiple of every dK/dV
+#: q-step), so that the dK/dV kernel's producer loads a step's vectors as one TMA box.
+VEC_PAD = 64
+
+
 @dataclass(frozen=True)
 class BwdConfig:
     """The compile-time choices of one launch of the TLX dK/dV kernel: the two-pass backward's
@@ -217,7 +225,7 @@ class BwdConfig:
     DQ_COLS: int  # dQ columns a consumer computes at once (dq_cols)
     NUM_Q: int = 2  # Q/dO ring depth
     DQ_STAGES: int = 1  # shared-memory stages of each consumer's dQ write-back (two do not fit at D 128)
-    PAD: int = 64  # rows the packed per-query vectors of each sequence are padded to
+    PAD: int = VEC_PAD  # rows the packed per-query vectors of each sequence are padded to
 
     def constexprs(self) -> dict[str, object]:
         """The kernel's compile-time keyword arguments."""
@@ -235,6 +243,24 @@ def bwd_config(
         Q_SHARED=q_shared, FUSED_DQ=fused_dq, HEAD_MAJOR=default_head_major(left, right, dynamic),
         DYNAMIC=dynamic, ZIGZAG=zigzag, BLOCK_M=block_m, BLOCK_N=block_n, DQ_COLS=dq_cols(head_dim),
     )
+
+
+#: The FwdConfig / BwdConfig fields a caller's config may choose other than the policy does
+#: (the walk and the tile hand-off: tests and probes force each); the rest follow from the call.
+FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES"})
+
+
+def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, plan_blocks: tuple[int, int]) -> list[str]:
+    """Why a caller's ``config`` does not fit the call whose policy config is ``want`` and whose
+    plan has tiles ``plan_blocks``: every reason (empty if it fits)."""
+    reasons = [
+        f"{name}={getattr(config, name)!r}, the call needs {getattr(want, name)!r}"
+        for name in type(config).__dataclass_fields__
+        if name not in FREE_FIELDS and getattr(config, name) != getattr(want, name)
+    ]
+    if plan_blocks != (config.BLOCK_M, config.BLOCK_N):
+        reasons.append(f"the plan's tiles are {plan_blocks[0]}x{plan_blocks[1]}, the config's {config.BLOCK_M}x{config.BLOCK_N}")
+    return reasons
 
 
 # --- schedules ---------------------------------------------------------------------------------

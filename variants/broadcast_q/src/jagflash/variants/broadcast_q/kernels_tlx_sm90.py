@@ -1,4 +1,4 @@
-"""Broadcast-Q on Hopper with TLX: the warp-specialised kernels of ``jagflash.core.tlx_attention``
+"""Broadcast-Q on Hopper with TLX: the warp-specialised kernels of ``jagflash.core.tlx``
 with ``q_shared``: sequence ``b``'s q-tiles read the one shared Q block and write rows
 ``b * Lq + m`` of the output (and read those of dO), so the batch is the jagged problem whose
 sequence ``b`` has Lq queries, laid out (and cost-sorted by its K/V length) by a Plan like any
@@ -6,19 +6,19 @@ jagged batch. LSE ``[B, Hq, Lq]`` is stored in place (``lse_per_sequence``) and 
 reads it there.
 The backward runs the portable dQ pass (dQ summed over the sequences by atomics, or in order
 with ``deterministic``; it also computes delta) and then the TLX dK/dV pass (the one-pass
-``tlx_attention.backward`` only where ``tlx_attention.use_one_pass`` says so)."""
+``jagflash.core.tlx.bwd_sm90.backward`` only where ``jagflash.core.tuning.use_one_pass`` says so)."""
 
 from __future__ import annotations
 
 import torch
 
-from jagflash.core import tlx_attention
 from jagflash.core.schedule import Plan, make_plan
-from jagflash.core.tuning import tlx_sm90_blocks
+from jagflash.core.tlx import bwd_sm90, fwd_sm90
+from jagflash.core.tuning import tlx_sm90_blocks, use_one_pass
 from jagflash.variants.broadcast_q import kernels_portable
 from jagflash.variants.broadcast_q.op import output_offsets
 
-__all__ = ["backward", "compile_configs", "forward"]
+__all__ = ["backward", "forward"]
 
 
 def _plan(q: torch.Tensor, k: torch.Tensor, kv_offsets: torch.Tensor, left: int, right: int, backward: bool) -> tuple[Plan, torch.Tensor]:
@@ -50,7 +50,7 @@ def forward(
     lq, hq, dim = q.shape
     batch = kv_offsets.numel() - 1
     plan, q_offsets = _given(plan, q, k, kv_offsets, left, right, backward=False)
-    out, lse = tlx_attention.forward(
+    out, lse = fwd_sm90.forward(
         q, k, v, q_offsets, kv_offsets, lq, left=left, right=right, scale=scale, plan=plan,
         q_shared=True, lse_per_sequence=True,
     )
@@ -67,8 +67,8 @@ def backward(
     lq, hq, dim = q.shape
     batch = kv_offsets.numel() - 1
     plan, q_offsets = _given(plan, q, k, kv_offsets, left, right, backward=True)
-    if tlx_attention.use_one_pass(deterministic, left, right, dim):
-        return tlx_attention.backward(
+    if use_one_pass(deterministic, left, right, dim):
+        return bwd_sm90.backward(
             dout.reshape(batch * lq, hq, dim), q, k, v, out.reshape(batch * lq, hq, dim),
             lse, q_offsets, kv_offsets, left=left, right=right, scale=scale,
             plan=plan, q_shared=True,
@@ -77,12 +77,9 @@ def backward(
         dout, q, k, v, out, lse, kv_offsets, left=left, right=right, scale=scale,
         deterministic=deterministic, backend="portable",
     )
-    dk, dv = tlx_attention.backward_dkdv(
+    dk, dv = bwd_sm90.backward_dkdv(
         dout.reshape(batch * lq, hq, dim), q, k, v, lse, delta, q_offsets,
         kv_offsets, left=left, right=right, scale=scale, plan=plan, q_shared=True,
     )
     return dq.to(q.dtype), dk, dv
 
-
-def compile_configs():
-    return tlx_attention.compile_configs()

@@ -1,16 +1,17 @@
 """Dense attention on Hopper with TLX: ``[B, N, H, D]`` seen as a jagged batch of B sequences of
-N rows, run by the warp-specialised kernels of ``jagflash.core.tlx_attention`` (LSE ``[B, H,
+N rows, run by the warp-specialised kernels of ``jagflash.core.tlx`` (LSE ``[B, H,
 N]`` stored in place: ``lse_per_sequence``). The backward runs
 the portable dQ pass (which also computes delta) and then the TLX dK/dV pass: deterministic (the
-one-pass backward only where ``tlx_attention.use_one_pass`` says so, as in the jagged variant)."""
+one-pass backward only where ``jagflash.core.tuning.use_one_pass`` says so, as in the jagged variant)."""
 
 from __future__ import annotations
 
 import torch
 
-from jagflash.core import tlx_attention
+from jagflash.core.tlx import bwd_sm90, fwd_sm90
+from jagflash.core.tuning import use_one_pass
 
-__all__ = ["backward", "compile_configs", "forward"]
+__all__ = ["backward", "forward"]
 
 
 def forward(
@@ -20,7 +21,7 @@ def forward(
     pass sets the tile order)."""
     batch, nq = q.shape[:2]
     nk = k.shape[1]
-    out, lse = tlx_attention.forward(
+    out, lse = fwd_sm90.forward(
         q.reshape(batch * nq, *q.shape[2:]), k.reshape(batch * nk, *k.shape[2:]),
         v.reshape(batch * nk, *v.shape[2:]), plan.q_offsets, plan.kv_offsets, nq,
         left=left, right=right, scale=scale, plan=plan, lse_per_sequence=True,
@@ -33,13 +34,13 @@ def backward(
     lse: torch.Tensor, plan, *, left: int, right: int, scale: float, deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV (``lse`` ``[B, Hq, Nq]``). Bitwise repeatable (two passes without atomics)
-    unless ``deterministic`` is False and ``tlx_attention.use_one_pass`` picks the one-pass backward."""
+    unless ``deterministic`` is False and ``jagflash.core.tuning.use_one_pass`` picks the one-pass backward."""
     from jagflash.variants.dense import kernels_portable
 
     batch, nq = q.shape[:2]
     nk = k.shape[1]
-    if tlx_attention.use_one_pass(deterministic, left, right, q.shape[-1]):
-        dq, dk, dv = tlx_attention.backward(
+    if use_one_pass(deterministic, left, right, q.shape[-1]):
+        dq, dk, dv = bwd_sm90.backward(
             dout.reshape(batch * nq, *dout.shape[2:]), q.reshape(batch * nq, *q.shape[2:]),
             k.reshape(batch * nk, *k.shape[2:]), v.reshape(batch * nk, *v.shape[2:]),
             out.reshape(batch * nq, *out.shape[2:]), lse, plan.q_offsets,
@@ -49,7 +50,7 @@ def backward(
     dq, delta = kernels_portable.backward_dq(
         dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale, backend="portable"
     )
-    dk, dv = tlx_attention.backward_dkdv(
+    dk, dv = bwd_sm90.backward_dkdv(
         dout.reshape(batch * nq, *dout.shape[2:]), q.reshape(batch * nq, *q.shape[2:]),
         k.reshape(batch * nk, *k.shape[2:]), v.reshape(batch * nk, *v.shape[2:]),
         lse, delta, plan.q_offsets, plan.kv_offsets,
@@ -57,6 +58,3 @@ def backward(
     )
     return dq, dk.view(k.shape), dv.view(v.shape)
 
-
-def compile_configs():
-    return tlx_attention.compile_configs()

@@ -82,7 +82,7 @@ def jagged_attention(
         deterministic: make the backward bitwise repeatable. With ``False`` (the default) a
             backend may sum dQ in a varying order where that is faster: the TLX backward
             then runs one pass that adds dQ from every kv-tile (D 128, causal or not:
-            ``jagflash.core.tlx_attention.use_one_pass``); with ``True`` it runs two
+            ``jagflash.core.tuning.use_one_pass``); with ``True`` it runs two
             passes without atomics, like the portable backward always does.
         backend: ``"tlx-sm90"``, ``"portable"``, ``"interpreter"``, ``"reference"``, or ``None`` for the fastest
             that runs the problem (``JAGFLASH_BACKEND`` overrides ``None``).

@@ -1,20 +1,22 @@
 """Jagged attention on Hopper with TLX: the warp-specialised kernels of
-``jagflash.core.tlx_attention`` on the jagged tensors as they are. The backward runs the
+``jagflash.core.tlx`` on the jagged tensors as they are. The backward runs the
 portable dQ pass (which also computes delta) and then the TLX dK/dV pass: deterministic. The
-one-pass ``tlx_attention.backward`` (dQ added from every kv-tile) runs instead, without
-``deterministic``, where ``tlx_attention.use_one_pass`` says so (D 64 and 128, causal or not,
+one-pass ``jagflash.core.tlx.bwd_sm90.backward`` (dQ added from every kv-tile) runs instead, without
+``deterministic``, where ``jagflash.core.tuning.use_one_pass`` says so (D 64 and 128, causal or not,
 no left bound)."""
 
 from __future__ import annotations
 
 import torch
 
-from jagflash.core import tlx_attention
 from jagflash.core.schedule import Plan
-from jagflash.core.tlx_attention import forward
+from jagflash.core.tlx import bwd_sm90, fwd_sm90
+from jagflash.core.tuning import use_one_pass
 from jagflash.variants.jagged import kernels_portable
 
-__all__ = ["backward", "compile_configs", "forward"]
+__all__ = ["backward", "forward"]
+
+forward = fwd_sm90.forward
 
 
 def backward(
@@ -34,20 +36,17 @@ def backward(
     deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV; bitwise repeatable (two passes without atomics) unless ``deterministic`` is
-    False and ``tlx_attention.use_one_pass`` picks the one-pass backward."""
-    if tlx_attention.use_one_pass(deterministic, left, right, q.shape[-1]):
-        return tlx_attention.backward(
+    False and ``jagflash.core.tuning.use_one_pass`` picks the one-pass backward."""
+    if use_one_pass(deterministic, left, right, q.shape[-1]):
+        return bwd_sm90.backward(
             dout, q, k, v, out, lse, q_offsets, kv_offsets, left=left, right=right, scale=scale, plan=plan
         )
     dq, delta = kernels_portable.backward_dq(
         dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
         backend="portable",
     )
-    dk, dv = tlx_attention.backward_dkdv(
+    dk, dv = bwd_sm90.backward_dkdv(
         dout, q, k, v, lse, delta, q_offsets, kv_offsets, left=left, right=right, scale=scale, plan=plan
     )
     return dq, dk, dv
 
-
-def compile_configs():
-    return tlx_attention.compile_configs()

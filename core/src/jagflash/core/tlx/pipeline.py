@@ -1,19 +1,21 @@
-"""TLX building blocks for the Hopper (sm_90a) kernels: buffer rings, TMA loads into a ring,
-and the host-side pieces (TMA descriptors over jagged tensors, the worker count).
+"""TLX building blocks of the Hopper (sm_90a) kernels, used by the producer and the consumers
+alike: buffer rings, record rings, the tile walk over a Plan, the named barriers between the
+consumer warpgroups, and the staged dQ reduce-add.
 
 Rings. A ring of ``NUM`` shared-memory buffers is driven by a running counter that producer and
 consumer each advance once per buffer they pass: the slot is ``counter % NUM`` and the mbarrier
 phase ``(counter // NUM) & 1``. A producer waits on the slot's *empty* barrier with the phase
 flipped (the first pass through the ring must not block), the consumer on its *full* barrier
-with the phase as is.
+with the phase as is. ``tlx.barrier_arrive`` syncs the calling warpgroup and arrives once (from
+its first thread), so every thread's accesses before it are ordered before the arrival.
 
-Jagged tensors and TMA. A descriptor covers the whole ``[T, H * D]`` tensor, so a tile that
-runs past its sequence reads the next sequence's rows (or zeros past ``T``). The kernels make
-that harmless instead of building a descriptor per sequence: scores of keys past the sequence
-are masked to -inf (their probabilities are exactly 0), query rows past it are computed and
-dropped, and every store into a jagged output is a masked store that never crosses the
-sequence boundary. Per-sequence device descriptors would cost a descriptor write and a fence
-per tile; the masked epilogue costs a predicated store, once per tile.
+The walk. Producer and consumers walk the same tiles of a Plan pass (:func:`walk_first`,
+:func:`walk_next`): a static deal is computed by every role, a dynamic one is taken by the
+producer from the launch's atomic counter and published to the consumers through a record ring.
+
+Named barriers (ids 0-3 are Triton's own, one per partition and the whole block):
+:data:`TURN_0` / :data:`TURN_1` hand the turn to issue between the two consumer warpgroups
+(:func:`turn_wait`, :func:`turn_pass`); :func:`consumers_sync` joins both warpgroups.
 
 dQ write-back. The one-pass backward adds each kv-tile's share of dQ into an fp32 accumulator
 with TMA reduce-adds (:func:`dq_reduce_add`). Tile rows past a sequence's end add exact zeros
@@ -26,10 +28,19 @@ backend is selected.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
+
+from jagflash.core.portable import sched_first, sched_next
+
+#: Named barriers of the consumer warpgroups' turn to issue (one each) and of their joint sync.
+TURN_0 = tl.constexpr(9)
+TURN_1 = tl.constexpr(10)
+CONSUMERS = tl.constexpr(11)
+#: Depth of a dynamic walk's tile-index ring: the producer claims a tile one ahead of the one it
+#: loads for, and the Q / K/V buffers keep it at most one more tile ahead of the consumers.
+ID_RING = tl.constexpr(2)
 
 
 @triton.jit
@@ -149,37 +160,74 @@ def dq_reduce_add(desc, stages, first, NUM: tl.constexpr, counter, value, row, c
     tlx.async_descriptor_store(desc, stage, [row, col], store_reduce="add")
 
 
-# --- host side --------------------------------------------------------------------------------
+@triton.jit
+def turn_wait(CID: tl.constexpr):
+    """Wait for this consumer warpgroup's turn to issue (named barriers TURN_0 and TURN_1)."""
+    if CID == 0:
+        tlx.named_barrier_wait(TURN_0, 256)
+    else:
+        tlx.named_barrier_wait(TURN_1, 256)
 
 
-def rows_descriptor(t: torch.Tensor, block_rows: int, head_dim: int):
-    """A TMA descriptor over ``t [T, H, D]`` (contiguous) seen as ``[T, H * D]``, with blocks of
-    ``block_rows`` rows of one head: the tile of head ``h`` at row ``r`` is at ``[r, h * D]``."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    rows = t.shape[0]
-    width = t.shape[1] * t.shape[2]
-    return TensorDescriptor(t, shape=[rows, width], strides=[width, 1], block_shape=[block_rows, head_dim])
-
-
-def vectors_descriptor(t: torch.Tensor, block: int):
-    """A TMA descriptor over per-query vectors ``t [H, rows]`` fp32 (contiguous, ``rows`` a
-    multiple of 4: 16-byte aligned head rows), with blocks of ``block`` values of one head: the
-    block of head ``h`` from row ``r`` is at ``[h, r]``."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    return TensorDescriptor(t, shape=list(t.shape), strides=[t.stride(0), 1], block_shape=[1, block])
+@triton.jit
+def turn_pass(CID: tl.constexpr):
+    """Hand the turn to issue to the other consumer warpgroup."""
+    if CID == 0:
+        tlx.named_barrier_arrive(TURN_1, 256)
+    else:
+        tlx.named_barrier_arrive(TURN_0, 256)
 
 
-def set_tma_allocator() -> None:
-    """Triton needs a scratch allocator for kernels that build descriptors on the device."""
+@triton.jit
+def consumers_sync(x):
+    """Both consumer warpgroups (256 threads) meet at named barrier CONSUMERS; ``x``: any scalar
+    (the instruction needs an operand). The unaligned ``barrier.sync``: each warpgroup runs its
+    own copy of the consumer code (``replicate=2``), so the two halves of one barrier generation
+    execute different instructions, which the aligned ``bar.sync`` of ``tlx.named_barrier_wait``
+    does not allow (compute-sanitizer's synccheck reports it as divergence)."""
+    tl.inline_asm_elementwise("barrier.sync 11, 256;\n\tmov.b32 $0, 0;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
 
-    def alloc(size: int, align: int, stream):
-        return torch.empty(size, dtype=torch.int8, device="cuda")
 
-    triton.set_allocator(alloc)
+@triton.jit
+def walk_first(pid, COUNTER, ring, PRODUCER: tl.constexpr, DYNAMIC: tl.constexpr, PUBLISH: tl.constexpr = True):
+    """The first table index ``i`` of this program's walk over a Plan pass and its round ``r``.
+
+    Static (``DYNAMIC`` off): every role computes the indices itself (``sched_first`` /
+    ``sched_next``: program ``pid``'s slot of each round, mirrored on odd rounds of a zigzag
+    deal), so producer and consumers walk the same tiles without talking. Dynamic: only the
+    producer takes indices from the launch's atomic counter, one tile ahead of the one it loads
+    for, and publishes each in the tile-index ring ``ring`` (``(ids, fulls, empties)``:
+    :func:`tile_publish`); the consumers take them from there in the same
+    order. The walk ends at the first index past the pass's tile count. ``PUBLISH`` off: the
+    producer walks alone (the forward's ``RING_TILES`` hands the consumers decoded tiles
+    instead of indices)."""
+    if DYNAMIC:
+        if PRODUCER:
+            i, r = sched_first(pid, COUNTER, True)
+            if PUBLISH:
+                tile_publish(ring[0], ring[1], ring[2], r, i, ID_RING)
+        else:
+            r = pid * 0
+            i = tile_take(ring[0], ring[1], ring[2], r, ID_RING)
+    else:
+        i, r = sched_first(pid, COUNTER, False)
+    return i, r
 
 
-def num_workers(device: torch.device) -> int:
-    """Persistent grid size: one program per streaming multiprocessor."""
-    return torch.cuda.get_device_properties(device).multi_processor_count
+@triton.jit
+def walk_next(i, r, pid, nprog, COUNTER, ring, PRODUCER: tl.constexpr, DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr,
+              PUBLISH: tl.constexpr = True):
+    """The index after ``i`` (round ``r``) of this program's walk, and its round: see
+    :func:`walk_first`. The producer calls it before it loads for tile ``i`` (so a dynamic
+    claim's latency hides behind that tile), the consumers after they finish it."""
+    if DYNAMIC:
+        if PRODUCER:
+            i, r = sched_next(i, r, pid, nprog, COUNTER, True, ZIGZAG)
+            if PUBLISH:
+                tile_publish(ring[0], ring[1], ring[2], r, i, ID_RING)
+        else:
+            r = r + 1
+            i = tile_take(ring[0], ring[1], ring[2], r, ID_RING)
+    else:
+        i, r = sched_next(i, r, pid, nprog, COUNTER, False, ZIGZAG)
+    return i, r

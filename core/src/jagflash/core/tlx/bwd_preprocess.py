@@ -1,0 +1,109 @@
+"""The TLX backward's preprocess: log2 LSE and delta = rowsum(dO * O) packed per sequence for the
+dK/dV kernel, each sequence's rows starting at a multiple of ``VEC_PAD`` (``jagflash.core.
+tuning``), padding rows holding lse2 = +inf (P = 0) and delta = 0, so that the kernel's producer
+loads a step's vectors as one TMA box each, without a mask.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from jagflash.core.jagged import seq_lengths
+from jagflash.core.ops import stepped_arange
+from jagflash.core.seqlen import upper_bound
+from jagflash.core.softmax import attn_delta, lse_to_log2
+from jagflash.core.tuning import VEC_PAD
+
+
+@triton.jit
+def _vectors_kernel(
+    O, DO, LSE, DELTA_IN, LSE2, DELTA, q_offsets, VEC_TILE, vec_rows, n_seqs, search_steps,
+    stride_ot, stride_oh, stride_dot, stride_doh, stride_lh, stride_ls,
+    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, GIVEN_DELTA: tl.constexpr, PAD: tl.constexpr,
+):
+    """The backward's preprocess: ``BLOCK`` rows of head ``program_id(1)`` of the packed
+    ``[Hq, vec_rows]`` vectors, each written once. Packed row ``p`` lies in the PAD-row tile
+    ``p // PAD``, owned by sequence ``b`` (a binary search over ``VEC_TILE``'s tile prefix sum,
+    zero-length sequences skipped); it is that sequence's query ``r = p - VEC_TILE[b] * PAD``
+    if ``r`` is under its length: log2 LSE (``lse_to_log2``) and delta = rowsum(dO * O) (or
+    ``DELTA_IN``, laid out as LSE, when ``GIVEN_DELTA``); else padding, lse2 = +inf (P = 0) and
+    delta = 0. LSE (and DELTA_IN) are ``[Hq, Tq]`` (``stride_lh`` Tq, ``stride_ls`` 1) or ``[B,
+    Hq, L]`` (L, Hq): the value of query r of sequence b is at ``h * stride_lh + q_offsets[b] *
+    stride_ls + r``."""
+    p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    h = tl.program_id(1).to(tl.int64)
+    in_range = p < vec_rows
+    b = upper_bound(VEC_TILE + 1, n_seqs, p // PAD, search_steps)  # n_seqs: past the last tile
+    owned = b < n_seqs
+    q_start = tl.load(q_offsets + b).to(tl.int64)
+    length = tl.load(q_offsets + b + 1, mask=owned, other=0).to(tl.int64) - q_start
+    r = p - tl.load(VEC_TILE + b).to(tl.int64) * PAD
+    valid = in_range & owned & (r < length)
+    at = h * stride_lh + q_start * stride_ls + r
+    if GIVEN_DELTA:
+        delta = tl.load(DELTA_IN + at, mask=valid, other=0.0)
+    else:
+        offs_d = tl.arange(0, HEAD_DIM)
+        r64 = (q_start + r)[:, None]
+        o = tl.load(O + r64 * stride_ot + h * stride_oh + offs_d[None, :], mask=valid[:, None], other=0.0)
+        do = tl.load(DO + r64 * stride_dot + h * stride_doh + offs_d[None, :], mask=valid[:, None], other=0.0)
+        delta = attn_delta(o, do)
+    lse2 = tl.where(valid, lse_to_log2(tl.load(LSE + at, mask=valid, other=0.0)), float("inf"))
+    tl.store(LSE2 + h * vec_rows + p, lse2, mask=in_range)
+    tl.store(DELTA + h * vec_rows + p, delta, mask=in_range)
+
+
+def backward_vectors(
+    lse: torch.Tensor,
+    q_offsets: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    dout: torch.Tensor | None = None,
+    delta: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The dK/dV kernel's per-query vectors, packed (see the module's docstring): ``(lse2, delta,
+    vec_tile)``, ``lse2`` and ``delta`` ``[Hq, vec_rows]`` fp32 and ``vec_tile`` ``[B + 1]`` int32,
+    sequence ``b``'s rows starting at row ``vec_tile[b] * VEC_PAD``. ``lse`` ``[Hq, Tq]``, or
+    ``[B, Hq, L]`` for sequences of one length L (``jagflash.core.tlx.fwd_sm90.forward``'s ``lse_per_sequence``); delta
+    = rowsum(dO * O) of ``out`` and ``dout`` (``[Tq, Hq, D]``), or given (laid out as ``lse``,
+    from the portable dQ pass). One kernel writes every packed row, padding included (no
+    fills); for sequences of one length ``vec_tile`` is ``arange(B + 1) * ceil(L / VEC_PAD)``,
+    kept in plain eager mode (``core.ops.stepped_arange``). No host synchronisation:
+    ``vec_rows`` is the bound ``Tq + VEC_PAD * B``."""
+    n_seqs = q_offsets.numel() - 1
+    if lse.dim() == 3:
+        _, hq, length = lse.shape
+        tq, lse_strides = n_seqs * length, (length, hq)
+        vec_tile = stepped_arange(n_seqs + 1, triton.cdiv(length, VEC_PAD), lse.device, torch.int32, (lse, q_offsets))
+    else:
+        hq, tq = lse.shape
+        lse_strides = (tq, 1)
+        vec_tile = torch.zeros(n_seqs + 1, dtype=torch.int32, device=lse.device)
+        vec_tile[1:] = torch.cumsum(torch.div(seq_lengths(q_offsets) + VEC_PAD - 1, VEC_PAD, rounding_mode="floor"), 0)
+    vec_rows = triton.cdiv(tq + VEC_PAD * n_seqs, 16) * 16  # 16-divisible: aligned per-head rows
+    if not (tq and n_seqs):
+        lse2 = torch.full((hq, vec_rows), float("inf"), dtype=torch.float32, device=lse.device)
+        return lse2, torch.zeros_like(lse2), vec_tile
+    lse2 = torch.empty((hq, vec_rows), dtype=torch.float32, device=lse.device)
+    packed_delta = torch.empty_like(lse2)
+    given = delta is not None
+    if given:
+        delta = delta.contiguous()
+        out = dout = delta  # unused
+        strides = (0, 0, 0, 0)
+        dim = 16
+    else:
+        out, dout = out.contiguous(), dout.contiguous()
+        strides = (out.stride(0), out.stride(1), dout.stride(0), dout.stride(1))
+        dim = out.shape[-1]
+        delta = lse  # unused
+    block = 64
+    _vectors_kernel[(triton.cdiv(vec_rows, block), hq)](
+        out, dout, lse.contiguous(), delta, lse2, packed_delta, q_offsets, vec_tile, vec_rows,
+        n_seqs, n_seqs.bit_length(), *strides, *lse_strides, HEAD_DIM=dim, BLOCK=block, GIVEN_DELTA=given,
+        PAD=VEC_PAD, num_warps=4,
+    )
+    return lse2, packed_delta, vec_tile
+

@@ -1,0 +1,296 @@
+"""The TLX backward for Hopper (sm_90a) over jagged batches: the dK/dV kernel and its launches,
+as the one-pass backward (:func:`backward`: dQ reduce-added from every kv-tile) and as the dK/dV
+pass of the two-pass one (:func:`backward_dkdv`, after the portable dQ pass: deterministic).
+
+The dK/dV kernel keeps a 128-row kv-tile's dK and dV in the two consumer warpgroups' registers
+(64 rows each) and streams Q / dO of every q-step that sees it, 64 queries a step; both read
+log2 LSE and delta packed per sequence by ``jagflash.core.tlx.bwd_preprocess`` (no masks: the
+producer loads each step's by TMA with its Q and dO). The kv-blocks' q-ranges are
+``jagflash.core.mask.dkdv_q_range``'s; producer and consumers iterate the same ones.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from jagflash.core.mask import dkdv_q_range
+from jagflash.core.ops import alloc_like
+from jagflash.core.schedule import PASSES, deal_flags, make_plan, tile_counter
+from jagflash.core.seqlen import plan_row, q_row, seq_starts
+from jagflash.core.softmax import LOG2E
+from jagflash.core.tlx.bwd_mainloop import dkdv_steps
+from jagflash.core.tlx.bwd_preprocess import backward_vectors
+from jagflash.core.tlx.descriptors import num_workers, rows_descriptor, vectors_descriptor
+from jagflash.core.tlx.pipeline import ID_RING, ring_slot, walk_first, walk_next
+from jagflash.core.tuning import (
+    TLX_ONE_PASS_HEAD_DIMS,
+    BwdConfig,
+    bwd_config,
+    config_reasons,
+    default_schedules,
+    dq_cols,
+    tlx_sm90_blocks,
+)
+
+
+@triton.jit
+def _dkdv_kernel(
+    desc_q, desc_k, desc_v, desc_do, DK, DV, desc_lse2, desc_delta, VEC_TILE, q_offsets, kv_offsets, TILES, COUNT,
+    COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, scale, left, right, desc_dq, heads,
+    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+    Q_SHARED: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
+    ZIGZAG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_COLS: tl.constexpr,
+    NUM_Q: tl.constexpr, DQ_STAGES: tl.constexpr, PAD: tl.constexpr,
+):
+    """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
+    the GQA group, and with ``FUSED_DQ`` each tile's share of dQ, reduce-added into an fp32
+    accumulator through ``desc_dq`` (without it dQ and delta come from the portable dQ pass,
+    which runs first). A producer streams K/V once per tile and Q/dO through a ring of NUM_Q
+    slots; two consumer warpgroups take 64 kv rows each and share every Q/dO slot
+    (``jagflash.core.tlx.bwd_mainloop``). ``desc_lse2``, ``desc_delta`` (TMA descriptors over
+    ``[Hq, vec_rows]``, blocks of ``[1, BLOCK_M]``) and ``VEC_TILE``: the packed per-query vectors
+    of ``jagflash.core.tlx.bwd_preprocess`` (``PAD`` rows a sequence), which the producer loads
+    with each step's Q and dO. The constexprs are a :class:`jagflash.core.tuning.BwdConfig`'s."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    dtype: tl.constexpr = tlx.dtype_of(desc_q)
+    ELEM: tl.constexpr = tlx.size_of(dtype)
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+
+    k_tiles = tlx.local_alloc((HALF, HEAD_DIM), dtype, 2)
+    v_tiles = tlx.local_alloc((HALF, HEAD_DIM), dtype, 2)
+    q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_Q)
+    do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_Q)
+    lse_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_Q)
+    delta_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_Q)
+    if FUSED_DQ:
+        # dS^T, one per consumer, double-buffered by step (the dQ product reads both)
+        ds_tiles = tlx.local_alloc((HALF, BLOCK_M), dtype, 4)
+        dq_stages = tlx.local_alloc((BLOCK_M, DQ_COLS), tl.float32, 2 * DQ_STAGES)  # per consumer
+    else:
+        ds_tiles = tlx.local_alloc((HALF, BLOCK_M), dtype, 2)  # dS^T, one per consumer
+        dq_stages = k_tiles  # unused
+    kv_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    kv_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    q_fulls = tlx.alloc_barriers(num_barriers=NUM_Q, arrive_count=1)
+    q_empties = tlx.alloc_barriers(num_barriers=NUM_Q, arrive_count=2)
+    ids = tlx.local_alloc((1,), tl.int32, ID_RING)  # the tile-index ring (DYNAMIC)
+    id_fulls = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=1)
+    id_empties = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=2)
+    ring = (ids, id_fulls, id_empties)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default", registers=24):  # producer: TMA loads
+            count = tl.load(COUNT).to(tl.int32)
+            q_cnt = 0
+            tile_cnt = 0
+            i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC)
+            while i < count:
+                i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG)
+                ok, b, hk, n0 = plan_row(i, TILES, count, heads, HEAD_MAJOR)
+                q_start, lq, k_start, lk = seq_starts(q_offsets, kv_offsets, b)
+                if ok & (n0 < lk):
+                    lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                    for c in tl.static_range(2):
+                        tlx.barrier_wait(kv_empties[c], (tile_cnt & 1) ^ 1)
+                        tlx.barrier_expect_bytes(kv_fulls[c], 2 * ELEM * HALF * HEAD_DIM)
+                        tlx.async_descriptor_load(desc_k, k_tiles[c], [k_start + n0 + c * HALF, hk * HEAD_DIM], kv_fulls[c])
+                        tlx.async_descriptor_load(desc_v, v_tiles[c], [k_start + n0 + c * HALF, hk * HEAD_DIM], kv_fulls[c])
+                    vec0 = tl.load(VEC_TILE + b) * PAD
+                    for g in range(GROUP):
+                        head = hk * GROUP + g
+                        col = head * HEAD_DIM
+                        for m0 in range(lo, hi, BLOCK_M):
+                            slot, phase = ring_slot(q_cnt, NUM_Q)
+                            tlx.barrier_wait(q_empties[slot], phase ^ 1)
+                            tlx.barrier_expect_bytes(q_fulls[slot], 2 * ELEM * BLOCK_M * HEAD_DIM + 2 * 4 * BLOCK_M)
+                            tlx.async_descriptor_load(desc_q, q_tiles[slot], [q_row(q_start, m0, Q_SHARED), col], q_fulls[slot])
+                            tlx.async_descriptor_load(desc_do, do_tiles[slot], [q_start + m0, col], q_fulls[slot])
+                            tlx.async_descriptor_load(desc_lse2, lse_tiles[slot], [head, vec0 + m0], q_fulls[slot])
+                            tlx.async_descriptor_load(desc_delta, delta_tiles[slot], [head, vec0 + m0], q_fulls[slot])
+                            q_cnt += 1
+                    tile_cnt += 1
+                i = i_next
+
+        with tlx.async_task(num_warps=4, registers=240, replicate=2):  # consumers
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            qk_scale2 = scale * LOG2E
+            count = tl.load(COUNT).to(tl.int32)
+            kv = (k_tiles, v_tiles)
+            qring = (q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties)
+            band = (left, right)
+            q_cnt = 0
+            tile_cnt = 0
+            i, r = walk_first(pid, COUNTER, ring, False, DYNAMIC)
+            while i < count:
+                ok, b, hk, n0 = plan_row(i, TILES, count, heads, HEAD_MAJOR)
+                q_start, lq, k_start, lk = seq_starts(q_offsets, kv_offsets, b)
+                if ok & (n0 < lk):
+                    lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                    if FUSED_DQ:  # noqa: SIM102 (a compile-time branch around a run-time one)
+                        if n0 + BLOCK_N > lk:
+                            # A tile past the sequence's end runs masked throughout: its rows past
+                            # lk hold the next sequence's keys, whose dS must not reach dQ.
+                            full_lo = lo
+                            full_hi = lo
+                    kv_rows = n0 + cid * HALF + tl.arange(0, HALF)
+                    seq = (lq, lk, q_start)
+                    tlx.barrier_wait(kv_fulls[cid], tile_cnt & 1)
+                    dk = tl.zeros([HALF, HEAD_DIM], tl.float32)
+                    dv = tl.zeros([HALF, HEAD_DIM], tl.float32)
+                    for g in range(GROUP):
+                        dq_col = (hk * GROUP + g) * HEAD_DIM
+                        dq = (desc_dq, ds_tiles, dq_stages, dq_col)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, lo, full_lo, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, full_lo, full_hi, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, full_hi, hi, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS)
+                    tlx.barrier_arrive(kv_empties[cid], 1)
+                    valid = kv_rows < lk
+                    offs_d = tl.arange(0, HEAD_DIM)
+                    out_rows = (k_start + kv_rows).to(tl.int64)
+                    tl.store(DK + out_rows[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :], (dk * scale).to(dtype), mask=valid[:, None])
+                    tl.store(DV + out_rows[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :], dv.to(dtype), mask=valid[:, None])
+                    tile_cnt += 1
+                i, r = walk_next(i, r, pid, nprog, COUNTER, ring, False, DYNAMIC, ZIGZAG)
+            if FUSED_DQ:
+                tlx.async_descriptor_store_wait(0)  # the stages must outlive their last stores
+
+
+
+def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, dim, left, right, blocks, deterministic):
+    """The plan (made with the TLX kernels' default schedules for this backward if none was
+    given) and its dK/dV layout."""
+    if plan is None:
+        block_m, block_n = tlx_sm90_blocks(dim)["fwd"]
+        schedule, backward_schedule = default_schedules("tlx-sm90", dim, window=(left, right), deterministic=deterministic)
+        plan = make_plan(
+            q_offsets, kv_offsets, total_q=tq, total_kv=tk, heads_q=hq, heads_kv=hkv,
+            window=(left, right), block_m=block_m, block_n=block_n, dkdv_blocks=blocks, backward=True,
+            schedule=schedule, backward_schedule=backward_schedule,
+        )
+    return plan, plan.info.layout("dkdv")
+
+
+def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc, left, right, scale, q_shared, config, who):
+    """One launch of :func:`_dkdv_kernel`; ``vectors``: ``backward_vectors``'s; ``dq_acc`` (fp32
+    ``[rows, Hq * D]``) fuses dQ in. ``config``: a :class:`BwdConfig` the caller forces, or
+    ``None`` for :func:`jagflash.core.tuning.bwd_config`'s (checked against the call)."""
+    _, hq, dim = q.shape
+    hkv = k.shape[1]
+    lay = plan.info.layout("dkdv")
+    dynamic, zigzag = deal_flags(plan.info, "dkdv")
+    want = bwd_config(
+        head_dim=dim, group=hq // hkv, left=left, right=right, q_shared=q_shared,
+        fused_dq=dq_acc is not None, dynamic=dynamic, zigzag=zigzag,
+    )
+    config = config or want
+    reasons = config_reasons(config, want, (lay.block_m, lay.block_n))
+    if reasons:
+        raise ValueError(f"tlx {who}: the config does not fit this call: " + "; ".join(reasons))
+    if dq_acc is None:
+        desc_dq = rows_descriptor(q, config.BLOCK_M, dim)  # unused
+    else:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        desc_dq = TensorDescriptor(
+            dq_acc, shape=list(dq_acc.shape), strides=[dq_acc.stride(0), 1],
+            block_shape=[config.BLOCK_M, config.DQ_COLS],
+        )
+    programs = min(num_workers(q.device), lay.rows)
+    _dkdv_kernel[(programs,)](
+        rows_descriptor(q, config.BLOCK_M, dim), rows_descriptor(k, config.BLOCK_N // 2, dim),
+        rows_descriptor(v, config.BLOCK_N // 2, dim), rows_descriptor(dout, config.BLOCK_M, dim),
+        dk, dv, *(vectors_descriptor(x, config.BLOCK_M) for x in vectors[:2]), vectors[2], q_offsets, kv_offsets,
+        plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):], tile_counter(plan, "dkdv"),
+        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), scale, left, right, desc_dq, lay.heads,
+        **config.constexprs(), num_warps=4, num_stages=1,
+    )
+
+
+def backward_dkdv(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lse: torch.Tensor,
+    delta: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    *,
+    left: int,
+    right: int,
+    scale: float,
+    plan=None,
+    q_shared: bool = False,
+    config: BwdConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """dK ``[Tk, Hkv, D]`` and dV of jagged attention, given LSE and delta = rowsum(dO * O)
+    (both ``[Hq, Tq]`` fp32, or both ``[B, Hq, L]``: ``bwd_preprocess.backward_vectors``; the
+    portable dQ pass computes delta): the second pass of the deterministic backward (no atomics,
+    no reduce-adds). ``q_shared``: broadcast-Q, as for the forward (``dout`` then has the
+    ``B * Lq`` rows). ``config``: as for the forward (``FUSED_DQ`` off)."""
+    q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
+    tq = dout.shape[0]  # the rows of dO, LSE and delta (B * Lq for broadcast-Q: see forward)
+    dk, dv = alloc_like(k), alloc_like(v)
+    dim = q.shape[-1]
+    plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], q.shape[1], k.shape[1], dim, left, right, tlx_sm90_blocks(dim)["dkdv"], True)
+    if k.shape[0] == 0 or lay.rows == 0:
+        return dk, dv
+    if tq == 0:  # no queries anywhere: no gradient (and no descriptor over 0 rows)
+        return dk.zero_(), dv.zero_()
+    vectors = backward_vectors(lse, q_offsets, delta=delta)
+    _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, None, left, right, scale, q_shared, config, "dK/dV pass")
+    return dk, dv
+
+
+def backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    *,
+    left: int,
+    right: int,
+    scale: float,
+    plan=None,
+    q_shared: bool = False,
+    config: BwdConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of jagged attention in one pass over the kv-tiles (after the delta
+    preprocess): dK/dV stay in registers and each tile adds its share of dQ into an fp32
+    accumulator with staged TMA reduce-adds (``jagflash.core.tlx.pipeline.dq_reduce_add``), so
+    dQ's summation order varies from run to run. ``out``, ``dout``: ``[Tq, Hq, D]``; ``lse``
+    ``[Hq, Tq]`` (or ``[B, Hq, L]``: ``bwd_preprocess.backward_vectors``). ``q_shared``
+    (broadcast-Q, as for the forward): dQ ``[Lq, Hq, D]`` is summed over the sequences by the same
+    adds. ``config``: as for the forward (``FUSED_DQ`` on)."""
+    if q.shape[-1] not in TLX_ONE_PASS_HEAD_DIMS:
+        raise ValueError(
+            f"tlx backward: the one-pass backward takes head dims {TLX_ONE_PASS_HEAD_DIMS} (its dQ tiles are "
+            f"{dq_cols(128)} columns wide, the 128-byte swizzle of 16-bit K), got {q.shape[-1]}: run the two passes"
+        )
+    q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
+    lq, hq, dim = q.shape
+    tq = dout.shape[0]
+    dk, dv = alloc_like(k), alloc_like(v)
+    plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], hq, k.shape[1], dim, left, right, tlx_sm90_blocks(dim)["dkdv"], False)
+    # The accumulator has dQ's layout in fp32 (queries as rows; broadcast-Q: the Lq shared rows,
+    # which every sequence adds into). A q-tile that runs past its sequence's end adds exact
+    # zeros into the next sequence's rows (TMA clips the rows past the last). Zeroed, so rows
+    # that no tile reaches get dQ = 0.
+    acc = torch.zeros((lq, hq * dim), dtype=torch.float32, device=q.device)
+    if k.shape[0] and lay.rows and tq:
+        vectors = backward_vectors(lse, q_offsets, out=out, dout=dout)
+        _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, acc, left, right, scale, q_shared, config, "one-pass backward")
+    else:
+        dk.zero_()
+        dv.zero_()
+    dq = torch.empty_like(q)
+    torch.mul(acc.view(lq, hq, dim), scale, out=dq)
+    return dq, dk, dv

@@ -1,0 +1,112 @@
+"""The declared space of TLX kernel configurations: what the compile check (``jagflash.core.
+compile_check``) builds for sm_90a on the CPU and what the GPU tests force.
+
+The space is the product of the call classes that change a kernel's code (dtype, head dim, mask
+kind, deal, the free choices of ``jagflash.core.tuning.FREE_FIELDS``), each mapped to its config
+by the policy (``tuning.fwd_config`` / ``tuning.bwd_config``), with duplicates dropped; broadcast-Q,
+a non-positive scale and GQA are added on the deals their calls get (the forward and the one-pass
+backward on dynamic plans, the two passes' dK/dV on batch order). A forward on a batch-order plan
+differs from the static deal's by one flag (``ZIGZAG``) and is not compiled separately.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from itertools import product
+
+from jagflash.core.tuning import TLX_HEAD_DIMS, TLX_ONE_PASS_HEAD_DIMS, bwd_config, fwd_config
+
+#: ``(left, right)`` of each mask kind: none, causal, a two-sided window.
+MASKS = {"": (-1, -1), "causal": (-1, 0), "window": (64, 0)}
+#: The deals a plan can give a pass: dynamic (atomic counter), static zigzag, batch order.
+DEALS = {"dynamic": (True, False), "static": (False, True), "none": (False, False)}
+DTYPES = ("fp16", "bf16")
+
+
+def fwd_space():
+    """``(name, FwdConfig, dtype)`` of every forward configuration."""
+    out = {}
+    for dtype, dim, (mask, (left, right)), (deal, (dyn, zz)), ring in product(DTYPES, TLX_HEAD_DIMS, MASKS.items(), DEALS.items(), (False, True)):
+        if (deal == "none") or (ring and deal != "dynamic"):
+            continue  # batch order differs from a static deal by one flag; the ring is for dynamic plans
+        extras = [("", {})]
+        if deal == "dynamic" and mask != "window":
+            extras += [("_gqa", {"group": 4}), ("_unfolded", {"scale": -1.0})]
+            if not mask:
+                extras.append(("_bq", {"q_shared": True}))
+        for suffix, kw in extras:
+            call = {"group": 1, "q_shared": False, "scale": 1.0, **kw}
+            cfg = fwd_config(head_dim=dim, left=left, right=right, dynamic=dyn, zigzag=zz, total_kv=1, batch=1, **call)
+            cfg = dataclasses.replace(cfg, RING_TILES=ring)
+            name = f"tlx_fwd_{deal}{suffix}{'_ring' if ring else ''} {dtype} d{dim}{' ' + mask if mask else ''}"
+            out.setdefault((cfg, dtype), name)
+    return [(name, cfg, dtype) for (cfg, dtype), name in out.items()]
+
+
+def bwd_space():
+    """``(name, BwdConfig, dtype)`` of every dK/dV kernel configuration (one pass and two)."""
+    out = {}
+    for dtype, dim, (mask, (left, right)), (deal, (dyn, zz)), fused in product(DTYPES, TLX_HEAD_DIMS, MASKS.items(), DEALS.items(), (True, False)):
+        if (fused and dim not in TLX_ONE_PASS_HEAD_DIMS) or (fused == (deal == "none")):
+            continue  # the one pass runs on dynamic or static plans, the two passes' dK/dV on batch order
+        extras = [("", {})]
+        if deal in ("dynamic", "none") and mask != "window":
+            if fused:
+                extras.append(("_gqa", {"group": 4}))
+            if not mask:
+                extras.append(("_bq", {"q_shared": True}))
+        for suffix, kw in extras:
+            call = {"group": 1, "q_shared": False, **kw}
+            cfg = bwd_config(head_dim=dim, left=left, right=right, fused_dq=fused, dynamic=dyn, zigzag=zz, **call)
+            name = f"tlx_{'bwd' if fused else 'dkdv'}_{deal}{suffix} {dtype} d{dim}{' ' + mask if mask else ''}"
+            out.setdefault((cfg, dtype), name)
+    return [(name, cfg, dtype) for (cfg, dtype), name in out.items()]
+
+
+def _fwd_signature(cfg, dtype: str) -> dict[str, str]:
+    d = cfg.HEAD_DIM
+    return {
+        "desc_q": f"tensordesc<{dtype}[{cfg.BLOCK_M // 2},{d}]>", "desc_k": f"tensordesc<{dtype}[{cfg.BLOCK_N},{d}]>",
+        "desc_v": f"tensordesc<{dtype}[{cfg.BLOCK_N},{d}]>", "O": f"*{dtype}", "LSE": "*fp32", "q_offsets": "*i32",
+        "kv_offsets": "*i32", "TILES": "*i32", "COUNT": "*i64", "COUNTER": "*i32" if cfg.DYNAMIC else "*i64",
+        "stride_ot": "i32:16", "stride_oh": "i32:16", "stride_lh": "i32", "stride_ls": "i32", "scale": "fp32",
+        "left": "i32", "right": "i32", "heads": "i32",
+    }
+
+
+def _bwd_signature(cfg, dtype: str) -> dict[str, str]:
+    d, bm, bn = cfg.HEAD_DIM, cfg.BLOCK_M, cfg.BLOCK_N
+    return {
+        "desc_q": f"tensordesc<{dtype}[{bm},{d}]>", "desc_k": f"tensordesc<{dtype}[{bn // 2},{d}]>",
+        "desc_v": f"tensordesc<{dtype}[{bn // 2},{d}]>", "desc_do": f"tensordesc<{dtype}[{bm},{d}]>",
+        "DK": f"*{dtype}", "DV": f"*{dtype}", "desc_lse2": f"tensordesc<fp32[1,{bm}]>",
+        "desc_delta": f"tensordesc<fp32[1,{bm}]>", "VEC_TILE": "*i32", "q_offsets": "*i32", "kv_offsets": "*i32",
+        "TILES": "*i32", "COUNT": "*i64", "COUNTER": "*i32" if cfg.DYNAMIC else "*i64", "stride_dkt": "i32:16",
+        "stride_dkh": "i32:16", "stride_dvt": "i32:16", "stride_dvh": "i32:16", "scale": "fp32", "left": "i32",
+        "right": "i32",
+        "desc_dq": f"tensordesc<fp32[{bm},{cfg.DQ_COLS}]>" if cfg.FUSED_DQ else f"tensordesc<{dtype}[{bm},{d}]>",
+        "heads": "i32",
+    }
+
+
+def compile_configs():
+    """Every configuration of the space as the compile check takes it: ``(name, kernel,
+    signature, constexprs, options, known_spill)``. ``known_spill``: the spilled bytes a
+    configuration is known to need (bench/NOTES.md tracks them; the check fails on more)."""
+    from jagflash.core.tlx.bwd_sm90 import _dkdv_kernel
+    from jagflash.core.tlx.fwd_sm90 import _fwd_kernel
+
+    options = {"num_warps": 4, "num_stages": 1}
+    out = []
+    for kernel, space, signature in ((_fwd_kernel, fwd_space(), _fwd_signature), (_dkdv_kernel, bwd_space(), _bwd_signature)):
+        for name, cfg, dtype in space:
+            sig = signature(cfg, dtype)
+            constexprs = cfg.constexprs()
+            sig.update(dict.fromkeys(constexprs, "constexpr"))
+            out.append((name, kernel, sig, constexprs, options, KNOWN_SPILLS.get(name, 0)))
+    return out
+
+
+#: Spilled bytes per configuration as compiled on the CPU (compile_check's table); a known spill
+#: stays visible in the table, a larger one fails. Filled from the compile check's report.
+KNOWN_SPILLS: dict[str, int] = {}

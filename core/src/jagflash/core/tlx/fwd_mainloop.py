@@ -1,0 +1,139 @@
+"""The TLX forward's consumer main loop: one consumer warpgroup's 64 rows of a q-tile against the
+kv-blocks of ``jagflash.core.mask``'s range.
+
+Two consumer warpgroups take 64 rows each; they issue their QK^T wgmmas in turn (named barriers
+``TURN_0`` / ``TURN_1`` of ``jagflash.core.tlx.pipeline``), so one's softmax overlaps the other's
+matmul ("ping-pong"), and each keeps its QK^T of kv-block j in flight while its P V of block j-1
+issues (software pipelining), carrying P in fp32. A positive scale rides in the exponent's fused
+multiply-add (``FOLD_SCALE``). The range's masked head and tail run the masked specialisation of
+the loop, its body the unmasked one.
+
+Grouped arguments: ``kv`` is the K/V ring ``(k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+v_empties)``, ``bounds`` a row's visible keys ``(col_lo, col_hi)`` (``jagflash.core.mask.
+band_bounds``), ``state`` the running ``(acc, m_i, l_i, p)`` of the online softmax.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from jagflash.core.mask import bounds_mask
+from jagflash.core.softmax import online_softmax_step, online_softmax_step_scaled
+from jagflash.core.tlx.pipeline import ring_acquire, ring_release, turn_pass, turn_wait
+
+
+@triton.jit
+def issue_qk(q_buf, k_buf, CID: tl.constexpr):
+    """Start S = Q K^T on the tensor cores, in this warpgroup's turn (:func:`turn_wait`)."""
+    turn_wait(CID)
+    qk = tlx.async_dot(q_buf, tlx.local_trans(k_buf))
+    turn_pass(CID)
+    return qk
+
+
+@triton.jit
+def pass_kv_blocks(kv_cnt, start, end, kv, CID: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr):
+    """A consumer whose half of the q-tile lies wholly past the sequence's end: over the
+    kv-blocks ``[start, end)`` it issues no matmul, and keeps only its part of the handshakes:
+    its turns to issue (so the other warpgroup never waits for it) and its release of each K and
+    V slot, after the slot has filled (a release before that would count towards the slot's
+    previous round, which the other warpgroup may still be reading)."""
+    for _n0 in range(start, end, BLOCK_N):
+        turn_wait(CID)
+        turn_pass(CID)
+        _, k_slot = ring_acquire(kv[0], kv[2], kv_cnt, NUM_KV)
+        ring_release(kv[3], k_slot)
+        _, v_slot = ring_acquire(kv[1], kv[4], kv_cnt, NUM_KV)
+        ring_release(kv[5], v_slot)
+        kv_cnt += 1
+    return kv_cnt
+
+
+@triton.jit
+def scores(qk, qk_scale2, bounds, n0, BLOCK_N: tl.constexpr, BOUNDED_LEFT: tl.constexpr,
+           MASKED: tl.constexpr, FOLD_SCALE: tl.constexpr):
+    """Scores of the kv-block at ``n0``, masked (in the masked specialisation) by each row's
+    visible keys ``bounds``: raw with ``FOLD_SCALE`` (the scale then rides in the exponent),
+    else in the log2 domain (masked after the multiply, as 0 x -inf would be NaN)."""
+    if FOLD_SCALE:
+        s2 = qk
+    else:
+        s2 = qk * qk_scale2
+    if MASKED:
+        cols = n0 + tl.arange(0, BLOCK_N)
+        s2 = tl.where(bounds_mask(cols[None, :], bounds[0][:, None], bounds[1][:, None], BOUNDED_LEFT), s2, float("-inf"))
+    return s2
+
+
+@triton.jit
+def softmax_step(s, qk_scale2, m_i, l_i, FOLD_SCALE: tl.constexpr):
+    """The online-softmax step of scores from :func:`scores`."""
+    if FOLD_SCALE:
+        return online_softmax_step_scaled(s, qk_scale2, m_i, l_i)
+    else:
+        return online_softmax_step(s, m_i, l_i)
+
+
+@triton.jit
+def consume(state, kv_cnt, q_buf, kv, bounds, start, end, qk_scale2,
+            CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr,
+            BOUNDED_LEFT: tl.constexpr, MASKED: tl.constexpr, FOLD_SCALE: tl.constexpr):
+    """One consumer warpgroup over the kv-blocks ``[start, end)`` (masked or not), pipelined:
+    the QK^T of block j is in flight while P V of block j-1 is issued. ``state``'s ``p`` holds
+    the probabilities of the previous block, not yet multiplied into ``acc``, in fp32 (converted
+    where the wgmma takes it); ``acc`` is already scaled to the current running max."""
+    acc, m_i, l_i, p = state
+    for n0 in range(start, end, BLOCK_N):
+        k_buf, k_slot = ring_acquire(kv[0], kv[2], kv_cnt, NUM_KV)
+        qk = issue_qk(q_buf, k_buf, CID)
+        v_buf, v_slot = ring_acquire(kv[1], kv[4], kv_cnt - 1, NUM_KV)
+        acc = tlx.async_dot(p.to(DTYPE), v_buf, acc)
+        qk = tlx.async_dot_wait(1, qk)
+        ring_release(kv[3], k_slot)
+        s2 = scores(qk, qk_scale2, bounds, n0, BLOCK_N, BOUNDED_LEFT, MASKED, FOLD_SCALE)
+        p_new, alpha, m_i, l_i = softmax_step(s2, qk_scale2, m_i, l_i, FOLD_SCALE)
+        acc = tlx.async_dot_wait(0, acc)
+        ring_release(kv[5], v_slot)
+        acc = acc * alpha[:, None]
+        p = p_new
+        kv_cnt += 1
+    return (acc, m_i, l_i, p), kv_cnt
+
+
+@triton.jit
+def attend(kv_cnt, q_buf, kv, bounds, blocks, qk_scale2,
+           CID: tl.constexpr, DTYPE: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
+           BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr, BOUNDED_LEFT: tl.constexpr,
+           FOLD_SCALE: tl.constexpr):
+    """One consumer warpgroup's HALF rows of a q-tile against the kv-blocks ``blocks`` = ``(lo,
+    full_lo, full_hi, hi)`` (``jagflash.core.mask.kv_tile_range``): the first block alone (its
+    mask decided at run time), then the masked head, the unmasked body and the masked tail, then
+    P V of the last block. Returns ``(acc, m_i, l_i, kv_cnt)`` (unnormalised)."""
+    lo, full_lo, full_hi, hi = blocks
+    m_i = tl.full([HALF], float("-inf"), tl.float32)
+    l_i = tl.zeros([HALF], tl.float32)
+    acc = tl.zeros([HALF, HEAD_DIM], tl.float32)
+    if hi > lo:
+        k_buf, k_slot = ring_acquire(kv[0], kv[2], kv_cnt, NUM_KV)
+        qk = issue_qk(q_buf, k_buf, CID)
+        qk = tlx.async_dot_wait(0, qk)
+        ring_release(kv[3], k_slot)
+        if (lo < full_lo) | (lo >= full_hi):
+            s2 = scores(qk, qk_scale2, bounds, lo, BLOCK_N, BOUNDED_LEFT, True, FOLD_SCALE)
+        else:
+            s2 = scores(qk, qk_scale2, bounds, lo, BLOCK_N, BOUNDED_LEFT, False, FOLD_SCALE)
+        p, _, m_i, l_i = softmax_step(s2, qk_scale2, m_i, l_i, FOLD_SCALE)  # acc is 0: no rescale
+        kv_cnt += 1
+        second = lo + BLOCK_N
+        state = (acc, m_i, l_i, p)
+        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, second, tl.maximum(full_lo, second), qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, True, FOLD_SCALE)
+        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, tl.maximum(full_lo, second), tl.maximum(full_hi, second), qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, False, FOLD_SCALE)
+        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, tl.maximum(full_hi, second), hi, qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, True, FOLD_SCALE)
+        acc, m_i, l_i, p = state
+        v_buf, v_slot = ring_acquire(kv[1], kv[4], kv_cnt - 1, NUM_KV)
+        acc = tlx.async_dot(p.to(DTYPE), v_buf, acc)
+        acc = tlx.async_dot_wait(0, acc)
+        ring_release(kv[5], v_slot)
+    return acc, m_i, l_i, kv_cnt

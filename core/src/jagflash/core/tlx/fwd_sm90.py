@@ -1,0 +1,261 @@
+"""The TLX forward for Hopper (sm_90a) over jagged batches: the kernel and its launch.
+
+The dense, jagged and broadcast-Q variants all launch it (dense is jagged with equal lengths;
+broadcast-Q is jagged with one shared Q block, ``Q_SHARED``). One persistent program per SM walks
+the forward section of a :class:`jagflash.core.schedule.Plan` (``jagflash.core.tlx.pipeline.
+walk_first``) and splits the work over three warp roles:
+
+- the producer (the default warpgroup, 24 registers) loads Q once per tile and K/V through a
+  ring of ``NUM_KV`` shared-memory slots with TMA, each slot guarded by a full/empty mbarrier
+  pair; ``Q_BUFS`` tiles of Q are in flight;
+- two consumer warpgroups (``replicate=2``, 240 registers each) take 64 rows each and run the
+  main loop of ``jagflash.core.tlx.fwd_mainloop``; a warpgroup whose 64 rows all lie past the
+  sequence's end issues no matmul there;
+- the epilogue (in the consumers) normalises, and writes O and the LSE with masked stores that
+  never cross the sequence boundary.
+
+Every q-tile visits the kv-blocks of ``jagflash.core.mask.kv_tile_range``; producer and
+consumers iterate the same range. With ``RING_TILES`` the producer alone walks the table and
+hands each decoded tile to the consumers through a record ring; otherwise, on a dynamic plan, it
+hands them the table index. TMA reads past a sequence's end are harmless
+(``jagflash.core.tlx.descriptors``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from jagflash.core.mask import band_bounds, kv_tile_range
+from jagflash.core.ops import alloc
+from jagflash.core.schedule import PASSES, deal_flags, make_plan, tile_counter
+from jagflash.core.seqlen import fwd_tile, q_row
+from jagflash.core.softmax import LOG2E, finish_softmax
+from jagflash.core.tlx.descriptors import num_workers, rows_descriptor
+from jagflash.core.tlx.fwd_mainloop import attend, pass_kv_blocks
+from jagflash.core.tlx.pipeline import (
+    ID_RING,
+    TURN_0,
+    record_publish,
+    record_take,
+    ring_load,
+    ring_slot,
+    tma_load,
+    walk_first,
+    walk_next,
+)
+from jagflash.core.tuning import (
+    FwdConfig,
+    config_reasons,
+    default_schedules,
+    fwd_config,
+    tlx_sm90_blocks,
+)
+
+# The fields of a decoded forward tile in the tile ring (``RING_TILES``): state (1 live, 0 none
+# to compute, -1 the walk's end), head, first row, q start, lq, kv start, lk.
+TILE_FIELDS = tl.constexpr(7)
+
+
+@triton.jit
+def _fwd_kernel(
+    desc_q, desc_k, desc_v, O, LSE, q_offsets, kv_offsets, TILES, COUNT, COUNTER,
+    stride_ot, stride_oh, stride_lh, stride_ls, scale, left, right, heads,
+    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+    Q_SHARED: tl.constexpr, FOLD_SCALE: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
+    ZIGZAG: tl.constexpr, RING_TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_KV: tl.constexpr, Q_BUFS: tl.constexpr,
+):
+    """O and LSE of the q-tiles of a Plan's forward pass; the constexprs are a
+    :class:`jagflash.core.tuning.FwdConfig`'s."""
+    HALF: tl.constexpr = BLOCK_M // 2
+    dtype: tl.constexpr = tlx.dtype_of(desc_q)
+    ELEM: tl.constexpr = tlx.size_of(dtype)
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+
+    # Q, a half per consumer, Q_BUFS tiles deep (2: the next tile's Q loads during this one)
+    q_tiles = tlx.local_alloc((HALF, HEAD_DIM), dtype, 2 * Q_BUFS)
+    k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_KV)
+    v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_KV)
+    q_fulls = tlx.alloc_barriers(num_barriers=2 * Q_BUFS, arrive_count=1)
+    q_empties = tlx.alloc_barriers(num_barriers=2 * Q_BUFS, arrive_count=1)
+    k_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
+    k_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
+    v_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
+    v_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
+    # The tile ring: with RING_TILES the producer walks the table alone and passes each decoded
+    # tile (TILE_FIELDS ints) to the consumers; otherwise, on a dynamic plan, the table index.
+    if RING_TILES:
+        ids = tlx.local_alloc((1,), tl.int32, ID_RING * TILE_FIELDS)
+    else:
+        ids = tlx.local_alloc((1,), tl.int32, ID_RING)
+    id_fulls = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=1)
+    id_empties = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=2)
+    ring = (ids, id_fulls, id_empties)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default", registers=24):  # producer: TMA loads
+            count = tl.load(COUNT).to(tl.int32)
+            kv_cnt = 0
+            tile_cnt = 0
+            pub_cnt = 0  # tiles published in the tile ring (RING_TILES)
+            i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC, not RING_TILES)
+            while i < count:
+                i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, not RING_TILES)
+                live, h, m0, q_start, lq, k_start, lk = fwd_tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
+                if RING_TILES:
+                    # published as the producer reaches the tile: Q_BUFS tiles ahead of the
+                    # consumers, who then read a tile from shared memory, not three dependent
+                    # global loads (table row, offsets) at every tile start
+                    record_publish(ids, id_fulls, id_empties, pub_cnt, (live.to(tl.int32), h, m0, q_start, lq, k_start, lk), ID_RING)
+                    pub_cnt += 1
+                if live:
+                    lo, _, _, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                    row = q_row(q_start, m0, Q_SHARED)
+                    qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
+                    for c in tl.static_range(2):
+                        tma_load(desc_q, q_tiles[2 * qb + c], q_fulls[2 * qb + c], q_empties[2 * qb + c], q_phase, row + c * HALF, h * HEAD_DIM, ELEM * HALF * HEAD_DIM)
+                    col = (h // GROUP) * HEAD_DIM
+                    for n0 in range(lo, hi, BLOCK_N):
+                        ring_load(desc_k, k_tiles, k_fulls, k_empties, kv_cnt, k_start + n0, col, NUM_KV, ELEM * BLOCK_N * HEAD_DIM)
+                        ring_load(desc_v, v_tiles, v_fulls, v_empties, kv_cnt, k_start + n0, col, NUM_KV, ELEM * BLOCK_N * HEAD_DIM)
+                        kv_cnt += 1
+                    tile_cnt += 1
+                i = i_next
+            if RING_TILES:  # the walk's end
+                record_publish(ids, id_fulls, id_empties, pub_cnt, (-1, 0, 0, 0, 0, 0, 0), ID_RING)
+
+        with tlx.async_task(num_warps=4, registers=240, replicate=2):  # consumers
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            if cid == 1:
+                tlx.named_barrier_arrive(TURN_0, 256)  # let warpgroup 0 issue first
+            qk_scale2 = scale * LOG2E
+            count = tl.load(COUNT).to(tl.int32)
+            kv = (k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties)
+            kv_cnt = 0
+            tile_cnt = 0
+            if RING_TILES:
+                taken = 0
+                state, h, m0, q_start, lq, k_start, lk = record_take(ids, id_fulls, id_empties, taken, TILE_FIELDS, ID_RING)
+                more = state >= 0
+            else:
+                i, r = walk_first(pid, COUNTER, ring, False, DYNAMIC)
+                more = i < count
+            while more:
+                if RING_TILES:
+                    live = state > 0
+                else:
+                    live, h, m0, q_start, lq, k_start, lk = fwd_tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
+                if live:
+                    blocks = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                    rows = m0 + cid * HALF + tl.arange(0, HALF)
+                    bounds = band_bounds(rows, lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
+                    qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
+                    tlx.barrier_wait(q_fulls[2 * qb + cid], q_phase)
+                    q_buf = q_tiles[2 * qb + cid]
+                    if m0 + cid * HALF >= lq:  # an idle half (only the second can be)
+                        kv_cnt = pass_kv_blocks(kv_cnt, blocks[0], blocks[3], kv, cid, BLOCK_N, NUM_KV)
+                        tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
+                    else:
+                        acc, m_i, l_i, kv_cnt = attend(kv_cnt, q_buf, kv, bounds, blocks, qk_scale2, cid, dtype, HALF, HEAD_DIM, BLOCK_N, NUM_KV, BOUNDED_LEFT, FOLD_SCALE)
+                        tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
+                        out, lse = finish_softmax(acc, m_i, l_i)
+                        valid = rows < lq
+                        offs_d = tl.arange(0, HEAD_DIM)
+                        o_rows = (q_start + rows).to(tl.int64)
+                        o_ptrs = O + o_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
+                        tl.store(o_ptrs, out.to(dtype), mask=valid[:, None])
+                        # LSE [Hq, Tq] (stride_lh = Tq, stride_ls = 1) or [B, Hq, L] (L, Hq: q_start = b L);
+                        # int32 offsets: LSE has D times fewer elements than O, which fits in memory
+                        tl.store(LSE + (h * stride_lh + q_start * stride_ls + rows), lse, mask=valid)
+                    tile_cnt += 1
+                if RING_TILES:
+                    taken += 1
+                    state, h, m0, q_start, lq, k_start, lk = record_take(ids, id_fulls, id_empties, taken, TILE_FIELDS, ID_RING)
+                    more = state >= 0
+                else:
+                    i, r = walk_next(i, r, pid, nprog, COUNTER, ring, False, DYNAMIC, ZIGZAG)
+                    more = i < count
+
+
+def forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_seqlen_q: int,
+    *,
+    left: int,
+    right: int,
+    scale: float,
+    plan=None,
+    q_shared: bool = False,
+    lse_per_sequence: bool = False,
+    config: FwdConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` fp32 (inputs are made contiguous: TMA needs it).
+    ``lse_per_sequence``: LSE ``[B, Hq, L]`` instead, stored so by the kernel, for batches whose
+    B sequences all have L = Tq / B queries (dense, broadcast-Q; ``q_offsets`` = ``arange(B + 1)
+    * L``, which is the caller's to guarantee).
+
+    ``q_shared`` (broadcast-Q): ``q`` is one block ``[Lq, Hq, D]`` that every sequence reads,
+    ``q_offsets`` must then be ``arange(B + 1) * Lq`` and ``Tq = B * Lq`` (the output rows).
+
+    ``plan``: a :class:`jagflash.core.schedule.Plan` whose forward pass has 128-row q-tiles
+    (built here, with the default schedule, when not given): its table sets the tile order,
+    dealt zigzag for a grouped or static plan, taken from an atomic counter for a dynamic one.
+
+    ``config``: the launch's compile-time choices; ``None`` (every caller but the tests and the
+    probes, which force each one): :func:`jagflash.core.tuning.fwd_config`'s for the call. A
+    given config must agree with the call's shapes, mask and plan (checked)."""
+    n_seqs = q_offsets.numel() - 1
+    tq = n_seqs * q.shape[0] if q_shared else q.shape[0]
+    if lse_per_sequence and n_seqs and tq % n_seqs:
+        raise ValueError(f"tlx forward: lse_per_sequence needs sequences of one length: {tq} query rows in {n_seqs} sequences")
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    _, hq, dim = q.shape
+    hkv = k.shape[1]
+    out = alloc((tq, hq, dim), q.dtype, q.device)
+    if lse_per_sequence:
+        rows = tq // n_seqs if n_seqs else 0
+        lse = alloc((n_seqs, hq, rows), torch.float32, q.device)
+        lse_strides = (rows, hq)  # q_start = b L: b Hq L + h L + row
+    else:
+        lse = alloc((hq, tq), torch.float32, q.device)
+        lse_strides = (tq, 1)
+    block_m, block_n = (config.BLOCK_M, config.BLOCK_N) if config else tlx_sm90_blocks(dim)["fwd"]
+    if plan is None:
+        schedule, _ = default_schedules("tlx-sm90", dim, window=(left, right))
+        plan = make_plan(
+            q_offsets, kv_offsets, total_q=tq, total_kv=k.shape[0], heads_q=hq, heads_kv=hkv,
+            window=(left, right), block_m=block_m, block_n=block_n, max_seqlen_q=max_seqlen_q,
+            backward=False, schedule=schedule,
+        )
+    lay = plan.info.layout("fwd")
+    dynamic, zigzag = deal_flags(plan.info, "fwd")
+    want = fwd_config(
+        head_dim=dim, group=hq // hkv, left=left, right=right, q_shared=q_shared, scale=scale,
+        dynamic=dynamic, zigzag=zigzag, total_kv=plan.info.total_kv, batch=plan.info.batch,
+    )
+    config = config or want
+    reasons = config_reasons(config, want, (lay.block_m, lay.block_n))
+    if reasons:
+        raise ValueError("tlx forward: the config does not fit this call: " + "; ".join(reasons))
+    if tq == 0 or lay.rows == 0:
+        return out, lse
+    if k.shape[0] == 0:  # no keys anywhere: every row sees nothing (no descriptor over 0 rows)
+        return out.zero_(), lse.fill_(float("-inf"))
+    programs = min(num_workers(q.device), lay.rows)
+    _fwd_kernel[(programs,)](
+        rows_descriptor(q, config.BLOCK_M // 2, dim), rows_descriptor(k, config.BLOCK_N, dim),
+        rows_descriptor(v, config.BLOCK_N, dim), out, lse, q_offsets, kv_offsets,
+        plan.section("fwd"), plan.meta[PASSES.index("fwd"):], tile_counter(plan, "fwd"),
+        out.stride(0), out.stride(1), *lse_strides, scale, left, right, lay.heads,
+        **config.constexprs(), num_warps=4, num_stages=1,
+    )
+    return out, lse
+
