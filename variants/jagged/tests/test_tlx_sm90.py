@@ -18,7 +18,7 @@ pytestmark = pytest.mark.sm90
 
 def _forward(causal: bool, pipeline: bool, schedule: str, sign: float = 1.0, walk: str | None = None, **options):
     from jagflash.core import tlx_attention
-    from jagflash.core.schedule import make_plan
+    from jagflash.core.plan.build import make_plan
 
     left, right = mask_bounds(causal)
 
@@ -258,7 +258,7 @@ def test_tlx_backward_walk_changes_no_dkdv_bit(causal) -> None:
     default's; dQ (summed in a varying order) agrees to rounding. The one pass, then the two
     passes' dK/dV."""
     from jagflash.core import tlx_attention
-    from jagflash.core.schedule import make_plan
+    from jagflash.core.plan.build import make_plan
 
     q_lens, k_lens, hq, hkv = CASES["lognormal"]
     t = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal).build("cuda", requires_grad=False)

@@ -64,8 +64,9 @@ from jagflash.core.pipeline import (
     tma_load,
     vectors_descriptor,
 )
+from jagflash.core.plan.build import make_plan
+from jagflash.core.plan.model import PASSES
 from jagflash.core.portable import atomic_add_rows, sched_first, sched_next
-from jagflash.core.schedule import PASSES, deal_flags, make_plan, tile_counter
 from jagflash.core.seqlen import upper_bound
 from jagflash.core.softmax import (
     LOG2E,
@@ -75,6 +76,7 @@ from jagflash.core.softmax import (
     online_softmax_step,
     online_softmax_step_scaled,
 )
+from jagflash.core.tile_scheduler import deal_flags, tile_counter
 from jagflash.core.tuning import (
     TLX_ONE_PASS_HEAD_DIMS,
     default_schedules,

@@ -15,9 +15,9 @@ import torch
 
 from jagflash.core.jagged import check_offsets
 from jagflash.core.ops import call_plan_layout, call_problem, check_qkv, default_scale, raise_if
+from jagflash.core.plan.build import make_plan as _core_make_plan
+from jagflash.core.plan.model import Plan
 from jagflash.core.registry import Variant
-from jagflash.core.schedule import Plan
-from jagflash.core.schedule import make_plan as _core_make_plan
 from jagflash.core.tuning import BACKEND_DEFAULT
 from jagflash.variants.broadcast_q import op
 from jagflash.variants.broadcast_q.spec import SPEC

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from jagflash.core import tlx_attention
-from jagflash.core.schedule import Plan, make_plan
+from jagflash.core.plan.build import make_plan
+from jagflash.core.plan.model import Plan
 from jagflash.core.tuning import tlx_sm90_blocks
 from jagflash.variants.broadcast_q import kernels_portable
 from jagflash.variants.broadcast_q.op import output_offsets

@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.ops import call_plan_layout, call_problem, check_qkv, default_scale, raise_if
+from jagflash.core.plan.build import build_plan
+from jagflash.core.plan.model import PTR_DENSE, Plan, PlanInfo, plan_info
 from jagflash.core.registry import Variant
-from jagflash.core.schedule import PTR_DENSE, Plan, PlanInfo, build_plan, plan_info
 from jagflash.core.tuning import BACKEND_DEFAULT
 from jagflash.variants.dense import op
 from jagflash.variants.dense.spec import SPEC

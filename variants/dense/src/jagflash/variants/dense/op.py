@@ -16,8 +16,9 @@ from jagflash.core.backend import select
 from jagflash.core.jagged import lse_by_sequence
 from jagflash.core.mask import mask_bounds
 from jagflash.core.ops import make_problem, register_autograd, stepped_arange
+from jagflash.core.plan.check import resolve_plan
+from jagflash.core.plan.model import Plan
 from jagflash.core.reference import reference_backward, reference_forward
-from jagflash.core.schedule import Plan, resolve_plan
 from jagflash.variants.dense.spec import SPEC
 
 

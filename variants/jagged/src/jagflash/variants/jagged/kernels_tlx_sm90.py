@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from jagflash.core import tlx_attention
-from jagflash.core.schedule import Plan
+from jagflash.core.plan.model import Plan
 from jagflash.core.tlx_attention import forward
 from jagflash.variants.jagged import kernels_portable
 

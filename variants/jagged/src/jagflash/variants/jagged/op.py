@@ -22,8 +22,9 @@ from jagflash.core.capability import InvalidInput
 from jagflash.core.jagged import resolve_max_seqlen
 from jagflash.core.mask import mask_bounds
 from jagflash.core.ops import make_problem, register_autograd
+from jagflash.core.plan.check import resolve_plan
+from jagflash.core.plan.model import Plan
 from jagflash.core.reference import reference_backward, reference_forward
-from jagflash.core.schedule import Plan, resolve_plan
 from jagflash.variants.jagged.spec import SPEC
 
 
