@@ -209,7 +209,7 @@ if has_step tlx-ab; then  # TLX forward tile orders and options (core.tlx_attent
 fi
 if has_step schedule-ab; then  # portable kernels with schedule none / static / dynamic, plan build time
     run_step schedule-ab "$(cap 200 "$bench_reserve")" bash -c \
-        "$PY -m jagflash.core.schedule --bench && $PY -m jagflash.variants.jagged.ab_schedules --reps 50"
+        "$PY bench/probes/schedule_ab.py --bench && $PY -m jagflash.variants.jagged.ab_schedules --reps 50"
 fi
 if has_step probe; then  # a one-off measurement script: PROBE=path/to/script.py
     run_step probe "$(cap "${PROBE_TIMEOUT_S:-180}" "$bench_reserve")" "$PY" "${PROBE:-bench/probe.py}" ${PROBE_ARGS:-}

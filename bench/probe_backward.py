@@ -24,7 +24,7 @@ from triton.testing import do_bench
 from jagflash.core import tlx_attention
 from jagflash.core.jagged import offsets_from_lengths
 from jagflash.core.mask import visible_pairs
-from jagflash.core.schedule import make_plan as make_core_plan
+from jagflash.core.plan.build import make_plan as make_core_plan
 from jagflash.variants.jagged import jagged_attention, kernels_portable, make_plan
 
 

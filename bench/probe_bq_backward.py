@@ -19,7 +19,7 @@ from triton.testing import do_bench
 
 from jagflash.core import tlx_attention
 from jagflash.core.jagged import offsets_from_lengths
-from jagflash.core.schedule import make_plan
+from jagflash.core.plan.build import make_plan
 from jagflash.core.tuning import default_schedules
 
 COPY_TB_S = 4.24  # the bench's device-copy ceiling on this H200 (session 10)

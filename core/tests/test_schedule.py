@@ -1,6 +1,7 @@
-"""core.schedule: plan tables (every valid tile exactly once, none empty, deterministic,
-forward and backward consistent), plan checks, the simulator, and the efficiency of the static
-and dynamic schedules on every jagged workload of the bench with W = 132 workers.
+"""core.plan and core.tile_scheduler: plan tables (every valid tile exactly once, none empty,
+deterministic, forward and backward consistent), plan checks, the simulator, the deal flags, and
+the efficiency of the static and dynamic schedules on skewed jagged batches with W = 132
+workers.
 """
 
 from __future__ import annotations
@@ -14,20 +15,16 @@ from hypothesis import strategies as st
 from jagflash.core.capability import InvalidInput
 from jagflash.core.jagged import offsets_from_lengths
 from jagflash.core.mask import dkdv_q_ranges, kv_tile_ranges
-from jagflash.core.schedule import (
-    BENCH_JAGGED,
-    PASSES,
-    SCHEDULES,
-    PlanInfo,
-    build_plan,
-    check_plan,
-    make_plan,
+from jagflash.core.plan.build import build_plan, make_plan
+from jagflash.core.plan.check import check_plan
+from jagflash.core.plan.model import PASSES, SCHEDULES, PlanInfo
+from jagflash.core.plan.simulate import (
     section_costs,
     sequences_in_flight,
     simulate,
     simulate_plan,
-    workload_plan,
 )
+from jagflash.core.tuning import plan_blocks
 from jagflash.testing.strategies import length_lists, lengths
 
 SIDE = {"fwd": "q", "dq": "q", "dkdv": "kv"}
@@ -143,7 +140,7 @@ def test_forward_and_backward_plans_consistent(b, blocks) -> None:
 def test_triton_build_matches_torch_build(b, backward) -> None:
     """The GPU's build (three small Triton kernels a pass and a sort), run by the interpreter,
     gives the torch build's tables bit for bit."""
-    from jagflash.core.schedule import _build_torch, _build_triton
+    from jagflash.core.plan.build import _build_torch, _build_triton
 
     plan = _plan(b, backward=backward)
     want = _build_torch(plan.q_offsets, plan.kv_offsets, plan.info)
@@ -280,30 +277,54 @@ def test_simulator_by_hand() -> None:
         simulate([1], 1, "lpt")
 
 
-# --- the bench's jagged workloads (mirrored in core.schedule.BENCH_JAGGED) -----------------
+# --- skewed jagged batches (hand-made lengths, the shapes of the bench's jagged workloads) --
+
+#: Deterministic lengths: two long sequences among many short ones, short and long groups,
+#: thousands of tiny ones, lengths spread evenly over 16..1536.
+SKEWED = {
+    "heavy-tail": (4096, 4096, *(32 + 53 * i % 736 for i in range(120))),
+    "bimodal": (*(64 + 29 * i % 192 for i in range(112)), *(2048 + 131 * i % 2048 for i in range(16))),
+    "tiny": tuple(1 + 7 * i % 63 for i in range(1024)),
+    "spread": tuple(16 * (1 + 13 * i % 96) for i in range(64)),
+}
+#: (batch, causal, kv heads, head dim) with 16 query heads, as the bench's jagged workloads.
+SKEWED_CASES = (
+    ("spread", False, 16, 128),
+    ("spread", True, 16, 128),
+    ("heavy-tail", False, 16, 128),
+    ("tiny", False, 16, 128),
+    ("bimodal", False, 16, 128),
+    ("spread", False, 16, 64),
+    ("spread", True, 16, 64),
+    ("spread", False, 4, 128),
+    ("spread", True, 4, 128),
+    ("heavy-tail", True, 4, 128),
+)
 
 
-@pytest.mark.parametrize("name", BENCH_JAGGED)
-def test_simulated_efficiency_on_bench_workloads(name: str) -> None:
+def _skewed_plan(name: str, schedule: str, *, causal: bool = False, kv_heads: int = 16, head_dim: int = 128):
+    """A plan of ``SKEWED[name]`` (self-attention, 16 query heads) with the portable GPU tile
+    sizes."""
+    lens = list(SKEWED[name])
+    offsets = offsets_from_lengths(lens, "cpu")
+    bl = plan_blocks("portable", head_dim)
+    return make_plan(
+        offsets, offsets, total_q=sum(lens), total_kv=sum(lens), heads_q=16, heads_kv=kv_heads,
+        causal=causal, block_m=bl["fwd"][0], block_n=bl["fwd"][1], dq_blocks=bl["dq"],
+        dkdv_blocks=bl["dkdv"], max_seqlen_q=max(lens), max_seqlen_kv=max(lens), schedule=schedule,
+    )
+
+
+@pytest.mark.parametrize(("name", "causal", "kv_heads", "head_dim"), SKEWED_CASES)
+def test_simulated_efficiency_on_skewed_batches(name: str, causal: bool, kv_heads: int, head_dim: int) -> None:
     """Static (zigzag LPT) and dynamic (greedy on the sorted list) schedules reach 97 % of the
     lower bound on 132 workers (the H200's SMs), forward and both backward passes, with the GPU
     tile sizes."""
     for schedule in ("static", "dynamic"):
-        plan = workload_plan(BENCH_JAGGED[name], schedule)
+        plan = _skewed_plan(name, schedule, causal=causal, kv_heads=kv_heads, head_dim=head_dim)
         for pass_ in PASSES:
             eff = simulate_plan(plan, pass_, workers=132).efficiency
             assert eff >= 0.97, (schedule, pass_, eff)
-
-
-def test_workloads_match_the_bench() -> None:
-    bench = pytest.importorskip("jagflash.bench.workloads")
-    for name, mine in BENCH_JAGGED.items():
-        w = bench.WORKLOADS[name]
-        q_lens, kv_lens = w.sample_lengths()
-        assert q_lens.tolist() == kv_lens.tolist() == mine.lengths(), name
-        assert (w.heads, w.hkv, w.head_dim, w.causal, w.seed) == (mine.heads, mine.kv_heads, mine.head_dim, mine.causal, mine.seed), name
-    bench_jagged = {n for n, w in bench.WORKLOADS.items() if w.kind == "jagged"}
-    assert bench_jagged == set(BENCH_JAGGED)
 
 
 # --- GPU ----------------------------------------------------------------------------------
@@ -313,7 +334,7 @@ def test_workloads_match_the_bench() -> None:
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_gpu_build_is_sync_free_and_matches_cpu(schedule: str) -> None:
     b = {
-        "q_lens": BENCH_JAGGED["jagged-lognormal-d128"].lengths(), "heads_q": 16, "heads_kv": 4,
+        "q_lens": list(SKEWED["spread"]), "heads_q": 16, "heads_kv": 4,
         "causal": True, "window": None, "offsets_dtype": torch.int32,
         "blocks": {"fwd": (128, 64), "dq": (64, 64), "dkdv": (32, 64)},
     }
@@ -334,7 +355,7 @@ def test_gpu_build_is_sync_free_and_matches_cpu(schedule: str) -> None:
 def test_tlx_kernels_deal_static_tables_zigzag_and_dynamic_ones_by_counter() -> None:
     """How the TLX kernels walk a plan: zigzag for grouped and static, in order for batch order,
     and from a fresh zeroed tile counter per launch for a dynamic plan (host side; no GPU)."""
-    from jagflash.core.schedule import deal_flags, tile_counter
+    from jagflash.core.tile_scheduler import deal_flags, tile_counter
     qo = torch.tensor([0, 5, 300], dtype=torch.int32)
     want = {"grouped": (True, False), "static": (True, False), "none": (False, False), "dynamic": (False, True)}
     for schedule, (zigzag, dynamic) in want.items():
@@ -355,8 +376,8 @@ def test_sequences_in_flight_counts_distinct_sequences_per_round() -> None:
 
 
 def test_grouped_keeps_fewer_sequences_in_flight_than_static_on_causal_batches() -> None:
-    """The simulator's L2 proxy on the bench's causal lognormal batch: batch order < grouped <
-    static, the order of the forward times measured on the H200 (bench/NOTES.md)."""
-    w = BENCH_JAGGED["jagged-lognormal-causal-d128"]
-    flight = {s: simulate_plan(workload_plan(w, s), "fwd", workers=132).sequences_in_flight for s in ("none", "grouped", "static")}
+    """The simulator's L2 proxy on a causal batch of spread lengths: batch order < grouped <
+    static, the order of the forward times measured on the H200 on the bench's causal lognormal
+    batch (bench/NOTES.md)."""
+    flight = {s: simulate_plan(_skewed_plan("spread", s, causal=True), "fwd", workers=132).sequences_in_flight for s in ("none", "grouped", "static")}
     assert flight["none"] < flight["grouped"] < flight["static"], flight

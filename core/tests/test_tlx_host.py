@@ -69,7 +69,7 @@ def test_dkdv_tiles_follow_head_dim() -> None:
 def test_one_pass_backward_refuses_a_plan_laid_out_for_32_query_steps() -> None:
     """A plan laid out for 32-query dK/dV tiles (the portable kernels' steps) handed to the one pass: refused
     naming both tile shapes."""
-    from jagflash.core.schedule import make_plan
+    from jagflash.core.plan.build import make_plan
 
     q = torch.zeros(8, 1, 128, dtype=torch.float16)
     offs = torch.tensor([0, 8], dtype=torch.int32)
@@ -259,7 +259,7 @@ def test_launches_bind_to_the_kernels_signatures(monkeypatch, schedule) -> None:
     K/V tile)."""
     import dataclasses
 
-    from jagflash.core.schedule import make_plan
+    from jagflash.core.plan.build import make_plan
 
     fwd, dkdv = _Launches(fwd_sm90._fwd_kernel), _Launches(bwd_sm90._dkdv_kernel)
     monkeypatch.setattr(fwd_sm90, "_fwd_kernel", fwd)

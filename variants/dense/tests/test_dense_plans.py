@@ -8,7 +8,7 @@ import torch
 
 from jagflash.core.backend import last_choice
 from jagflash.core.capability import InvalidInput
-from jagflash.core.schedule import SCHEDULES
+from jagflash.core.plan.model import SCHEDULES
 from jagflash.testing import check_against_reference, dense_reference, make_dense
 from jagflash.variants.dense import SPEC, dense_attention, make_plan
 

@@ -11,7 +11,7 @@ import torch
 
 from jagflash.core.backend import last_choice
 from jagflash.core.capability import InvalidInput
-from jagflash.core.schedule import SCHEDULES
+from jagflash.core.plan.model import SCHEDULES
 from jagflash.testing import (
     check_against_reference,
     jagged_reference,
@@ -120,7 +120,7 @@ def test_refuses_a_plan_for_another_problem(device: str) -> None:
     assert "fwd tiles (block_m, block_n)=" in _refused(wide, plan_wide, causal=True)
     fwd_only = make_plan(t["q"], t["k"], t["q_offsets"], t["kv_offsets"], causal=True, backward=False)
     assert "build it with backward=True" in _refused(t, fwd_only, causal=True)
-    assert "plan must be a jagflash.core.schedule.Plan" in _refused(t, "static", causal=True)
+    assert "plan must be a jagflash.core.plan.model.Plan" in _refused(t, "static", causal=True)
 
 
 def test_inference_plan_without_backward(device: str) -> None:

@@ -21,7 +21,8 @@ def _forward(causal: bool, schedule: str, sign: float = 1.0, **free):
     policy picks them (``HEAD_MAJOR``, ``RING_TILES``)."""
     import dataclasses
 
-    from jagflash.core.schedule import deal_flags, make_plan
+    from jagflash.core.plan.build import make_plan
+    from jagflash.core.tile_scheduler import deal_flags
     from jagflash.core.tlx import fwd_sm90
     from jagflash.core.tuning import fwd_config
 
@@ -50,7 +51,7 @@ def _forced_backward(plan, q, k, left, right, *, fused: bool, head_major: bool):
     """A BwdConfig for ``plan``'s dK/dV pass with the walk forced (``HEAD_MAJOR``)."""
     import dataclasses
 
-    from jagflash.core.schedule import deal_flags
+    from jagflash.core.tile_scheduler import deal_flags
     from jagflash.core.tuning import bwd_config
 
     dynamic, zigzag = deal_flags(plan.info, "dkdv")
@@ -266,7 +267,7 @@ def test_tlx_backward_walk_changes_no_dkdv_bit(causal) -> None:
     the head walk's and a dynamic plan's (atomic tile counter, both walks) are bitwise the
     default's; dQ (summed in a varying order) agrees to rounding. The one pass, then the two
     passes' dK/dV."""
-    from jagflash.core.schedule import make_plan
+    from jagflash.core.plan.build import make_plan
     from jagflash.core.tlx import bwd_sm90
 
     q_lens, k_lens, hq, hkv = CASES["lognormal"]

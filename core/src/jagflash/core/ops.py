@@ -265,7 +265,7 @@ def call_plan_layout(
     ``make_plan``) lays out: for the backend the call's forward will run on
     (``jagflash.core.backend.plan_backend``; the reference backend takes no plan, so a call
     headed there gets the portable kernels'), ``"default"`` schedules resolved for it
-    (``jagflash.core.schedule.default_schedules``; ``equal_costs``: see there)."""
+    (``jagflash.core.tuning.default_schedules``; ``equal_costs``: see there)."""
     from jagflash.core.backend import plan_backend
     from jagflash.core.tuning import plan_blocks
 

@@ -13,7 +13,7 @@ hands base pointers to one of these:
   :func:`atomic_add_rows` for a reduction across programs, or summed in order in one program.
 - :func:`locate_sequence`: start row and length of one sequence of a jagged tensor.
 - :func:`sched_first`, :func:`sched_next`, :func:`plan_tile`: how a persistent kernel walks a
-  Plan's tile table (``jagflash.core.schedule``); :func:`plan_blocks`: the tile sizes a Plan
+  Plan's tile table (``jagflash.core.plan``); :func:`plan_blocks`: the tile sizes a Plan
   for these kernels holds.
 
 Each loops over its partner tiles in three ranges (see ``jagflash.core.jagged``): a masked
@@ -241,7 +241,7 @@ def attn_bwd_dkdv_tile(
     store_rows(dv_base + offs_n[:, None] * stride_dvm + offs_d[None, :], dv.to(dv_base.dtype.element_ty), offs_n, lk, offs_d, HEAD_DIM, EVEN_D)
 
 
-# --- persistent schedules (``jagflash.core.schedule``) -----------------------------------
+# --- persistent schedules (``jagflash.core.plan``) -----------------------------------
 #
 # A persistent kernel walks a Plan's tile table; every variant's kernel reads it the same way,
 # fetching the next tile's row (and whatever it derives from it, such as the sequence's offsets)

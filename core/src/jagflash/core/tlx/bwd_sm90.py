@@ -18,9 +18,11 @@ import triton.language.extra.tlx as tlx
 
 from jagflash.core.mask import dkdv_q_range
 from jagflash.core.ops import alloc_like
-from jagflash.core.schedule import PASSES, deal_flags, make_plan, tile_counter
+from jagflash.core.plan.build import make_plan
+from jagflash.core.plan.model import PASSES
 from jagflash.core.seqlen import plan_row, q_row, seq_starts
 from jagflash.core.softmax import LOG2E
+from jagflash.core.tile_scheduler import deal_flags, tile_counter
 from jagflash.core.tlx.bwd_mainloop import dkdv_steps
 from jagflash.core.tlx.bwd_preprocess import backward_vectors
 from jagflash.core.tlx.descriptors import num_workers, rows_descriptor, vectors_descriptor

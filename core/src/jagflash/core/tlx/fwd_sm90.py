@@ -2,7 +2,7 @@
 
 The dense, jagged and broadcast-Q variants all launch it (dense is jagged with equal lengths;
 broadcast-Q is jagged with one shared Q block, ``Q_SHARED``). One persistent program per SM walks
-the forward section of a :class:`jagflash.core.schedule.Plan` (``jagflash.core.tlx.pipeline.
+the forward section of a :class:`jagflash.core.plan.model.Plan` (``jagflash.core.tlx.pipeline.
 walk_first``) and splits the work over three warp roles:
 
 - the producer (the default warpgroup, 24 registers) loads Q once per tile and K/V through a
@@ -30,9 +30,11 @@ import triton.language.extra.tlx as tlx
 
 from jagflash.core.mask import band_bounds, kv_tile_range
 from jagflash.core.ops import alloc
-from jagflash.core.schedule import PASSES, deal_flags, make_plan, tile_counter
+from jagflash.core.plan.build import make_plan
+from jagflash.core.plan.model import PASSES
 from jagflash.core.seqlen import fwd_tile, q_row
 from jagflash.core.softmax import LOG2E, finish_softmax
+from jagflash.core.tile_scheduler import deal_flags, tile_counter
 from jagflash.core.tlx.descriptors import num_workers, rows_descriptor
 from jagflash.core.tlx.fwd_mainloop import attend, pass_kv_blocks
 from jagflash.core.tlx.pipeline import (
@@ -205,7 +207,7 @@ def forward(
     ``q_shared`` (broadcast-Q): ``q`` is one block ``[Lq, Hq, D]`` that every sequence reads,
     ``q_offsets`` must then be ``arange(B + 1) * Lq`` and ``Tq = B * Lq`` (the output rows).
 
-    ``plan``: a :class:`jagflash.core.schedule.Plan` whose forward pass has 128-row q-tiles
+    ``plan``: a :class:`jagflash.core.plan.model.Plan` whose forward pass has 128-row q-tiles
     (built here, with the default schedule, when not given): its table sets the tile order,
     dealt zigzag for a grouped or static plan, taken from an atomic counter for a dynamic one.
 

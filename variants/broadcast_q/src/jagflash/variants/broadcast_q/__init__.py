@@ -15,9 +15,9 @@ import torch
 
 from jagflash.core.jagged import check_offsets
 from jagflash.core.ops import call_plan_layout, call_problem, check_qkv, default_scale, raise_if
+from jagflash.core.plan.build import make_plan as _core_make_plan
+from jagflash.core.plan.model import Plan
 from jagflash.core.registry import Variant
-from jagflash.core.schedule import Plan
-from jagflash.core.schedule import make_plan as _core_make_plan
 from jagflash.core.tuning import BACKEND_DEFAULT
 from jagflash.variants.broadcast_q import op
 from jagflash.variants.broadcast_q.spec import SPEC
@@ -88,7 +88,7 @@ def broadcast_q_attention(
         reasons.append(f"max_seqlen_kv must be >= 0, got {max_seqlen_kv}")
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if plan is not None and not isinstance(plan, Plan):
-        reasons.append(f"plan must be a jagflash.core.schedule.Plan, got {type(plan).__name__}")
+        reasons.append(f"plan must be a jagflash.core.plan.model.Plan, got {type(plan).__name__}")
     elif plan is not None and needs_grad and not plan.info.backward:
         reasons.append("the plan has no backward passes: build it with backward=True")
     raise_if("broadcast_q_attention", reasons)
@@ -112,7 +112,7 @@ def make_plan(
     backward: bool = True,
     backend: str | None = None,
 ) -> Plan:
-    """The load-balancing :class:`~jagflash.core.schedule.Plan` of a broadcast-Q batch: the
+    """The load-balancing :class:`~jagflash.core.plan.model.Plan` of a broadcast-Q batch: the
     jagged problem whose sequence ``b`` has Lq queries (output rows ``b*Lq`` on) and the K/V of
     sequence ``b``; no host sync. ``q`` ``[Lq, Hq, D]`` and ``k`` ``[Tk, Hkv, D]`` give only
     shapes and device. The other arguments as for ``jagflash.variants.jagged.make_plan``

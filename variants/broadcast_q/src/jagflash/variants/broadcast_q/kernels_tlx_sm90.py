@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from jagflash.core.schedule import Plan, make_plan
+from jagflash.core.plan.build import make_plan
+from jagflash.core.plan.model import Plan
 from jagflash.core.tlx import bwd_sm90, fwd_sm90
 from jagflash.core.tuning import tlx_sm90_blocks, use_one_pass
 from jagflash.variants.broadcast_q import kernels_portable

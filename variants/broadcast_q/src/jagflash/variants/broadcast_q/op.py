@@ -90,7 +90,7 @@ def _plan(tiles, meta, info, q, k, kv_offsets, max_seqlen_kv, backend, passes):
     then lay out their own; the portable broadcast-Q kernels take a plain grid and no plan)."""
     if tiles is None or meta is None or info is None:
         return None
-    from jagflash.core.schedule import resolve_plan
+    from jagflash.core.plan.check import resolve_plan
     from jagflash.core.tuning import plan_blocks
 
     left, right = mask_bounds(False)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.ops import call_plan_layout, call_problem, check_qkv, default_scale, raise_if
+from jagflash.core.plan.build import build_plan
+from jagflash.core.plan.model import PTR_DENSE, Plan, PlanInfo, plan_info
 from jagflash.core.registry import Variant
-from jagflash.core.schedule import PTR_DENSE, Plan, PlanInfo, build_plan, plan_info
 from jagflash.core.tuning import BACKEND_DEFAULT
 from jagflash.variants.dense import op
 from jagflash.variants.dense.spec import SPEC
@@ -73,7 +74,7 @@ def dense_attention(
         reasons.append(f"q and k batch sizes differ: {q.shape[0]} vs {k.shape[0]}")
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if plan is not None and not isinstance(plan, Plan):
-        reasons.append(f"plan must be a jagflash.core.schedule.Plan, got {type(plan).__name__}")
+        reasons.append(f"plan must be a jagflash.core.plan.model.Plan, got {type(plan).__name__}")
     elif plan is not None and needs_grad and not plan.info.backward:
         reasons.append("the plan has no backward passes: build it with backward=True")
     raise_if("dense_attention", reasons)
@@ -153,7 +154,7 @@ def make_plan(
     backward: bool = True,
     backend: str | None = None,
 ) -> Plan:
-    """The tile schedule (:class:`~jagflash.core.schedule.Plan`) of :func:`dense_attention` for
+    """The tile schedule (:class:`~jagflash.core.plan.model.Plan`) of :func:`dense_attention` for
     q ``[B, Nq, Hq, D]`` and k ``[B, Nk, Hkv, D]`` (only shapes and device are read): build it
     once and pass ``plan=`` to every call of these shapes. ``schedule``, ``backward_schedule``,
     ``workers``, ``backward`` and ``backend`` as for ``jagflash.variants.jagged.make_plan``."""

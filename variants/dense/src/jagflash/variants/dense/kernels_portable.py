@@ -1,5 +1,5 @@
 """Dense attention in stock Triton: persistent kernels that walk a Plan's tile table
-(``jagflash.core.schedule``; a dense batch is a jagged one of equal lengths) and run one tile
+(``jagflash.core.plan``; a dense batch is a jagged one of equal lengths) and run one tile
 program of ``jagflash.core.portable`` per tile (the same main loops as the jagged variant).
 
 Forward and dQ tiles are (batch, q head, q-tile), dK/dV tiles (batch, kv head, kv-tile). With
@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from jagflash.core.ops import alloc, alloc_like, for_kernel
+from jagflash.core.plan.model import Plan
 from jagflash.core.portable import (
     attn_bwd_dkdv_tile,
     attn_bwd_dq_tile,
@@ -22,7 +23,7 @@ from jagflash.core.portable import (
     plan_tile,
     sched_first,
 )
-from jagflash.core.schedule import Plan, launch
+from jagflash.core.tile_scheduler import launch
 from jagflash.core.tuning import block_config, kernel_flags, launch_options
 
 

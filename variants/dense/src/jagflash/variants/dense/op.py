@@ -1,6 +1,6 @@
 """The dense attention ``torch.library`` ops: ``jagflash::dense_fwd`` / ``dense_bwd``.
 
-The Plan (``jagflash.core.schedule``) crosses the ops as ``plan_tiles``, ``plan_meta`` and
+The Plan (``jagflash.core.plan``) crosses the ops as ``plan_tiles``, ``plan_meta`` and
 ``plan_info``; the backward runs on the plan the forward saved. Called without one (only code
 that calls an op directly does), an op builds one for the passes it runs. ``deterministic`` is
 saved the same way and matters to the backward alone: the TLX backward takes it (ordered two
@@ -16,8 +16,9 @@ from jagflash.core.backend import select
 from jagflash.core.jagged import lse_by_sequence
 from jagflash.core.mask import mask_bounds
 from jagflash.core.ops import make_problem, register_autograd, stepped_arange
+from jagflash.core.plan.check import resolve_plan
+from jagflash.core.plan.model import Plan
 from jagflash.core.reference import reference_backward, reference_forward
-from jagflash.core.schedule import Plan, resolve_plan
 from jagflash.variants.dense.spec import SPEC
 
 

@@ -15,9 +15,10 @@ import torch
 
 from jagflash.core.jagged import check_offsets
 from jagflash.core.ops import call_plan_layout, call_problem, check_qkv, default_scale, raise_if
+from jagflash.core.plan.build import build_plan
+from jagflash.core.plan.build import make_plan as _core_make_plan
+from jagflash.core.plan.model import PTR_SAME_CALL, Plan, plan_info
 from jagflash.core.registry import Variant
-from jagflash.core.schedule import PTR_SAME_CALL, Plan, build_plan, plan_info
-from jagflash.core.schedule import make_plan as _core_make_plan
 from jagflash.core.tuning import BACKEND_DEFAULT
 from jagflash.variants.jagged import op
 from jagflash.variants.jagged.spec import SPEC
@@ -121,7 +122,7 @@ def jagged_attention(
         reasons += check_offsets(offs, total, name, q.device, check_values=False)[0]
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if plan is not None and not isinstance(plan, Plan):
-        reasons.append(f"plan must be a jagflash.core.schedule.Plan, got {type(plan).__name__}")
+        reasons.append(f"plan must be a jagflash.core.plan.model.Plan, got {type(plan).__name__}")
     elif plan is not None and needs_grad and not plan.info.backward:
         reasons.append("the plan has no backward passes: build it with backward=True")
     raise_if("jagged_attention", reasons)
@@ -158,7 +159,7 @@ def make_plan(
     backward: bool = True,
     backend: str | None = None,
 ) -> Plan:
-    """The load-balancing :class:`~jagflash.core.schedule.Plan` of a jagged batch for
+    """The load-balancing :class:`~jagflash.core.plan.model.Plan` of a jagged batch for
     :func:`jagged_attention`, with this variant's tile sizes; no host sync.
 
     Build it once per batch and pass ``plan=`` to every call on these offsets (every layer, any
@@ -170,7 +171,7 @@ def make_plan(
         q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv: as for
             :func:`jagged_attention` (the max lengths only tighten the table's size).
         schedule: ``"default"`` (the fastest measured for the backend the plan is for:
-            ``jagflash.core.schedule.default_schedules``; ``"dynamic"`` for the TLX kernels,
+            ``jagflash.core.tuning.default_schedules``; ``"dynamic"`` for the TLX kernels,
             ``"grouped"`` for the portable ones), ``"grouped"`` (sequences sorted by cost, each
             one's tiles kept together for L2 locality, dealt zigzag to persistent workers),
             ``"static"`` (tiles sorted by cost, dealt zigzag), ``"dynamic"`` (sorted, taken from

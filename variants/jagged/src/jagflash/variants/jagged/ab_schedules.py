@@ -22,14 +22,69 @@ import csv
 import fnmatch
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from jagflash.core.jagged import offsets_from_lengths
 from jagflash.core.mask import mask_bounds, visible_pairs
-from jagflash.core.schedule import BENCH_JAGGED, SCHEDULES, JaggedWorkload, occupancies
+from jagflash.core.plan.model import SCHEDULES
+from jagflash.core.tile_scheduler import occupancies
 from jagflash.variants.jagged import make_plan
 from jagflash.variants.jagged import op as jop
+
+# The bench's jagged workloads, moved here from core (which cannot import jagflash.bench):
+# same distributions, seeds and shapes as ``jagflash.bench.workloads.WORKLOADS``. An A/B
+# belongs in bench/ (DESIGN), where it would take them from there instead.
+
+
+def _lognormal(rng: np.random.Generator) -> np.ndarray:
+    return np.clip(np.rint(512 * np.exp(rng.standard_normal(128))), 1, 4096).astype(np.int64)
+
+
+def _heavy_tail(rng: np.random.Generator) -> np.ndarray:
+    return rng.permutation(np.concatenate([np.full(2, 4096), rng.integers(32, 768, size=120)]))
+
+
+def _tiny(rng: np.random.Generator) -> np.ndarray:
+    return rng.integers(1, 64, size=2048, dtype=np.int64)
+
+
+def _bimodal(rng: np.random.Generator) -> np.ndarray:
+    return rng.permutation(np.concatenate([rng.integers(64, 256, size=112), rng.integers(2048, 4097, size=16)]))
+
+
+@dataclass(frozen=True)
+class JaggedWorkload:
+    """A bench jagged workload: self-attention over ``lengths()``, shapes and mask."""
+
+    name: str
+    sample: object  # rng -> int64 lengths
+    heads: int = 16
+    kv_heads: int = 16
+    head_dim: int = 128
+    causal: bool = False
+    seed: int = 0
+
+    def lengths(self) -> list[int]:
+        return [int(x) for x in self.sample(np.random.default_rng(self.seed))]  # type: ignore[operator]
+
+
+BENCH_JAGGED = {
+    w.name: w
+    for w in (
+        JaggedWorkload("jagged-lognormal-d128", _lognormal),
+        JaggedWorkload("jagged-lognormal-causal-d128", _lognormal, causal=True),
+        JaggedWorkload("jagged-heavytail-d128", _heavy_tail),
+        JaggedWorkload("jagged-tiny-d128", _tiny),
+        JaggedWorkload("jagged-bimodal-d128", _bimodal),
+        JaggedWorkload("jagged-lognormal-d64", _lognormal, head_dim=64),
+        JaggedWorkload("jagged-lognormal-causal-d64", _lognormal, head_dim=64, causal=True),
+        JaggedWorkload("jagged-lognormal-gqa4-d128", _lognormal, kv_heads=4),
+        JaggedWorkload("jagged-lognormal-causal-gqa4-d128", _lognormal, kv_heads=4, causal=True),
+    )
+}
 
 #: The skewed workloads the A/B runs by default (every jagged workload of the bench).
 DEFAULT_WORKLOADS = tuple(BENCH_JAGGED)

@@ -1,5 +1,5 @@
 """Jagged attention in stock Triton: persistent kernels that walk a Plan's tile table
-(``jagflash.core.schedule``), find each tile's sequence from the offsets and run one tile program
+(``jagflash.core.plan``), find each tile's sequence from the offsets and run one tile program
 of ``jagflash.core.portable``.
 
 Each pass (forward, dQ, dK/dV) is one launch of W programs (static or dynamic schedule) or of
@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from jagflash.core.ops import alloc, alloc_like, for_kernel
+from jagflash.core.plan.model import Plan
 from jagflash.core.portable import (
     attn_bwd_dkdv_tile,
     attn_bwd_dq_tile,
@@ -28,7 +29,7 @@ from jagflash.core.portable import (
     plan_tile,
     sched_first,
 )
-from jagflash.core.schedule import Plan, launch
+from jagflash.core.tile_scheduler import launch
 from jagflash.core.tuning import block_config, kernel_flags, launch_options
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from jagflash.core.schedule import Plan
+from jagflash.core.plan.model import Plan
 from jagflash.core.tlx import bwd_sm90, fwd_sm90
 from jagflash.core.tuning import use_one_pass
 from jagflash.variants.jagged import kernels_portable

@@ -5,7 +5,7 @@ values happen inside them, at run time, so a compiled graph has no break and no 
 its own. ``max_seqlen_* = -1`` means "not given": the op reads it from the offsets (one host
 synchronisation on a GPU, which also validates the offsets' values).
 
-The Plan (``jagflash.core.schedule``) crosses the ops as ``plan_tiles``, ``plan_meta`` and
+The Plan (``jagflash.core.plan``) crosses the ops as ``plan_tiles``, ``plan_meta`` and
 ``plan_info``; the forward's autograd context saves them, so the backward runs on the plan the
 forward ran on. Called without a plan (only code that calls an op directly does), an op builds
 one for the passes it runs. ``deterministic`` is saved the same way and matters to the backward
@@ -22,8 +22,9 @@ from jagflash.core.capability import InvalidInput
 from jagflash.core.jagged import resolve_max_seqlen
 from jagflash.core.mask import mask_bounds
 from jagflash.core.ops import make_problem, register_autograd
+from jagflash.core.plan.check import resolve_plan
+from jagflash.core.plan.model import Plan
 from jagflash.core.reference import reference_backward, reference_forward
-from jagflash.core.schedule import Plan, resolve_plan
 from jagflash.variants.jagged.spec import SPEC
 
 

@@ -1,0 +1,45 @@
+"""A small forward + backward of every TLX path the backends pick (jagged short and long
+sequences: tile ring and dynamic walk; causal; GQA; the one-pass and the deterministic two-pass
+backward; dense; broadcast-Q), for compute-sanitizer's tools:
+
+    python bench/probes/sanitize_case.py                       # warm Triton's cache first
+    compute-sanitizer --tool racecheck python bench/probes/sanitize_case.py
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def main() -> None:
+    from jagflash.variants.broadcast_q import broadcast_q_attention
+    from jagflash.variants.dense import dense_attention
+    from jagflash.variants.jagged import jagged_attention
+
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(shape, generator=gen).to(torch.bfloat16).cuda().requires_grad_()
+
+    for lens, hq, hkv, dim in (((1, 37, 0, 64, 65, 129), 4, 2, 128), ((300, 700, 5), 4, 4, 64)):
+        offs = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32).cuda()
+        t = int(offs[-1])
+        for causal in (False, True):
+            for det in (False, True):
+                q, k, v = rand(t, hq, dim), rand(t, hkv, dim), rand(t, hkv, dim)
+                out = jagged_attention(q, k, v, offs, offs, causal=causal, deterministic=det)
+                torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    q, k, v = rand(2, 200, 4, 128), rand(2, 200, 4, 128), rand(2, 200, 4, 128)
+    out = dense_attention(q, k, v, causal=True)
+    torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    offs = torch.tensor([0, 100, 100, 350], dtype=torch.int32).cuda()
+    q, k, v = rand(70, 4, 128), rand(350, 2, 128), rand(350, 2, 128)
+    for det in (False, True):
+        out = broadcast_q_attention(q, k, v, offs, deterministic=det)
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    torch.cuda.synchronize()
+    print("sanitize_case: done")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""The tile cost model, and one pass's section of the table built from it in torch.
+
+A forward (or dQ) q-tile costs the kv-tiles it visits under the mask
+(:func:`jagflash.core.mask.kv_tile_ranges`); a dK/dV kv-tile costs the q-tiles it visits
+(:func:`jagflash.core.mask.dkdv_q_ranges`). Tiles of no row do not exist; a tile that sees
+nothing costs 0 and stays (it writes zeros and LSE -inf). The ``grouped`` schedule sorts by its
+sequence's cost (q-tiles x kv-tiles) first, then by the tile's, in one key below 2**31.
+
+Everything here is torch on the offsets' device; the Triton build
+(:mod:`jagflash.core.plan.build`) computes the same costs and keys and is tested against it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from jagflash.core.mask import dkdv_q_ranges, kv_tile_ranges
+from jagflash.core.plan.model import PassLayout
+
+__all__ = ["tile_costs"]
+
+
+def tile_costs(
+    side: str,
+    start: torch.Tensor,
+    lq: torch.Tensor,
+    lk: torch.Tensor,
+    block_m: int,
+    block_n: int,
+    left: int,
+    right: int,
+) -> torch.Tensor:
+    """Cost of tiles starting at row ``start`` of sequences with ``lq`` queries, ``lk`` keys:
+    kv-tiles visited by a q-tile (``side="q"``: forward, dQ) or q-tiles visited by a kv-tile
+    (``side="kv"``: dK/dV), int64."""
+    if side == "q":
+        lo, _, _, hi = kv_tile_ranges(start, lq, lk, block_m, block_n, left, right)
+        return torch.div(hi - lo + block_n - 1, block_n, rounding_mode="floor")
+    lo, _, _, hi = dkdv_q_ranges(start, lq, lk, block_m, block_n, left, right)
+    return torch.div(hi - lo, block_m, rounding_mode="floor")
+
+
+_TILE_COST_ROOM = 1 << 13  # grouped key: sequence cost * room + tile cost, below 2**31
+
+
+def _seq_cost(lq: torch.Tensor, lk: torch.Tensor, block_m: int, block_n: int) -> torch.Tensor:
+    """The ``grouped`` schedule's first sort key: a sequence's q-tiles times its kv-tiles
+    (capped so that the key, with the tile's cost below it, stays under 2**31)."""
+    tq = torch.div(lq.clamp(min=0) + block_m - 1, block_m, rounding_mode="floor")
+    tk = torch.div(lk.clamp(min=0) + block_n - 1, block_n, rounding_mode="floor")
+    return (tq * tk).clamp(max=(2**31 - 1) // _TILE_COST_ROOM - 1)
+
+
+def _section(
+    lengths: torch.Tensor, lq: torch.Tensor, lk: torch.Tensor, side: str, lay: PassLayout,
+    left: int, right: int, sort: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pass's rows ``[lay.rows, 3]`` int32 and its valid-tile count (a device scalar)."""
+    dev = lengths.device
+    batch = lengths.numel()
+    block = lay.block_m if side == "q" else lay.block_n
+    if batch == 0 or lay.tiles == 0:
+        return torch.full((lay.rows, 3), -1, dtype=torch.int32, device=dev), torch.zeros((), dtype=torch.int64, device=dev)
+    per_seq = torch.div(lengths.clamp(min=0) + block - 1, block, rounding_mode="floor")
+    last = torch.cumsum(per_seq, 0)
+    slot = torch.arange(lay.tiles, device=dev)
+    seq = torch.searchsorted(last, slot, right=True)
+    valid = seq < batch
+    seq = seq.clamp(max=batch - 1)
+    start = (slot - (last - per_seq)[seq]) * block
+    cost = tile_costs(side, start, lq[seq], lk[seq], lay.block_m, lay.block_n, left, right)
+    if sort == 2:  # grouped: the sequence's cost, q-tiles x kv-tiles, then the tile's
+        cost = _seq_cost(lq[seq], lk[seq], lay.block_m, lay.block_n) * _TILE_COST_ROOM + cost.clamp(max=_TILE_COST_ROOM - 1)
+    cost = torch.where(valid, cost, -1)
+    if sort:
+        order = torch.sort(cost, descending=True, stable=True).indices
+        seq, start, valid = seq[order], start[order], valid[order]
+    head = torch.arange(lay.heads, device=dev)
+    rows = torch.stack(torch.broadcast_tensors(seq[:, None], head[None, :], start[:, None]), -1)
+    rows = torch.where(valid[:, None, None], rows, -1).to(torch.int32).reshape(lay.rows, 3)
+    count = torch.clamp(last[-1], max=lay.tiles) * lay.heads
+    return rows, count
