@@ -20,7 +20,7 @@
 # copy ceilings), tlx-tests (the TLX kernels' sm90 tests alone, first), tests (pytest -m "gpu or sm90" on core and variants), demo
 # (jagflash.variants.jagged.demo), tlx-ab (TLX forward on grouped / static / dynamic plans, each walked slot by slot and head by head), schedule-ab (schedules none /
 # static / dynamic, plan build time), probe (python $PROBE, a one-off measurement script), ncu (Nsight Compute, --clock-control none, on
-# one launch of bench/probe_ncu.py's kernel: NCU_ARGS its arguments, NCU_KERNEL the kernel-name regex
+# one launch of bench/probes/probe_ncu.py's kernel: NCU_ARGS its arguments, NCU_KERNEL the kernel-name regex
 # (default: _fwd_kernel with NCU_ARGS="--kernel fwd", else _dkdv_kernel), NCU_TIMEOUT_S (240); writes
 # ncu-report.ncu-rep, ncu-details.txt, ncu-sass.csv and prints the stall summary), graph-bench (the
 # bench on GRAPH_WORKLOADS (bq-*) and GRAPH_PROVIDERS (jagflash-tlx, FA4 and FA2 expand-Q) with
@@ -214,7 +214,7 @@ fi
 if has_step probe; then  # a one-off measurement script: PROBE=path/to/script.py
     run_step probe "$(cap "${PROBE_TIMEOUT_S:-180}" "$bench_reserve")" "$PY" "${PROBE:-bench/probe.py}" ${PROBE_ARGS:-}
 fi
-if has_step ncu; then  # Nsight Compute on one launch of bench/probe_ncu.py's kernel (NCU_ARGS)
+if has_step ncu; then  # Nsight Compute on one launch of bench/probes/probe_ncu.py's kernel (NCU_ARGS)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     NCU_REPS=$(echo "${NCU_ARGS:-}" | sed -n 's/.*--reps \([0-9]*\).*/\1/p'); NCU_REPS=${NCU_REPS:-3}
     case " ${NCU_ARGS:-} " in *" --kernel fwd "*) NCU_KERNEL=${NCU_KERNEL:-_fwd_kernel} ;; esac
@@ -223,11 +223,11 @@ if has_step ncu; then  # Nsight Compute on one launch of bench/probe_ncu.py's ke
             --launch-skip $((NCU_REPS - 1)) --launch-count 1 --import-source no \
             --section SpeedOfLight --section WarpStateStats --section SourceCounters \
             --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
-            -f -o '$OUT/ncu-report' '$PY' bench/probe_ncu.py ${NCU_ARGS:-} &&
+            -f -o '$OUT/ncu-report' '$PY' bench/probes/probe_ncu.py ${NCU_ARGS:-} &&
         '$NCU' --import '$OUT/ncu-report.ncu-rep' --page details > '$OUT/ncu-details.txt' 2>&1;
         '$NCU' --import '$OUT/ncu-report.ncu-rep' --page source --csv --print-source sass > '$OUT/ncu-sass.csv' 2>&1;
         head -c 20000 '$OUT/ncu-details.txt';
-        '$PY' bench/probe_ncu.py --summarize '$OUT/ncu-sass.csv';
+        '$PY' bench/probes/probe_ncu.py --summarize '$OUT/ncu-sass.csv';
         rm -f '$OUT/ncu-report.ncu-rep'"  # (its exports stay; the report itself may outgrow what comes back)
 fi
 if has_step graph-bench; then  # the small rows again, replayed in CUDA graphs (what a serving loop sees)

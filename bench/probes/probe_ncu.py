@@ -2,14 +2,14 @@
 ``ncu`` can profile one launch of it (gpu.sh step ``ncu``), and summarises the per-instruction
 warp-stall samples ncu exports.
 
-Target (run under ncu): ``python bench/probe_ncu.py [--kernel bwd|fwd] [--batch lognormal|dense]
+Target (run under ncu): ``python bench/probes/probe_ncu.py [--kernel bwd|fwd] [--batch lognormal|dense]
 [--causal] [--reps N]`` (``[--batch lognormal|dense|tiny]``): ``bwd`` is the one-pass backward (``tlx_attention.backward``, kernel
 ``_dkdv_kernel``), ``fwd`` the forward (``_fwd_kernel``), each on the plan a call gets by default
 (bf16, H16, D128; lognormal: the bench's 128 sequences, dense: 4 x 4096). The kernel runs
 ``--reps`` times (default 3): profile the last with ``--launch-skip reps-1 --launch-count 1``, so
 that compilation and first-touch effects stay out.
 
-Summary: ``python bench/probe_ncu.py --summarize sass.csv`` reads ``ncu --import R --page source
+Summary: ``python bench/probes/probe_ncu.py --summarize sass.csv`` reads ``ncu --import R --page source
 --csv --print-source sass`` and prints the instructions with the most stall samples, the samples
 per opcode, and each stall-reason column's total (whatever columns of that kind the export has:
 ncu versions name them differently, so they are found by their headers)."""

@@ -6,7 +6,7 @@ accumulator's sequences were padded to 4 columns. Since session 4 the accumulato
 layout (queries as rows, boxes start at head-dim offsets), so no sequence start meets the rule.
 Prints per batch: ok (dQ within 2e-2 of the atomic version), WRONG, or the error.
 
-Run on the GPU: ``PROBE=bench/probe_one_pass_tma.py bash bench/gpu.sh probe``."""
+Run on the GPU: ``PROBE=bench/probes/probe_one_pass_tma.py bash bench/gpu.sh probe``."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ suspect. For each workload, forward and forward + backward, with the plan built 
 - the 12 Python functions with the most cumulative time over those calls (cProfile), which
   name where the host time goes (argument checks, plan checks, the custom op, launches).
 
-Run on the GPU: ``PROBE=bench/probe_host.py bash bench/gpu.sh probe`` (~1 minute)."""
+Run on the GPU: ``PROBE=bench/probes/probe_host.py bash bench/gpu.sh probe`` (~1 minute)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ the Triton launches alone (their recorded arguments replayed) and everything els
 call with the kernels replaced by recorders), and times the public forward + backward with
 grad.
 
-Run on the GPU: ``PROBE=bench/probe_host_layers.py bash bench/gpu.sh probe``."""
+Run on the GPU: ``PROBE=bench/probes/probe_host_layers.py bash bench/gpu.sh probe``."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import pstats
 import statistics
 
 import torch
-from probe_host import host_ms_per_call  # bench/ is the script's directory, first on sys.path
+from probe_host import host_ms_per_call  # bench/probes/ (this script's folder) is on sys.path
 
 
 def _rate(fn, n: int = 50) -> float:

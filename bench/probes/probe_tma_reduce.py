@@ -11,7 +11,7 @@ illegal instruction (bench/NOTES.md, 2026-12-01); this isolates it in one-warpgr
 each for fp32 and bf16 tiles of [128, 32] and [64, 64], each case in its own process (an illegal
 instruction kills the CUDA context). Prints ok / WRONG / the error per case.
 
-Run on the GPU: ``PROBE=bench/probe_tma_reduce.py bash bench/gpu.sh probe``."""
+Run on the GPU: ``PROBE=bench/probes/probe_tma_reduce.py bash bench/gpu.sh probe``."""
 
 from __future__ import annotations
 

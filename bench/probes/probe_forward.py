@@ -4,7 +4,7 @@ spreads, where tlx-ab timed 0.59 ms for dense causal. This times the public call
 each consumer version (v1, v2: ``tlx_attention.forward``'s ``pipeline``, patched in), and prints
 percentiles of single-call times (do_bench ``return_mode="all"``).
 
-Run on the GPU: ``python bench/probe_forward.py`` (gpu.sh: ``PROBE=bench/probe_forward.py``)."""
+Run on the GPU: ``python bench/probes/probe_forward.py`` (gpu.sh: ``PROBE=bench/probes/probe_forward.py``)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ causal and not) and the lognormal batch at D64 (where the one pass computes whol
 alternate steps, ``tlx_attention.dq_cols``; timed beside the portable backward, which the variants
 ran at D 64 until session 8).
 
-Run on the GPU: ``python bench/probe_backward.py [--quick]`` (gpu.sh:
-``PROBE=bench/probe_backward.py``); ``--quick``: the lognormal batch only.
+Run on the GPU: ``python bench/probes/probe_backward.py [--quick]`` (gpu.sh:
+``PROBE=bench/probes/probe_backward.py``); ``--quick``: the lognormal batch only.
 Prints ms (median of do_bench) and TFLOP/s with the FlashAttention convention (backward = 2.5 x
 the forward's 4 * sum(Lq * Lk) * D * H over visible pairs), and the largest difference between
 the two modes' gradients. A/B: the one pass walking its table in the order a call does not get

@@ -8,7 +8,7 @@ win at most), and the deterministic two passes; and prints TFLOP/s (backward = 2
 forward's 4 * Lq * sum(Lk) * D * H) and the time to move K, V, dK, dV once at the copy
 ceiling the bench measured (4.24 TB/s).
 
-Run on the GPU: ``PROBE=bench/probe_bq_backward.py bash bench/gpu.sh probe``."""
+Run on the GPU: ``PROBE=bench/probes/probe_bq_backward.py bash bench/gpu.sh probe``."""
 
 from __future__ import annotations
 
