@@ -1,9 +1,11 @@
 """Probe (H200): the TLX one-pass backward (dQ added from every kv-tile, by fp32 atomics or by
 staged TMA reduce-adds) against the deterministic two-pass one (portable dQ pass + TLX dK/dV
-pass), kernels alone, on the bench's jagged lognormal batch and dense 4 x 4096 (bf16, H16, D128,
-causal and not) and the lognormal batch at D64 (where the one pass computes whole dQ rows on
-alternate steps, ``tlx_attention.dq_cols``; timed beside the portable backward, which the variants
-ran at D 64 until session 8).
+pass), kernels alone, on the bench's workloads ``jagged-lognormal-d128`` and
+``dense-b4h16n4096d128`` (bf16, H16, D128, causal and not) and ``jagged-lognormal-d64`` (where the
+one pass computes whole dQ rows on alternate steps, ``tlx_attention.dq_cols``; timed beside the
+portable backward, which the variants ran at D 64 until session 8). Inputs are the bench's
+(``jagflash.bench.data.make_batch``); until session 10 (2026-12-01) the probe drew its own lengths
+with a torch generator (same distributions, other draws): older figures are on other batches.
 
 Run on the GPU: ``python bench/probes/probe_backward.py [--quick]`` (gpu.sh:
 ``PROBE=bench/probes/probe_backward.py``); ``--quick``: the lognormal batch only.
@@ -15,30 +17,35 @@ on a dynamic plan (cost-sorted table, atomic tile counter) in both walks."""
 
 from __future__ import annotations
 
+import argparse
 import functools
-import sys
 
-import torch
 from triton.testing import do_bench
 
+from jagflash.bench.data import make_batch
+from jagflash.bench.flops import bwd_flops, fwd_flops
+from jagflash.bench.workloads import get
 from jagflash.core import tlx_attention
-from jagflash.core.jagged import offsets_from_lengths, visible_pairs
 from jagflash.core.schedule import make_plan as make_core_plan
 from jagflash.variants.jagged import jagged_attention, kernels_portable, make_plan
 
+#: Printed name -> bench workload (its lengths, heads and head dim; both masks run on each).
+BATCHES = {
+    "lognormal128": "jagged-lognormal-d128",
+    "dense4x4096": "dense-b4h16n4096d128",
+    "lognormal d64": "jagged-lognormal-d64",
+}
 
-def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 128) -> None:
-    total = sum(lens)
-    q, k, v = (
-        torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        for _ in range(3)
-    )
-    dout = torch.randn_like(q)
-    offs = offsets_from_lengths(lens, "cuda")
-    lt = torch.tensor(lens)
+
+def _case(name: str, causal: bool) -> None:
+    w = get(BATCHES[name])
+    b = make_batch(w, "cuda")
+    q, k, v = (t.requires_grad_() for t in (b.q, b.k, b.v))
+    dout, offs, total = b.dout, b.q_offsets, b.total_q
+    heads, dim = w.heads, w.head_dim
     right = 0 if causal else -1
     scale = dim**-0.5
-    flops = 2.5 * 4 * int(visible_pairs(lt, lt, -1, right).sum()) * dim * heads
+    flops = bwd_flops(fwd_flops(b.q_lens, b.kv_lens, heads=heads, head_dim=dim, causal=causal))
     plan = make_plan(q, k, offs, offs, causal=causal)
     out, lse = jagged_attention(q, k, v, offs, offs, causal=causal, plan=plan, return_lse=True)
     qd, kd, vd, od = (t.detach() for t in (q, k, v, out))
@@ -124,26 +131,20 @@ def _case(name: str, lens: list[int], causal: bool, heads: int = 16, dim: int = 
         )
 
 
-def main() -> None:
-    gen = torch.Generator().manual_seed(0)
-    lognormal = (
-        torch.clamp((torch.exp(torch.randn(128, generator=gen)) * 512).round(), 1, 4096)
-        .long()
-        .tolist()
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--quick", action="store_true", help="the lognormal batch only")
+    args = parser.parse_args(argv)
     print(
         f"{'batch':14s} {'causal':6s} {'mode':30s} {'ms':>8s} {'TFLOP/s':>8s} {'max|diff|':>10s}",
         flush=True,
     )
-    quick = "--quick" in sys.argv  # the lognormal batch only
-    for name, lens in {"lognormal128": lognormal, "dense4x4096": [4096] * 4}.items():
-        if quick and name != "lognormal128":
-            continue
+    for name in ("lognormal128",) if args.quick else BATCHES:
         for causal in (False, True):
-            _case(name, lens, causal)
-    if not quick:
-        for causal in (False, True):  # the one pass at D 64: whole dQ rows on alternate steps
-            _case("lognormal d64", lognormal, causal, dim=64)
+            _case(name, causal)
+
 
 if __name__ == "__main__":
     main()

@@ -1,38 +1,41 @@
 """Probe (H200): what dQ costs broadcast-Q's one-pass backward. Every kv-tile of every sequence
 adds its share of dQ into the one shared fp32 accumulator ``[Lq, Hq * D]`` (512 KB at Lq 64,
 H16, D128), so at Lq 64 x 1,024 sequences ~6,000 tiles a head reduce-add 32 KB each into the
-same L2 lines. This times, kernels alone, on the bench's broadcast-Q batches (bf16, H16, D128,
-lognormal K/V lengths, median 512): the one pass (TMA reduce-adds, as calls run it), the same
-kernel without dQ (``backward_dkdv`` on the same plan: what any change to the dQ write-back can
-win at most), and the deterministic two passes; and prints TFLOP/s (backward = 2.5 x the
-forward's 4 * Lq * sum(Lk) * D * H) and the time to move K, V, dK, dV once at the copy
+same L2 lines. This times, kernels alone, on the bench's broadcast-Q workloads (``bq-*``: bf16,
+H16, D128, lognormal K/V lengths, median 512; ``jagflash.bench.data.make_batch``'s inputs; until
+session 10 the probe drew its own lengths, other draws of the same distribution): the one pass
+(TMA reduce-adds, as calls run it) and the same kernel without dQ (``backward_dkdv`` on the
+same plan: what any change to the dQ write-back can win at most); and prints TFLOP/s (backward
+= 2.5 x the forward's 4 * Lq * sum(Lk) * D * H) and the time to move K, V, dK, dV once at the copy
 ceiling the bench measured (4.24 TB/s).
 
 Run on the GPU: ``PROBE=bench/probes/probe_bq_backward.py bash bench/gpu.sh probe``."""
 
 from __future__ import annotations
 
+import argparse
 import functools
 
-import torch
 from triton.testing import do_bench
 
+from jagflash.bench.data import make_batch
+from jagflash.bench.flops import bwd_flops, fwd_flops
+from jagflash.bench.workloads import get
 from jagflash.core import tlx_attention
-from jagflash.core.jagged import offsets_from_lengths
 from jagflash.core.schedule import default_schedules, make_plan
 
 COPY_TB_S = 4.24  # the bench's device-copy ceiling on this H200 (session 10)
 
 
-def _case(lq: int, count: int, heads: int = 16, dim: int = 128) -> None:
-    gen = torch.Generator().manual_seed(count)
-    lens = torch.clamp((torch.exp(torch.randn(count, generator=gen)) * 512).round(), 1, 4096).long().tolist()
-    total = sum(lens)
-    q = torch.randn(lq, heads, dim, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    dout = torch.randn(count * lq, heads, dim, device="cuda", dtype=torch.bfloat16)
-    kv_offs = offsets_from_lengths(lens, "cuda")
-    q_offs = offsets_from_lengths([lq] * count, "cuda")
+WORKLOADS = ("bq-lq64-b1024", "bq-lq256-b256", "bq-lq256-b64", "bq-lq1024-b64")
+
+
+def _case(name: str) -> None:
+    w = get(name)
+    b = make_batch(w, "cuda")
+    lq, count, heads, dim, total = w.q_len, b.num_seqs, w.heads, w.head_dim, b.total_kv
+    q, k, v, kv_offs, q_offs = b.q, b.k, b.v, b.kv_offsets, b.q_offsets
+    dout = b.dout.view(count * lq, heads, dim)  # [B, Lq, Hq, D] as the kernels' [B * Lq, Hq, D]
     scale = dim**-0.5
     schedule, bwd_schedule = default_schedules("tlx-sm90", dim)
     plan = make_plan(
@@ -47,7 +50,7 @@ def _case(lq: int, count: int, heads: int = 16, dim: int = 128) -> None:
     one_pass = functools.partial(tlx_attention.backward, dout, q, k, v, out, lse, q_offs, kv_offs, **kw)
     dkdv_alone = functools.partial(tlx_attention.backward_dkdv, dout, q, k, v, lse, delta, q_offs, kv_offs, **kw)
     ref = one_pass()
-    flops = 2.5 * 4 * lq * total * dim * heads
+    flops = bwd_flops(fwd_flops(b.q_lens, b.kv_lens, heads=heads, head_dim=dim))
     moved = 4 * total * heads * dim * 2  # K, V read and dK, dV written, bf16
     print(f"bq Lq{lq} x {count}: {total} keys; K, V, dK, dV once at {COPY_TB_S} TB/s: {moved / COPY_TB_S / 1e9:.3f} ms", flush=True)
     for mode, run in (("one pass, TMA dQ", one_pass), ("dK/dV alone, no dQ", dkdv_alone)):
@@ -57,9 +60,13 @@ def _case(lq: int, count: int, heads: int = 16, dim: int = 128) -> None:
         print(f"  {mode:22s} {ms:8.3f} ms {flops / ms / 1e9:8.1f} TFLOP/s   max|dK,dV - one pass| {diff:.2e}", flush=True)
 
 
-def main() -> None:
-    for lq, count in ((64, 1024), (256, 256), (256, 64), (1024, 64)):
-        _case(lq, count)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("workloads", nargs="*", default=WORKLOADS, help=f"default: {WORKLOADS}")
+    for name in parser.parse_args(argv).workloads:
+        _case(name)
 
 
 if __name__ == "__main__":

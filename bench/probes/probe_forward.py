@@ -2,20 +2,22 @@
 (p20 0.66 / p50 0.87 / p80 1.12 ms) and broadcast-Q Lq256 x 256 (1.53 / 2.20 / 2.34) with wide
 spreads, where tlx-ab timed 0.59 ms for dense causal. This times the public calls many times,
 each consumer version (v1, v2: ``tlx_attention.forward``'s ``pipeline``, patched in), and prints
-percentiles of single-call times (do_bench ``return_mode="all"``).
+percentiles of single-call times (do_bench ``return_mode="all"``), on the bench's workloads and
+inputs (``jagflash.bench.data.make_batch``; until session 10 every case ran with q = k = v).
 
 Run on the GPU: ``python bench/probes/probe_forward.py`` (gpu.sh: ``PROBE=bench/probes/probe_forward.py``)."""
 
 from __future__ import annotations
 
+import argparse
 import functools
 
 import torch
 from triton.testing import do_bench
 
+from jagflash.bench.data import make_batch
 from jagflash.bench.workloads import get
 from jagflash.core import tlx_attention
-from jagflash.core.jagged import offsets_from_lengths
 from jagflash.variants.broadcast_q import broadcast_q_attention
 from jagflash.variants.dense import dense_attention
 from jagflash.variants.jagged import jagged_attention
@@ -28,24 +30,30 @@ def _pct(times: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p * len(s)))]
 
 
-def main() -> None:
-    heads, dim = 16, 128
-    mk = functools.partial(torch.randn, device="cuda", dtype=torch.bfloat16)
+def _calls() -> dict:
+    """Printed name -> the public forward call on that bench workload's batch."""
     cases = {}
-    q = mk(4, 4096, heads, dim)
-    cases["dense 4x4096 causal"] = lambda: dense_attention(q, q, q, causal=True)
-    cases["dense 4x4096"] = lambda: dense_attention(q, q, q)
-    for name in ("bq-lq256-b256", "bq-lq256-b64"):
+    for name in ("dense-b4h16n4096d128-causal", "dense-b4h16n4096d128"):
         w = get(name)
-        lens = w.sample_lengths()[1].tolist()
-        kv = offsets_from_lengths(lens, "cuda")
-        qb, kb = mk(w.q_len, heads, dim), mk(sum(lens), heads, dim)
-        cases[name] = functools.partial(broadcast_q_attention, qb, kb, kb, kv)
-    w = get("jagged-lognormal-causal-d128")
-    lens = w.sample_lengths()[1].tolist()
-    offs = offsets_from_lengths(lens, "cuda")
-    qj = mk(sum(lens), heads, dim)
-    cases["jagged lognormal causal"] = functools.partial(jagged_attention, qj, qj, qj, offs, offs, causal=True)
+        b = make_batch(w, "cuda")
+        q, k, v = (t.view(*b.dense_shape(), *t.shape[1:]) for t in (b.q, b.k, b.v))
+        label = "dense 4x4096" + (" causal" if w.causal else "")
+        cases[label] = functools.partial(dense_attention, q, k, v, causal=w.causal)
+    for name in ("bq-lq256-b256", "bq-lq256-b64"):
+        b = make_batch(get(name), "cuda")
+        cases[name] = functools.partial(broadcast_q_attention, b.q, b.k, b.v, b.kv_offsets)
+    b = make_batch(get("jagged-lognormal-causal-d128"), "cuda")
+    cases["jagged lognormal causal"] = functools.partial(
+        jagged_attention, b.q, b.k, b.v, b.q_offsets, b.kv_offsets, causal=True
+    )
+    return cases
+
+
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args(argv)
+    cases = _calls()
     print(f"{'case':26s} {'version':8s} {'n':>4s} {'p10':>8s} {'p50':>8s} {'p90':>8s} {'max':>8s}  (ms)", flush=True)
     for name, run in cases.items():
         for version, pipeline in (("v1", False), ("v2", True), ("v1", False), ("v2", True)):

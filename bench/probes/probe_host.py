@@ -15,6 +15,7 @@ Run on the GPU: ``PROBE=bench/probes/probe_host.py bash bench/gpu.sh probe`` (~1
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import io
 import pstats
@@ -114,12 +115,21 @@ def _measure(label: str, fn) -> None:
         print("   " + ln[:150])
 
 
-def main() -> int:
+DEFAULT_WORKLOADS = ("bq-lq256-b64", "jagged-tiny-d128", "bq-lq1024-b64")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "workloads", nargs="*", default=DEFAULT_WORKLOADS, help=f"default: {DEFAULT_WORKLOADS}"
+    )
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("probe_host: needs a CUDA device", file=sys.stderr)
         return 2
-    names = sys.argv[1:] or ["bq-lq256-b64", "jagged-tiny-d128", "bq-lq1024-b64"]
-    for name in names:
+    for name in args.workloads:
         fwd_only, fwd_bwd = _calls(name)
         _measure(f"{name} fwd", fwd_only)
         _measure(f"{name} fwd+bwd", fwd_bwd)

@@ -15,6 +15,7 @@ Run on the GPU: ``PROBE=bench/probes/probe_host_layers.py bash bench/gpu.sh prob
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import io
 import pstats
@@ -89,7 +90,10 @@ def _launch_split(label: str, fn, module, names: tuple[str, ...]) -> None:
             print("  " + ln[:170])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args(argv)
     from jagflash.bench.data import make_batch
     from jagflash.bench.workloads import get
     from jagflash.core import tlx_attention

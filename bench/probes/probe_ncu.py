@@ -2,10 +2,12 @@
 ``ncu`` can profile one launch of it (gpu.sh step ``ncu``), and summarises the per-instruction
 warp-stall samples ncu exports.
 
-Target (run under ncu): ``python bench/probes/probe_ncu.py [--kernel bwd|fwd] [--batch lognormal|dense]
-[--causal] [--reps N]`` (``[--batch lognormal|dense|tiny]``): ``bwd`` is the one-pass backward (``tlx_attention.backward``, kernel
-``_dkdv_kernel``), ``fwd`` the forward (``_fwd_kernel``), each on the plan a call gets by default
-(bf16, H16, D128; lognormal: the bench's 128 sequences, dense: 4 x 4096). The kernel runs
+Target (run under ncu): ``python bench/probes/probe_ncu.py [--kernel bwd|fwd]
+[--batch lognormal|dense|tiny] [--causal] [--reps N]``: ``bwd`` is the one-pass backward
+(``tlx_attention.backward``, kernel ``_dkdv_kernel``), ``fwd`` the forward (``_fwd_kernel``), each
+on the plan a call gets by default, on a bench workload's batch (:data:`BATCHES`: bf16, H16, D128;
+lognormal: 128 sequences, dense: 4 x 4096, tiny: 2,048 sequences of 1-63 tokens; until session 10
+the probe drew its own lengths, other draws of the same distributions). The kernel runs
 ``--reps`` times (default 3): profile the last with ``--launch-skip reps-1 --launch-count 1``, so
 that compilation and first-touch effects stay out.
 
@@ -22,27 +24,27 @@ import re
 import sys
 from collections import Counter
 
+#: ``--batch`` -> the bench workload whose batch (lengths, heads, head dim, inputs) the kernel runs.
+BATCHES = {
+    "lognormal": "jagged-lognormal-d128",
+    "dense": "dense-b4h16n4096d128",
+    "tiny": "jagged-tiny-d128",
+}
+
 
 def _run(args: argparse.Namespace) -> None:
     import torch
 
+    from jagflash.bench.data import make_batch
+    from jagflash.bench.workloads import get
     from jagflash.core import tlx_attention
-    from jagflash.core.jagged import offsets_from_lengths, seq_lengths
 
-    heads, dim = 16, 128
-    if args.batch == "dense":
-        lens = [4096] * 4
-    elif args.batch == "tiny":  # the bench's jagged-tiny shape: 2,048 sequences of 1-63 tokens
-        lens = torch.randint(1, 64, (2048,), generator=torch.Generator().manual_seed(0)).tolist()
-    else:
-        gen = torch.Generator().manual_seed(0)
-        lens = torch.clamp((torch.exp(torch.randn(128, generator=gen)) * 512).round(), 1, 4096).long().tolist()
-    total = sum(lens)
-    q, k, v, dout = (torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    offs = offsets_from_lengths(lens, "cuda")
+    b = make_batch(get(BATCHES[args.batch]), "cuda")
+    q, k, v, dout, offs = b.q, b.k, b.v, b.dout, b.q_offsets
+    dim = q.shape[-1]
     right = 0 if args.causal else -1
     kw = {"left": -1, "right": right, "scale": dim**-0.5}
-    longest = int(seq_lengths(offs).max())
+    longest = b.max_q
     out, lse = tlx_attention.forward(q, k, v, offs, offs, longest, **kw)
     for _ in range(args.reps):
         if args.kernel == "fwd":
@@ -108,9 +110,11 @@ def _summarize(path: str, top: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--kernel", choices=("bwd", "fwd"), default="bwd")
-    parser.add_argument("--batch", choices=("lognormal", "dense", "tiny"), default="lognormal")
+    parser.add_argument("--batch", choices=tuple(BATCHES), default="lognormal")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--summarize", metavar="SASS_CSV", help="summarise an ncu source-page export")

@@ -4,37 +4,49 @@ only batches whose sequences start at a query index that is not a multiple of 4 
 illegal instruction (a TMA box's contiguous start must be 16-byte aligned); all passed once the
 accumulator's sequences were padded to 4 columns. Since session 4 the accumulator has dQ's own
 layout (queries as rows, boxes start at head-dim offsets), so no sequence start meets the rule.
-Prints per batch: ok (dQ within 2e-2 of the atomic version), WRONG, or the error.
+Prints per batch: ok (dQ within 2e-2 of the atomic version), WRONG, or the error. Batches are
+bench workloads of fixed lengths (:data:`BATCHES`), inputs from ``jagflash.bench.data.make_batch``.
 
 Run on the GPU: ``PROBE=bench/probes/probe_one_pass_tma.py bash bench/gpu.sh probe``."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
 import torch
 
+from jagflash.bench.workloads import Fixed, Mix, Workload
+
+#: Small batches whose sequences start at query indices on and off a multiple of 4 (bf16, D128).
 BATCHES = {
-    "1x128 h1 d128": ((128,), 1, 128),
-    "1x256 h1 d128": ((256,), 1, 128),
-    "1x37 h1 d128": ((37,), 1, 128),
-    "2x128 h1 d128": ((128, 128), 1, 128),
-    "1x128 h2 d128": ((128,), 2, 128),
-    "3 odd h2 d128": ((37, 300, 129), 2, 128),
+    w.name: w
+    for w in (
+        Workload("1x128 h1 d128", "jagged", Fixed(1, 128), heads=1),
+        Workload("1x256 h1 d128", "jagged", Fixed(1, 256), heads=1),
+        Workload("1x37 h1 d128", "jagged", Fixed(1, 37), heads=1),
+        Workload("2x128 h1 d128", "jagged", Fixed(2, 128), heads=1),
+        Workload("1x128 h2 d128", "jagged", Fixed(1, 128), heads=2),
+        Workload(
+            "3 odd h2 d128",
+            "jagged",
+            Mix((Fixed(1, 37), Fixed(1, 300), Fixed(1, 129)), shuffle=False),
+            heads=2,
+        ),
+    )
 }
 
 
 def run(name: str) -> str:
+    from jagflash.bench.data import make_batch
     from jagflash.core import tlx_attention
-    from jagflash.core.jagged import offsets_from_lengths
 
-    lens, heads, dim = BATCHES[name]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, o, do = (torch.randn(sum(lens), heads, dim, device="cuda", generator=gen).bfloat16() for _ in range(5))
-    lse = torch.full((heads, sum(lens)), 8.0, device="cuda")
-    offs = offsets_from_lengths(list(lens), "cuda")
-    args = (do, q, k, v, o, lse, offs, offs)
+    b = make_batch(BATCHES[name], "cuda")
+    heads, dim = b.q.shape[1:]
+    o = torch.randn_like(b.q)
+    lse = torch.full((heads, b.total_q), 8.0, device="cuda")
+    args = (b.dout, b.q, b.k, b.v, o, lse, b.q_offsets, b.kv_offsets)
     ref = tlx_attention.backward(*args, left=-1, right=-1, scale=dim**-0.5, dq_write="atomic")[0]
     torch.cuda.synchronize()
     got = tlx_attention.backward(*args, left=-1, right=-1, scale=dim**-0.5, dq_write="tma")[0]
@@ -43,9 +55,14 @@ def run(name: str) -> str:
     return "ok" if diff < 2e-2 else f"WRONG (max diff {diff:.3g})"
 
 
-def main() -> None:
-    if len(sys.argv) > 1:
-        print(run(sys.argv[1]))
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("batch", nargs="?", choices=tuple(BATCHES), help="run this one, here")
+    args = parser.parse_args(argv)
+    if args.batch:
+        print(run(args.batch))
         return
     for name in BATCHES:
         try:

@@ -15,6 +15,7 @@ Run on the GPU: ``PROBE=bench/probes/probe_tma_reduce.py bash bench/gpu.sh probe
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
@@ -87,9 +88,14 @@ def run(case: str) -> str:
     return "ok" if torch.equal(out, want) else f"WRONG (max diff {(out.float() - want.float()).abs().max().item():.3g})"
 
 
-def main() -> None:
-    if len(sys.argv) > 1:
-        print(run(sys.argv[1]))
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("case", nargs="?", choices=CASES, help="run this one, here")
+    args = parser.parse_args(argv)
+    if args.case:
+        print(run(args.case))
         return
     from concurrent.futures import ThreadPoolExecutor
 
@@ -105,6 +111,7 @@ def main() -> None:
     with ThreadPoolExecutor(8) as pool:
         for case, msg in zip(CASES, pool.map(one, CASES)):
             print(f"{case:12s} {msg[:160]}", flush=True)
+
 
 if __name__ == "__main__":
     main()
