@@ -18,7 +18,7 @@
 #
 # Steps (default: ceilings tests demo bench, in this order): ceilings (versions + bf16 matmul and
 # copy ceilings), tlx-tests (the TLX kernels' sm90 tests alone, first), tests (pytest -m "gpu or sm90" on core and variants), demo
-# (jagflash.variants.jagged.demo), tlx-ab (TLX forward on grouped / static / dynamic plans, each walked slot by slot and head by head), schedule-ab (schedules none /
+# (jagflash.variants.jagged.demo), tlx-ab (bench/probes/tlx_ab.py: TLX forward on grouped / static / dynamic plans, each walked slot by slot and head by head, and its options), schedule-ab (schedules none /
 # static / dynamic, plan build time), probe (python $PROBE, a one-off measurement script), ncu (Nsight Compute, --clock-control none, on
 # one launch of bench/probes/probe_ncu.py's kernel: NCU_ARGS its arguments, NCU_KERNEL the kernel-name regex
 # (default: _fwd_kernel with NCU_ARGS="--kernel fwd", else _dkdv_kernel), NCU_TIMEOUT_S (240); writes
@@ -204,8 +204,8 @@ fi
 if has_step demo; then
     run_step demo "$(cap "${DEMO_TIMEOUT_S:-60}" "$bench_reserve")" "$PY" -m jagflash.variants.jagged.demo
 fi
-if has_step tlx-ab; then  # TLX forward tile orders and options (core.tlx_attention._ab)
-    run_step tlx-ab "$(cap 240 "$bench_reserve")" "$PY" -m jagflash.core.tlx_attention ${TLX_AB_ARGS:-}
+if has_step tlx-ab; then  # TLX forward tile orders and options (bench/probes/tlx_ab.py)
+    run_step tlx-ab "$(cap 240 "$bench_reserve")" "$PY" bench/probes/tlx_ab.py ${TLX_AB_ARGS:-}
 fi
 if has_step schedule-ab; then  # portable kernels with schedule none / static / dynamic, plan build time
     run_step schedule-ab "$(cap 200 "$bench_reserve")" bash -c \
