@@ -19,7 +19,8 @@
 # Steps (default: ceilings tests demo bench, in this order): ceilings (versions + bf16 matmul and
 # copy ceilings), tlx-tests (the TLX kernels' sm90 tests alone, first), tests (pytest -m "gpu or sm90" on core and variants), demo
 # (jagflash.variants.jagged.demo), tlx-ab (bench/probes/tlx_ab.py: TLX forward on grouped / static / dynamic plans, each walked slot by slot and head by head, and its options), schedule-ab (bench/probes/schedule_ab.py:
-# plan build time, then the portable kernels under schedules none / static / dynamic / grouped), probe (python $PROBE, a one-off measurement script), ncu (Nsight Compute, --clock-control none, on
+# plan build time, then the portable kernels under schedules none / static / dynamic / grouped), probe (python $PROBE, a script of
+# bench/probes/), ncu (Nsight Compute, --clock-control none, on
 # one launch of bench/probes/probe_ncu.py's kernel: NCU_ARGS its arguments, NCU_KERNEL the kernel-name regex
 # (default: _fwd_kernel with NCU_ARGS="--kernel fwd", else _dkdv_kernel), NCU_TIMEOUT_S (240); writes
 # ncu-report.ncu-rep, ncu-details.txt, ncu-sass.csv and prints the stall summary), graph-bench (the
@@ -211,8 +212,13 @@ if has_step schedule-ab; then  # plan build time, portable kernels with each sch
     run_step schedule-ab "$(cap 200 "$bench_reserve")" bash -c \
         "'$PY' bench/probes/schedule_ab.py plan-time && '$PY' bench/probes/schedule_ab.py kernels --reps 50"
 fi
-if has_step probe; then  # a one-off measurement script: PROBE=path/to/script.py
-    run_step probe "$(cap "${PROBE_TIMEOUT_S:-180}" "$bench_reserve")" "$PY" "${PROBE:-bench/probe.py}" ${PROBE_ARGS:-}
+if has_step probe; then  # a measurement script of bench/probes/: PROBE=bench/probes/<name>.py
+    if [ -n "${PROBE:-}" ]; then
+        run_step probe "$(cap "${PROBE_TIMEOUT_S:-180}" "$bench_reserve")" "$PY" "$PROBE" ${PROBE_ARGS:-}
+    else
+        log "== probe: no PROBE given (PROBE=bench/probes/<name>.py; see ls bench/probes)"
+        RC[probe]=2; SECS[probe]=0
+    fi
 fi
 if has_step ncu; then  # Nsight Compute on one launch of bench/probes/probe_ncu.py's kernel (NCU_ARGS)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
