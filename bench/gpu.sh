@@ -13,7 +13,7 @@
 #   3. carry [".gpu/fa4.part01"]:            bash bench/gpu.sh bench   (reuses /tmp/tlx)
 # (add ".gpu/commit" to each carry so the results name the commit: see JAGFLASH_GIT_COMMIT).
 # Budget: a full bench of every workload and peer takes ~8 minutes of a 10-minute call; the
-# 2026-11-30 run had ~4.5 and skipped 44 of its 184 rows (bench/results/2026-11-30-h200).
+# 2026-11-30 run had ~4.5 and skipped 44 of its 184 rows (bench/results/2026-11-30-3d49d95).
 # Make the bundles first with ../shared/tools/gpu-bundle and ../shared/tools/fa4-bundle.
 #
 # Steps (default: ceilings tests demo bench, in this order): ceilings (versions + bf16 matmul and
