@@ -9,18 +9,19 @@
 # `carry`): the TLX bundle is 53 MB and FA4 comes in two parts of 35 + 30 MB, so a full run is
 # three calls, each within 30 s of the last (the machine stays warm and keeps /tmp):
 #   1. carry [".gpu/fa4.part00"]:            mkdir -p /tmp/stage && cp .gpu/fa4.part00 /tmp/stage/
-#   2. carry [".gpu/triton38-utlx.tar.xz"]:  bash bench/gpu.sh ceilings tests demo tlx-ab
+#   2. carry [".gpu/triton38-utlx.tar.xz"]:  bash bench/gpu.sh ceilings tests demo
 #   3. carry [".gpu/fa4.part01"]:            bash bench/gpu.sh bench   (reuses /tmp/tlx)
 # (add ".gpu/commit" to each carry so the results name the commit: see JAGFLASH_GIT_COMMIT).
 # Budget: a full bench of every workload and peer takes ~8 minutes of a 10-minute call; the
-# 2026-11-30 run had ~4.5 and skipped 44 of its 184 rows (bench/results/2026-11-30-h200).
+# 2026-11-30 run had ~4.5 and skipped 44 of its 184 rows (bench/results/2026-11-30-3d49d95).
 # Make the bundles first with ../shared/tools/gpu-bundle and ../shared/tools/fa4-bundle.
 #
 # Steps (default: ceilings tests demo bench, in this order): ceilings (versions + bf16 matmul and
 # copy ceilings), tlx-tests (the TLX kernels' sm90 tests alone, first), tests (pytest -m "gpu or sm90" on core and variants), demo
-# (jagflash.variants.jagged.demo), tlx-ab (TLX forward on grouped / static / dynamic plans, each walked slot by slot and head by head), schedule-ab (schedules none /
-# static / dynamic, plan build time), probe (python $PROBE, a one-off measurement script), ncu (Nsight Compute, --clock-control none, on
-# one launch of bench/probe_ncu.py's kernel: NCU_ARGS its arguments, NCU_KERNEL the kernel-name regex
+# (jagflash.variants.jagged.demo), schedule-ab (bench/probes/schedule_ab.py:
+# plan build time, then the portable kernels under schedules none / static / dynamic / grouped), probe (python $PROBE, a script of
+# bench/probes/), ncu (Nsight Compute, --clock-control none, on
+# one launch of bench/probes/probe_ncu.py's kernel: NCU_ARGS its arguments, NCU_KERNEL the kernel-name regex
 # (default: _fwd_kernel with NCU_ARGS="--kernel fwd", else _dkdv_kernel), NCU_TIMEOUT_S (240); writes
 # ncu-report.ncu-rep, ncu-details.txt, ncu-sass.csv and prints the stall summary), graph-bench (the
 # bench on GRAPH_WORKLOADS (bq-*) and GRAPH_PROVIDERS (jagflash-tlx, FA4 and FA2 expand-Q) with
@@ -48,8 +49,8 @@
 # TESTS_SHARD / TLX_TESTS_SHARD (I/N: the I-th of N round-robin shares, the testing plugin's
 # --shard: the whole GPU suite ran ~13 minutes serially, more than one call), TESTS_WORKERS (4:
 # pytest-xdist processes for both test steps; 0: serial),
-# TLX_TESTS_TIMEOUT_S (220), TLX_AB_ARGS (tlx-ab's arguments, e.g. "--batches tiny,dense4x4096
-# --orders default-q1,default-ring"), PROBE, PROBE_ARGS (its arguments, split on spaces), PROBE_TIMEOUT_S (180), DEMO_TIMEOUT_S (60), JAGFLASH_GIT_COMMIT
+# TLX_TESTS_TIMEOUT_S (220)
+# PROBE, PROBE_ARGS (its arguments, split on spaces), PROBE_TIMEOUT_S (180), DEMO_TIMEOUT_S (60), JAGFLASH_GIT_COMMIT
 # (the commit to record).
 
 set -u
@@ -66,8 +67,8 @@ bench_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --) shift; bench_args=("$@"); break ;;
-        ceilings|tlx-tests|tests|demo|tlx-ab|schedule-ab|probe|ncu|graph-bench|bench) steps+=("$1"); shift ;;
-        *) echo "gpu.sh: unknown step '$1' (steps: ceilings tlx-tests tests demo tlx-ab schedule-ab probe ncu graph-bench bench; bench args after --)" >&2; exit 2 ;;
+        ceilings|tlx-tests|tests|demo|schedule-ab|probe|ncu|graph-bench|bench) steps+=("$1"); shift ;;
+        *) echo "gpu.sh: unknown step '$1' (steps: ceilings tlx-tests tests demo schedule-ab probe ncu graph-bench bench; bench args after --)" >&2; exit 2 ;;
     esac
 done
 [ ${#steps[@]} -eq 0 ] && steps=(ceilings tests demo bench)
@@ -204,17 +205,19 @@ fi
 if has_step demo; then
     run_step demo "$(cap "${DEMO_TIMEOUT_S:-60}" "$bench_reserve")" "$PY" -m jagflash.variants.jagged.demo
 fi
-if has_step tlx-ab; then  # TLX forward tile orders and options (core.tlx_attention._ab)
-    run_step tlx-ab "$(cap 240 "$bench_reserve")" "$PY" -m jagflash.core.tlx_attention ${TLX_AB_ARGS:-}
-fi
-if has_step schedule-ab; then  # portable kernels with schedule none / static / dynamic, plan build time
+if has_step schedule-ab; then  # plan build time, portable kernels with each schedule (bench/probes/schedule_ab.py)
     run_step schedule-ab "$(cap 200 "$bench_reserve")" bash -c \
-        "$PY bench/probes/schedule_ab.py --bench && $PY -m jagflash.variants.jagged.ab_schedules --reps 50"
+        "'$PY' bench/probes/schedule_ab.py plan-time && '$PY' bench/probes/schedule_ab.py kernels --reps 50"
 fi
-if has_step probe; then  # a one-off measurement script: PROBE=path/to/script.py
-    run_step probe "$(cap "${PROBE_TIMEOUT_S:-180}" "$bench_reserve")" "$PY" "${PROBE:-bench/probe.py}" ${PROBE_ARGS:-}
+if has_step probe; then  # a measurement script of bench/probes/: PROBE=bench/probes/<name>.py
+    if [ -n "${PROBE:-}" ]; then
+        run_step probe "$(cap "${PROBE_TIMEOUT_S:-180}" "$bench_reserve")" "$PY" "$PROBE" ${PROBE_ARGS:-}
+    else
+        log "== probe: no PROBE given (PROBE=bench/probes/<name>.py; see ls bench/probes)"
+        RC[probe]=2; SECS[probe]=0
+    fi
 fi
-if has_step ncu; then  # Nsight Compute on one launch of bench/probe_ncu.py's kernel (NCU_ARGS)
+if has_step ncu; then  # Nsight Compute on one launch of bench/probes/probe_ncu.py's kernel (NCU_ARGS)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     NCU_REPS=$(echo "${NCU_ARGS:-}" | sed -n 's/.*--reps \([0-9]*\).*/\1/p'); NCU_REPS=${NCU_REPS:-3}
     case " ${NCU_ARGS:-} " in *" --kernel fwd "*) NCU_KERNEL=${NCU_KERNEL:-_fwd_kernel} ;; esac
@@ -223,11 +226,11 @@ if has_step ncu; then  # Nsight Compute on one launch of bench/probe_ncu.py's ke
             --launch-skip $((NCU_REPS - 1)) --launch-count 1 --import-source no \
             --section SpeedOfLight --section WarpStateStats --section SourceCounters \
             --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
-            -f -o '$OUT/ncu-report' '$PY' bench/probe_ncu.py ${NCU_ARGS:-} &&
+            -f -o '$OUT/ncu-report' '$PY' bench/probes/probe_ncu.py ${NCU_ARGS:-} &&
         '$NCU' --import '$OUT/ncu-report.ncu-rep' --page details > '$OUT/ncu-details.txt' 2>&1;
         '$NCU' --import '$OUT/ncu-report.ncu-rep' --page source --csv --print-source sass > '$OUT/ncu-sass.csv' 2>&1;
         head -c 20000 '$OUT/ncu-details.txt';
-        '$PY' bench/probe_ncu.py --summarize '$OUT/ncu-sass.csv';
+        '$PY' bench/probes/probe_ncu.py --summarize '$OUT/ncu-sass.csv';
         rm -f '$OUT/ncu-report.ncu-rep'"  # (its exports stay; the report itself may outgrow what comes back)
 fi
 if has_step graph-bench; then  # the small rows again, replayed in CUDA graphs (what a serving loop sees)

@@ -16,7 +16,10 @@ and across the repository:
   nothing under core/ imports ``jagflash.variants`` or ``jagflash.bench``, and core's shipped
   code (core/src) does not import ``jagflash.testing`` either: dependencies point inward; core's
   tests may use the test infrastructure, which itself depends on core alone;
-  no variant imports another variant (each one installs alone).
+  no variant imports another variant (each one installs alone);
+  bench/ holds no script at its top (probes and A/B harnesses live in bench/probes/), and
+  bench/results/ holds no code, only one folder per run named ``YYYY-MM-DD-<short commit>``,
+  each with a README.md.
 
 Standard library only, so it runs before anything is installed.
 """
@@ -44,6 +47,10 @@ SKIPPED_DIRS = {"__pycache__", ".git", ".nox", ".venv", "build", "dist", ".pytes
 # A markdown table: a header row, then a delimiter row such as |---|:--:|.
 _TABLE_DELIMITER = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)+\|?\s*$", re.MULTILINE)
 _REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+# What counts as code under bench/results (recorded runs hold logs, data and notes).
+CODE_SUFFIXES = (".py", ".sh", ".ipynb")
+# A results folder: the date and the short commit the run measured.
+_RESULTS_FOLDER = re.compile(r"\d{4}-\d{2}-\d{2}-[0-9a-f]{7,12}")
 
 
 def _normalize(dist: str) -> str:
@@ -187,6 +194,32 @@ def _check_variant(root: Path, vdir: Path, problems: list[str]) -> None:
     _check_imports(root, vdir, other_variant, problems)
 
 
+def _check_bench(root: Path, problems: list[str]) -> None:
+    """Probes are scripts of bench/probes/; bench/results/ holds recorded runs, no code."""
+    bench = root / "bench"
+    for path in sorted(bench.glob("*.py")):
+        problems.append(
+            f"{path.relative_to(root).as_posix()}: a script at the top of bench/ "
+            "(probes and A/B harnesses live in bench/probes/)"
+        )
+    results = bench / "results"
+    if not results.is_dir():
+        return
+    for path in sorted(results.rglob("*")):
+        parts = path.relative_to(results).parts
+        if path.is_file() and path.suffix in CODE_SUFFIXES and not SKIPPED_DIRS.intersection(parts):
+            problems.append(
+                f"{path.relative_to(root).as_posix()}: code under bench/results "
+                "(results hold logs and data; probes live in bench/probes/)"
+            )
+    for folder in sorted(p for p in results.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        rel = folder.relative_to(root).as_posix()
+        if not _RESULTS_FOLDER.fullmatch(folder.name):
+            problems.append(f"{rel}/: a results folder is named YYYY-MM-DD-<short commit>")
+        if not (folder / "README.md").is_file():
+            problems.append(f"{rel}/README.md: missing (what ran, on which trees)")
+
+
 def _variant_dirs(root: Path) -> list[Path]:
     """Every directory under variants/ (the same list noxfile.py makes sessions from)."""
     variants = root / "variants"
@@ -220,6 +253,7 @@ def check(root: Path) -> list[str]:
 
     for vdir in _variant_dirs(root):
         _check_variant(root, vdir, problems)
+    _check_bench(root, problems)
     return problems
 
 

@@ -8,6 +8,8 @@ backward; dense; broadcast-Q), for compute-sanitizer's tools:
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 
 
@@ -42,4 +44,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     main()

@@ -377,10 +377,10 @@ def test_smoke_run_end_to_end(tmp_path):
 
 
 def test_probe_ncu_summarizes_a_source_page_export(tmp_path, capsys) -> None:
-    """bench/probe_ncu.py --summarize: finds the instruction and stall-sampling columns by their
-    headers (after ncu's preamble lines), ranks instructions, totals opcodes and reasons, and
-    names the instructions each large reason sits on, with their execution counts."""
-    spec = importlib.util.spec_from_file_location("probe_ncu", REPO / "bench" / "probe_ncu.py")
+    """bench/probes/probe_ncu.py --summarize: finds the instruction and stall-sampling columns by
+    their headers (after ncu's preamble lines), ranks instructions, totals opcodes and reasons,
+    and names the instructions each large reason sits on, with their execution counts."""
+    spec = importlib.util.spec_from_file_location("probe_ncu", REPO / "bench" / "probes" / "probe_ncu.py")
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     path = tmp_path / "sass.csv"

@@ -181,6 +181,51 @@ def test_layout_check_reports_unparsable_files(root: Path):
     assert f"{PKG.as_posix()}/op.py: cannot be parsed" in _problems(root)
 
 
+def _results_run(root: Path, name: str = "2026-12-01-00b54e4") -> Path:
+    folder = root / "bench/results" / name
+    folder.mkdir(parents=True)
+    (folder / "README.md").write_text("# a run\n")
+    (folder / "results.csv").write_text("workload\n")
+    return folder
+
+
+def test_layout_check_accepts_probes_and_recorded_runs(root: Path):
+    (root / "bench/probes").mkdir(parents=True)
+    (root / "bench/probes/tlx_ab.py").write_text("")
+    (root / "bench/gpu.sh").write_text("")
+    run = _results_run(root)
+    (run / "graph-call4").mkdir()
+    (run / "graph-call4/bench.log").write_text("")
+    (root / "bench/results/README.md").write_text("# results\n")
+    assert check_layout.check(root) == []
+
+
+@pytest.mark.parametrize("script", ["probe.py", "graph-call4/replay.py", "run.sh"])
+def test_layout_check_finds_code_under_bench_results(root: Path, script: str):
+    path = _results_run(root) / script
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("")
+    rel = f"bench/results/2026-12-01-00b54e4/{script}"
+    assert f"{rel}: code under bench/results" in _problems(root)
+
+
+def test_layout_check_keeps_probes_in_bench_probes(root: Path):
+    (root / "bench").mkdir()
+    (root / "bench/probe_backward.py").write_text("")
+    assert "bench/probe_backward.py: a script at the top of bench/" in _problems(root)
+
+
+@pytest.mark.parametrize("name", ["2026-12-01-h200-s9", "2026-12-01", "26-12-01-00b54e4"])
+def test_layout_check_names_results_folders_by_date_and_commit(root: Path, name: str):
+    _results_run(root, name)
+    assert f"bench/results/{name}/: a results folder is named" in _problems(root)
+
+
+def test_layout_check_wants_a_readme_per_run(root: Path):
+    (_results_run(root) / "README.md").unlink()
+    assert "bench/results/2026-12-01-00b54e4/README.md: missing" in _problems(root)
+
+
 def test_scaffolder_refuses_to_overwrite(root: Path, capsys):
     readme = root / VDIR / "README.md"
     readme.write_text("mine\n")

@@ -1,0 +1,130 @@
+"""Probe (H200) for Nsight Compute: runs one TLX kernel a few times on a bench batch, so that
+``ncu`` can profile one launch of it (gpu.sh step ``ncu``), and summarises the per-instruction
+warp-stall samples ncu exports.
+
+Target (run under ncu): ``python bench/probes/probe_ncu.py [--kernel bwd|fwd]
+[--batch lognormal|dense|tiny] [--causal] [--reps N]``: ``bwd`` is the one-pass backward
+(``bwd_sm90.backward``, kernel ``_dkdv_kernel``), ``fwd`` the forward (``_fwd_kernel``), each
+on the plan a call gets by default, on a bench workload's batch (:data:`BATCHES`: bf16, H16, D128;
+lognormal: 128 sequences, dense: 4 x 4096, tiny: 2,048 sequences of 1-63 tokens; until session 10
+the probe drew its own lengths, other draws of the same distributions). The kernel runs
+``--reps`` times (default 3): profile the last with ``--launch-skip reps-1 --launch-count 1``, so
+that compilation and first-touch effects stay out.
+
+Summary: ``python bench/probes/probe_ncu.py --summarize sass.csv`` reads ``ncu --import R --page source
+--csv --print-source sass`` and prints the instructions with the most stall samples, the samples
+per opcode, and each stall-reason column's total (whatever columns of that kind the export has:
+ncu versions name them differently, so they are found by their headers)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+from collections import Counter
+
+#: ``--batch`` -> the bench workload whose batch (lengths, heads, head dim, inputs) the kernel runs.
+BATCHES = {
+    "lognormal": "jagged-lognormal-d128",
+    "dense": "dense-b4h16n4096d128",
+    "tiny": "jagged-tiny-d128",
+}
+
+
+def _run(args: argparse.Namespace) -> None:
+    import torch
+
+    from jagflash.bench.data import make_batch
+    from jagflash.bench.workloads import get
+    from jagflash.core.tlx import bwd_sm90, fwd_sm90
+
+    b = make_batch(get(BATCHES[args.batch]), "cuda")
+    q, k, v, dout, offs = b.q, b.k, b.v, b.dout, b.q_offsets
+    dim = q.shape[-1]
+    right = 0 if args.causal else -1
+    kw = {"left": -1, "right": right, "scale": dim**-0.5}
+    longest = b.max_q
+    out, lse = fwd_sm90.forward(q, k, v, offs, offs, longest, **kw)
+    for _ in range(args.reps):
+        if args.kernel == "fwd":
+            fwd_sm90.forward(q, k, v, offs, offs, longest, **kw)
+        else:
+            bwd_sm90.backward(dout, q, k, v, out, lse, offs, offs, **kw)
+    torch.cuda.synchronize()
+    print(f"probe_ncu: {args.kernel} on {args.batch}{' causal' if args.causal else ''}, {args.reps} runs")
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+def _summarize(path: str, top: int) -> int:
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    head = next((i for i, r in enumerate(rows) if any("Source" in c for c in r)), None)
+    if head is None:
+        print(f"probe_ncu: no header with 'Source' in {path}; its first lines:")
+        for r in rows[:10]:
+            print("  ", r)
+        return 1
+    header, body = rows[head], [r for r in rows[head + 1 :] if len(r) == len(rows[head])]
+    src = next(i for i, c in enumerate(header) if "Source" in c)
+    stall_cols = [i for i, c in enumerate(header) if re.search(r"stall|Sampling", c, re.I)]
+    allcol = next((i for i in stall_cols if re.search(r"All Samples|Sampling \(All", header[i])), None)
+    if allcol is None and stall_cols:
+        allcol = stall_cols[0]
+    if allcol is None:
+        print("probe_ncu: no stall-sampling column; columns:", header)
+        return 1
+    total = sum(_number(r[allcol]) for r in body) or 1.0
+    print(f"probe_ncu: {len(body)} SASS lines, {total:.0f} samples in '{header[allcol]}'")
+    print(f"\n-- top {top} instructions by samples")
+    for r in sorted(body, key=lambda r: -_number(r[allcol]))[:top]:
+        print(f"{_number(r[allcol]):8.0f} {100 * _number(r[allcol]) / total:5.1f}%  {r[src].strip()[:110]}")
+    by_op: Counter[str] = Counter()
+    for r in body:
+        op = r[src].strip().lstrip("@!PU0123456789T ").split(" ")[0]
+        by_op[op.split(".")[0]] += _number(r[allcol])
+    print("\n-- samples by opcode")
+    for op, n in by_op.most_common(20):
+        print(f"{n:8.0f} {100 * n / total:5.1f}%  {op}")
+    print("\n-- stall-reason columns (totals)")
+    totals = {i: sum(_number(r[i]) for r in body) for i in stall_cols}
+    for i in stall_cols:
+        if totals[i]:
+            print(f"{totals[i]:10.0f}  {header[i]}")
+    # Where each of the largest stall reasons sits (the instruction that waits, with its
+    # execution count: a wait run once per tile and one run once per step read differently).
+    execs = next((i for i, c in enumerate(header) if c.strip() == "Instructions Executed"), None)
+    reasons = [i for i in stall_cols if i != allcol and "Not Issued" not in header[i] and "Sampling" not in header[i]]
+    for i in sorted(reasons, key=lambda i: -totals[i])[:5]:
+        print(f"\n-- top 5 instructions for {header[i]} ({totals[i]:.0f})")
+        for r in sorted(body, key=lambda r: -_number(r[i]))[:5]:
+            ran = f" x{_number(r[execs]):.0f}" if execs is not None else ""
+            print(f"{_number(r[i]):8.0f}{ran:>12s}  {r[src].strip()[:100]}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--kernel", choices=("bwd", "fwd"), default="bwd")
+    parser.add_argument("--batch", choices=tuple(BATCHES), default="lognormal")
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--summarize", metavar="SASS_CSV", help="summarise an ncu source-page export")
+    parser.add_argument("--top", type=int, default=40)
+    args = parser.parse_args(argv)
+    if args.summarize:
+        return _summarize(args.summarize, args.top)
+    _run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The scripts of bench/probes/: each imports on a CPU without asking for a GPU and answers
+``--help``; the batches they name are bench workloads; the A/B tables match the APIs they call."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jagflash.bench import workloads as W
+from jagflash.bench.flops import fwd_flops
+
+PROBES = Path(__file__).resolve().parents[1] / "probes"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"jagflash_probe_{name}", PROBES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("script", sorted(PROBES.glob("*.py")), ids=lambda p: p.name)
+def test_probe_answers_help_without_a_gpu(script: Path) -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run(
+        [sys.executable, str(script), "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: ")
+
+
+@pytest.mark.parametrize(
+    ("probe", "table"),
+    [
+        ("probe_ncu", "BATCHES"),
+        ("probe_bq_backward", "WORKLOADS"),
+        ("probe_host", "DEFAULT_WORKLOADS"),
+    ],
+)
+def test_probe_batches_are_bench_workloads(probe: str, table: str) -> None:
+    names = getattr(_load(probe), table)
+    names = names.values() if isinstance(names, dict) else names
+    assert set(names) <= set(W.WORKLOADS)
+
+
+def test_schedule_ab_simulates_every_jagged_workload(capsys) -> None:
+    schedule_ab = _load("schedule_ab")
+    assert schedule_ab.main(["simulate", "--workers", "8"]) == 0
+    out = capsys.readouterr().out
+    for name, w in W.WORKLOADS.items():
+        assert (name in out) == (w.kind == "jagged"), name
+
+
+def test_schedule_ab_dense_equivalent_matches_the_flops() -> None:
+    schedule_ab = _load("schedule_ab")
+    w = W.get("jagged-lognormal-causal-d128")
+    dense = schedule_ab.dense_equivalent(w, length=512)
+    assert (dense.kind, dense.causal, dense.heads) == ("dense", True, w.heads)
+    kw = {"heads": w.heads, "head_dim": w.head_dim, "causal": True}
+    jagged = fwd_flops(*w.sample_lengths(), **kw)
+    one = fwd_flops([512], [512], **kw)
+    assert abs(fwd_flops(*dense.sample_lengths(), **kw) - jagged) <= one / 2
