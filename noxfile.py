@@ -232,11 +232,12 @@ def bench_smoke(session: nox.Session) -> None:
 
 @nox.session(name="compile-sm90", venv_backend="none")
 def compile_sm90(session: nox.Session) -> None:
-    """Every TLX kernel configuration compiled for sm_90a on the CPU, with its resource table.
+    """Every TLX kernel configuration of the declared space (``jagflash.core.tlx.configs``)
+    compiled for sm_90a on the CPU, one process per core, with its resource table.
 
     Fails on a compile error, on shared memory over an sm_90 block's budget, on missing
-    wgmma / setmaxnreg / TMA, and on more than 8 spilled bytes: the fp16 causal d128 forward
-    spills 8 bytes (bench/NOTES.md); make it 0 once that is fixed."""
+    wgmma / setmaxnreg / TMA, and on more spilled bytes than a configuration is known to need
+    (``configs.KNOWN_SPILLS``; 8 for any other)."""
     _ensure_venv(session)
     # Off even when the caller's environment has it on (the interpreter cannot compile):
     # popping it from session.env would leave an inherited TRITON_INTERPRET=1 in place.
