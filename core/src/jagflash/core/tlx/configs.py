@@ -5,7 +5,8 @@ The space is the product of the call classes that change a kernel's code (dtype,
 kind, deal, the free choices of ``jagflash.core.tuning.FREE_FIELDS``), each mapped to its config
 by the policy (``tuning.fwd_config`` / ``tuning.bwd_config``), with duplicates dropped; broadcast-Q,
 a non-positive scale and GQA are added on the deals their calls get (the forward and the one-pass
-backward on dynamic plans, the two passes' dK/dV on batch order). A forward on a batch-order plan
+backward on dynamic plans, the two passes' dK/dV on batch order; the one pass of a dense batch
+without a mask also runs on batch order). A forward on a batch-order plan
 differs from the static deal's by one flag (``ZIGZAG``) and is not compiled separately.
 """
 
@@ -44,13 +45,17 @@ def fwd_space():
 
 
 def bwd_space():
-    """``(name, BwdConfig, dtype)`` of every dK/dV kernel configuration (one pass and two)."""
+    """``(name, BwdConfig, dtype)`` of every dK/dV kernel configuration: the one pass on a dynamic
+    plan (every mask; GQA; broadcast-Q), on a static one (every mask) and on batch order (a dense
+    batch without a mask); the two passes' dK/dV on batch order (every mask; broadcast-Q)."""
     out = {}
     for dtype, dim, (mask, (left, right)), (deal, (dyn, zz)), fused in product(DTYPES, TLX_HEAD_DIMS, MASKS.items(), DEALS.items(), (True, False)):
-        if (fused and dim not in TLX_ONE_PASS_HEAD_DIMS) or (fused == (deal == "none")):
-            continue  # the one pass runs on dynamic or static plans, the two passes' dK/dV on batch order
+        if fused and dim not in TLX_ONE_PASS_HEAD_DIMS:
+            continue
+        if (not fused and deal != "none") or (fused and deal == "none" and mask):
+            continue
         extras = [("", {})]
-        if deal in ("dynamic", "none") and mask != "window":
+        if mask != "window" and (deal == "dynamic" or not fused):
             if fused:
                 extras.append(("_gqa", {"group": 4}))
             if not mask:
