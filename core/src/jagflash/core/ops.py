@@ -15,6 +15,7 @@ forward knew.
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 
 import torch
@@ -307,6 +308,13 @@ class OpCall:
         self.__dict__.update(values)
 
     @property
+    def kernels(self):
+        """The variant's kernel module for the backend that runs: ``<package>.kernels_tlx_sm90``
+        for ``tlx-sm90``, else ``<package>.kernels_portable`` (imported on first use)."""
+        name = "kernels_tlx_sm90" if self.ran == "tlx-sm90" else "kernels_portable"
+        return importlib.import_module(f"{self.package}.{name}")
+
+    @property
     def mask(self) -> dict[str, object]:
         """``left``, ``right`` and ``scale``: the keywords every kernel wrapper takes."""
         return {"left": self.left, "right": self.right, "scale": self.scale}
@@ -329,10 +337,11 @@ def _arg_names(schema: str) -> tuple[str, ...]:
     return tuple(a.split("=")[0].split()[-1] for a in schema.split(", ") if a)
 
 
-def attention_ops(name: str, spec, args: str, *, check, forward, backward, fake_forward, fake_backward):
+def attention_ops(name: str, spec, package: str, args: str, *, check, forward, backward, fake_forward, fake_backward):
     """Register a variant's ops ``jagflash::<name>_fwd`` / ``<name>_bwd`` and their autograd
     (:func:`register_autograd`) from its semantics; returns ``(fwd_op, bwd_op, call_fwd)``.
 
+    ``package``: the variant's package (its kernel modules: :attr:`OpCall.kernels`).
     ``args``: the schema of the variant's own arguments (``"Tensor kv_offsets, SymInt n"``),
     which stand after q, k, v (backward: dout, q, k, v, out, lse) and before the shared tail
     ``scale, return_lse, deterministic, backend, plan_tiles, plan_meta, plan_info``.
@@ -355,6 +364,7 @@ def attention_ops(name: str, spec, args: str, *, check, forward, backward, fake_
     def body(pass_: str, table):
         def run(*args, **kwargs):
             c = OpCall(names[pass_], 3, args, kwargs)
+            c.package = package
             check(c)
             if pass_ == "fwd":
                 problem = make_problem(name, c.q, c.k, causal=c.causal, return_lse=c.return_lse)

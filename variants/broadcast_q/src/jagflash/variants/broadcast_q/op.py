@@ -85,34 +85,23 @@ def _reference_backward(c):
 
 def _portable_forward(c):
     _plan(c, ("fwd",), c.max_seqlen_kv)  # a plan given is checked, though the portable kernels take none
-    return _portable().forward(c.q, c.k, c.v, c.kv_offsets, **c.mask, backend=c.ran)
+    return c.kernels.forward(c.q, c.k, c.v, c.kv_offsets, **c.mask, backend=c.ran)
 
-
-def _tlx():
-    from jagflash.variants.broadcast_q import kernels_tlx_sm90
-
-    return kernels_tlx_sm90
-
-
-def _portable():
-    from jagflash.variants.broadcast_q import kernels_portable
-
-    return kernels_portable
 
 
 FORWARD = {
     "reference": _reference_forward,
-    "tlx-sm90": lambda c: _tlx().forward(c.q, c.k, c.v, c.kv_offsets, **c.mask, plan=_plan(c, ("fwd",), c.max_seqlen_kv)),
+    "tlx-sm90": lambda c: c.kernels.forward(c.q, c.k, c.v, c.kv_offsets, **c.mask, plan=_plan(c, ("fwd",), c.max_seqlen_kv)),
     "portable": _portable_forward,
 }
 
 BACKWARD = {
     "reference": _reference_backward,
-    "tlx-sm90": lambda c: _tlx().backward(
+    "tlx-sm90": lambda c: c.kernels.backward(
         c.dout, c.q, c.k, c.v, c.out, c.lse, c.kv_offsets, **c.mask, deterministic=c.deterministic,
         plan=_plan(c, ("dkdv",), c.max_k),
     ),
-    "portable": lambda c: _portable().backward(
+    "portable": lambda c: c.kernels.backward(
         c.dout, c.q, c.k, c.v, c.out, c.lse, c.kv_offsets, c.max_k, **c.mask,
         deterministic=c.deterministic, backend=c.ran,
     ),
@@ -125,7 +114,7 @@ def _fake_forward(c):
 
 
 broadcast_q_fwd, broadcast_q_bwd, call_fwd = attention_ops(
-    "broadcast_q", SPEC, "Tensor kv_offsets, SymInt max_seqlen_kv", check=_check, forward=FORWARD,
+    "broadcast_q", SPEC, __package__, "Tensor kv_offsets, SymInt max_seqlen_kv", check=_check, forward=FORWARD,
     backward=BACKWARD, fake_forward=_fake_forward,
     fake_backward=lambda c: (c.q.new_empty(c.q.shape), c.k.new_empty(c.k.shape), c.v.new_empty(c.v.shape)),
 )

@@ -58,32 +58,21 @@ def _reference_backward(c):
     return dq.view(c.q.shape), dk.view(c.k.shape), dv.view(c.v.shape)
 
 
-def _tlx():
-    from jagflash.variants.dense import kernels_tlx_sm90
-
-    return kernels_tlx_sm90
-
-
-def _portable():
-    from jagflash.variants.dense import kernels_portable
-
-    return kernels_portable
-
 
 FORWARD = {
     "reference": _reference_forward,
-    "tlx-sm90": lambda c: _tlx().forward(c.q, c.k, c.v, _plan(c, ("fwd",)), **c.mask),
-    "portable": lambda c: _portable().forward(c.q, c.k, c.v, _plan(c, ("fwd",)), **c.mask, backend=c.ran),
+    "tlx-sm90": lambda c: c.kernels.forward(c.q, c.k, c.v, _plan(c, ("fwd",)), **c.mask),
+    "portable": lambda c: c.kernels.forward(c.q, c.k, c.v, _plan(c, ("fwd",)), **c.mask, backend=c.ran),
 }
 
 BACKWARD = {
     "reference": _reference_backward,
-    "tlx-sm90": lambda c: _tlx().backward(
+    "tlx-sm90": lambda c: c.kernels.backward(
         c.dout, c.q, c.k, c.v, c.out, c.lse, _plan(c, ("dq", "dkdv")), **c.mask,
         deterministic=c.deterministic,
     ),
     # Always deterministic (no atomics): ``deterministic`` asks nothing more of it.
-    "portable": lambda c: _portable().backward(
+    "portable": lambda c: c.kernels.backward(
         c.dout, c.q, c.k, c.v, c.out, c.lse, _plan(c, ("dq", "dkdv")), **c.mask, backend=c.ran
     ),
 }
@@ -95,7 +84,7 @@ def _fake_forward(c):
 
 
 dense_fwd, dense_bwd, call_fwd = attention_ops(
-    "dense", SPEC, "bool causal", check=lambda c: None, forward=FORWARD, backward=BACKWARD,
+    "dense", SPEC, __package__, "bool causal", check=lambda c: None, forward=FORWARD, backward=BACKWARD,
     fake_forward=_fake_forward,
     fake_backward=lambda c: (torch.empty_like(c.q), torch.empty_like(c.k), torch.empty_like(c.v)),
 )

@@ -60,17 +60,6 @@ def _plan(c, passes):
     )
 
 
-def _tlx():
-    from jagflash.variants.jagged import kernels_tlx_sm90
-
-    return kernels_tlx_sm90
-
-
-def _portable():
-    from jagflash.variants.jagged import kernels_portable
-
-    return kernels_portable
-
 
 def _reference(fn, *grad):
     return lambda c: fn(
@@ -81,29 +70,29 @@ def _reference(fn, *grad):
 
 FORWARD = {
     "reference": _reference(reference_forward),
-    "tlx-sm90": lambda c: _tlx().forward(
+    "tlx-sm90": lambda c: c.kernels.forward(
         c.q, c.k, c.v, c.q_offsets, c.kv_offsets, c.max_q, **c.mask, plan=_plan(c, ("fwd",))
     ),
-    "portable": lambda c: _portable().forward(
+    "portable": lambda c: c.kernels.forward(
         c.q, c.k, c.v, c.q_offsets, c.kv_offsets, _plan(c, ("fwd",)), **c.mask, backend=c.ran
     ),
 }
 
 BACKWARD = {
     "reference": _reference(reference_backward, "dout"),
-    "tlx-sm90": lambda c: _tlx().backward(
+    "tlx-sm90": lambda c: c.kernels.backward(
         c.dout, c.q, c.k, c.v, c.out, c.lse, c.q_offsets, c.kv_offsets, _plan(c, ("dq", "dkdv")),
         **c.mask, deterministic=c.deterministic,
     ),
     # Always deterministic (no atomics): ``deterministic`` asks nothing more of it.
-    "portable": lambda c: _portable().backward(
+    "portable": lambda c: c.kernels.backward(
         c.dout, c.q, c.k, c.v, c.out, c.lse, c.q_offsets, c.kv_offsets, _plan(c, ("dq", "dkdv")),
         **c.mask, backend=c.ran,
     ),
 }
 
 jagged_fwd, jagged_bwd, call_fwd = attention_ops(
-    "jagged", SPEC, "Tensor q_offsets, Tensor kv_offsets, SymInt max_seqlen_q, SymInt max_seqlen_kv, bool causal",
+    "jagged", SPEC, __package__, "Tensor q_offsets, Tensor kv_offsets, SymInt max_seqlen_q, SymInt max_seqlen_kv, bool causal",
     check=_check, forward=FORWARD, backward=BACKWARD,
     fake_forward=lambda c: (torch.empty_like(c.q), c.q.new_empty((c.q.shape[1], c.q.shape[0]), dtype=torch.float32)),
     fake_backward=lambda c: (torch.empty_like(c.q), torch.empty_like(c.k), torch.empty_like(c.v)),
