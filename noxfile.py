@@ -42,7 +42,7 @@ BIN = VENV / ("Scripts" if sys.platform == "win32" else "bin")
 PYTHON = BIN / ("python.exe" if sys.platform == "win32" else "python")
 
 # Installed beside the repo's distributions; versions come from constraints.txt.
-TEST_TOOLS = ("pytest", "pytest-xdist", "hypothesis", "ruff", "matplotlib", "numpy", "triton-utlx")
+TEST_TOOLS = ("pytest", "pytest-xdist", "hypothesis", "ruff", "import-linter", "matplotlib", "numpy", "triton-utlx")
 # The build backend every pyproject names, installed first so that the editable installs run
 # without build isolation: an isolated build env per distribution costs ~4 s each, ~0.5 s here.
 BUILD_TOOLS = ("hatchling", "editables")
@@ -190,9 +190,12 @@ def _pytest(session: nox.Session, *paths: str) -> None:
 
 @nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
-    """The layout check (tools/check_layout.py) and ruff check."""
+    """The layout check (tools/check_layout.py), the import contracts (import-linter, from
+    pyproject.toml: core imports no variant, testing or bench; no variant imports another; no
+    import cycles; deferred imports count) and ruff check."""
     _ensure_venv(session)
     _py(session, "tools/check_layout.py")
+    session.run(str(BIN / "lint-imports"), "--no-cache", external=True)
     _py(session, "-m", "ruff", "check", ".", *session.posargs)
 
 

@@ -146,7 +146,7 @@ TRITON_INTERPRET=1, on the CPU. The softmax, masks and main loops come from jagf
 def {name}_forward(*args, **kwargs):
     raise NotImplementedError(
         "jagflash-{name}: write kernels_portable.py: the @triton.jit forward and backward "
-        "kernels, built from jagflash.core.math and jagflash.core.portable; see {guide}"
+        "kernels, built from jagflash.core.mask, jagflash.core.softmax and jagflash.core.portable; see {guide}"
     )
 '''
 

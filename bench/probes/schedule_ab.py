@@ -17,7 +17,7 @@ kernels), after a warm-up that compiles them; FLOPs from the real lengths
 (``jagflash.bench.flops``). Each workload is followed by the same kernels on equal lengths of
 4,096 at about its FLOPs (the jagged rate as a fraction of the dense one).
 
-``plan-time``: median µs of ``jagflash.core.schedule.make_plan`` per schedule, forward only and
+``plan-time``: median µs of ``jagflash.core.plan.build.make_plan`` per schedule, forward only and
 with the backward passes (synchronised wall clock, host enqueue time, CUDA-graph replay), with
 the portable kernels' tile sizes. ``simulate``: every schedule's simulated efficiency on W
 workers (forward / dQ / dK-dV passes), and the forward's sequences in flight.
@@ -61,7 +61,7 @@ def plan_kwargs(
     w: Workload, schedule: str, *, device: torch.device | str = "cpu", backend: str = "portable",
     workers: int | None = None, backward: bool = True,
 ) -> dict:
-    """``jagflash.core.schedule.make_plan``'s arguments for workload ``w`` (offsets on
+    """``jagflash.core.plan.build.make_plan``'s arguments for workload ``w`` (offsets on
     ``device``), with the portable kernels' tile sizes for ``backend``."""
     from jagflash.core.jagged import offsets_from_lengths
     from jagflash.core.tuning import plan_blocks

@@ -197,7 +197,7 @@ def _ranges(starts, lqs, lks, out_kv, out_q, left, right, BM: tl.constexpr, BN: 
 @pytest.mark.interpret
 @pytest.mark.parametrize(("left", "right"), [(-1, -1), (-1, 0), (5, 0), (20, 9), (0, -1)])
 def test_triton_twins_match_torch(left: int, right: int) -> None:
-    """core.math's kv_tile_range / dkdv_q_range give what core.jagged's twins give."""
+    """core.mask's kv_tile_range / dkdv_q_range (in kernels) give what its torch twins give."""
     gen = torch.Generator().manual_seed(left * 31 + right)
     n = 64
     lqs = torch.randint(0, 100, (n,), generator=gen, dtype=torch.int32)

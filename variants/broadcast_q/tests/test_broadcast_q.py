@@ -302,7 +302,7 @@ def test_has_no_causal_argument_and_checks_its_plan() -> None:
     """Causal has no meaning here; a plan must be one."""
     with pytest.raises(TypeError, match="causal"):
         broadcast_q_attention(*_valid(), causal=True)
-    with pytest.raises(InvalidInput, match=r"plan must be a jagflash\.core\.schedule\.Plan"):
+    with pytest.raises(InvalidInput, match=r"plan must be a jagflash\.core\.plan\.model\.Plan"):
         broadcast_q_attention(*_valid(), plan=object())
 
 

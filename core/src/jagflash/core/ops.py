@@ -15,6 +15,7 @@ forward knew.
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 
 import torch
@@ -24,8 +25,10 @@ from jagflash.core.capability import InvalidInput, Problem
 from jagflash.core.tuning import BACKEND_DEFAULT, resolve_schedules
 
 __all__ = [
+    "OpCall",
     "alloc",
     "alloc_like",
+    "attention_ops",
     "call_problem",
     "check_qkv",
     "default_scale",
@@ -277,3 +280,107 @@ def call_plan_layout(
         schedule, backward_schedule, name, dim, window=(-1, 0 if causal else -1), equal_costs=equal_costs
     )
     return plan_blocks(name, dim), fwd, bwd
+
+
+# --- the op factory ------------------------------------------------------------------------
+
+#: The arguments every variant's ops end with, after the variant's own.
+_TAIL = (
+    "float scale, bool return_lse, bool deterministic, str backend, Tensor? plan_tiles=None, "
+    "Tensor? plan_meta=None, SymInt[]? plan_info=None"
+)
+_FWD_HEAD, _BWD_HEAD = ("q", "k", "v"), ("dout", "q", "k", "v", "out", "lse")
+
+
+class OpCall:
+    """One run of a variant's op body: its arguments by schema name (``q``, ``k``, ``v``, the
+    variant's own, ``scale`` … ``plan_info``; the backward's also ``dout``, ``out``, ``lse``),
+    ``causal`` (False where the op has none), ``ran`` (the backend chosen: ``reference``,
+    ``tlx-sm90``, ``portable`` or ``interpreter``), the mask bounds ``left``/``right``, and
+    whatever the variant's ``check`` set on it."""
+
+    def __init__(self, names: tuple[str, ...], defaults: int, args: tuple, kwargs: dict) -> None:
+        values = dict(zip(names, args))
+        values.update(kwargs)
+        for name in names[len(names) - defaults :]:
+            values.setdefault(name, None)
+        values.setdefault("causal", False)
+        self.__dict__.update(values)
+
+    @property
+    def kernels(self):
+        """The variant's kernel module for the backend that runs: ``<package>.kernels_tlx_sm90``
+        for ``tlx-sm90``, else ``<package>.kernels_portable`` (imported on first use)."""
+        name = "kernels_tlx_sm90" if self.ran == "tlx-sm90" else "kernels_portable"
+        return importlib.import_module(f"{self.package}.{name}")
+
+    @property
+    def mask(self) -> dict[str, object]:
+        """``left``, ``right`` and ``scale``: the keywords every kernel wrapper takes."""
+        return {"left": self.left, "right": self.right, "scale": self.scale}
+
+    def plan(self, who: str, passes: tuple[str, ...], **layout: object):
+        """The Plan the call passed, checked against it, or one built for ``passes``
+        (``jagflash.core.plan.check.resolve_plan``) with the tile sizes of the backend that runs;
+        ``layout``: the offsets and sizes the plan is checked against."""
+        from jagflash.core.plan.check import resolve_plan
+        from jagflash.core.tuning import plan_blocks
+
+        return resolve_plan(
+            who, self.plan_tiles, self.plan_meta, self.plan_info, heads_q=self.q.shape[-2],
+            heads_kv=self.k.shape[-2], left=self.left, right=self.right,
+            blocks=plan_blocks(self.ran, self.q.shape[-1]), passes=passes, **layout,
+        )
+
+
+def _arg_names(schema: str) -> tuple[str, ...]:
+    return tuple(a.split("=")[0].split()[-1] for a in schema.split(", ") if a)
+
+
+def attention_ops(name: str, spec, package: str, args: str, *, check, forward, backward, fake_forward, fake_backward):
+    """Register a variant's ops ``jagflash::<name>_fwd`` / ``<name>_bwd`` and their autograd
+    (:func:`register_autograd`) from its semantics; returns ``(fwd_op, bwd_op, call_fwd)``.
+
+    ``package``: the variant's package (its kernel modules: :attr:`OpCall.kernels`).
+    ``args``: the schema of the variant's own arguments (``"Tensor kv_offsets, SymInt n"``),
+    which stand after q, k, v (backward: dout, q, k, v, out, lse) and before the shared tail
+    ``scale, return_lse, deterministic, backend, plan_tiles, plan_meta, plan_info``.
+
+    Each body makes an :class:`OpCall` ``c``, runs ``check(c)`` (the input errors that need
+    values, raised whatever backend would run), poses the :class:`Problem` (layout ``name``),
+    selects the backend (``jagflash.core.backend.select`` with ``spec``) and returns
+    ``forward[backend](c)`` / ``backward[backend](c)``: tables over ``reference``,
+    ``tlx-sm90`` and ``portable`` (which also serves ``interpreter``).
+    ``fake_forward(c)`` / ``fake_backward(c)``: the outputs' shapes for the fake (meta) kernels.
+    """
+    from jagflash.core.backend import select
+    from jagflash.core.mask import mask_bounds
+
+    schema_fwd = f"({', '.join(f'Tensor {n}' for n in _FWD_HEAD)}, {args}, {_TAIL}) -> (Tensor, Tensor)"
+    schema_bwd = f"({', '.join(f'Tensor {n}' for n in _BWD_HEAD)}, {args}, {_TAIL}) -> (Tensor, Tensor, Tensor)"
+    own = _arg_names(args) + _arg_names(_TAIL)
+    names = {"fwd": _FWD_HEAD + own, "bwd": _BWD_HEAD + own}
+
+    def body(pass_: str, table):
+        def run(*args, **kwargs):
+            c = OpCall(names[pass_], 3, args, kwargs)
+            c.package = package
+            check(c)
+            if pass_ == "fwd":
+                problem = make_problem(name, c.q, c.k, causal=c.causal, return_lse=c.return_lse)
+            else:
+                problem = make_problem(name, c.q, c.k, causal=c.causal, backward=True, deterministic=c.deterministic)
+            c.ran = select(spec, problem, c.q.device, c.backend or None).name
+            c.left, c.right = mask_bounds(c.causal)
+            return table["portable" if c.ran == "interpreter" else c.ran](c)
+
+        return run
+
+    def fake(pass_: str, shapes):
+        return lambda *args, **kwargs: shapes(OpCall(names[pass_], 3, args, kwargs))
+
+    fwd_op = torch.library.custom_op(f"jagflash::{name}_fwd", body("fwd", forward), mutates_args=(), schema=schema_fwd)
+    bwd_op = torch.library.custom_op(f"jagflash::{name}_bwd", body("bwd", backward), mutates_args=(), schema=schema_bwd)
+    fwd_op.register_fake(fake("fwd", fake_forward))
+    bwd_op.register_fake(fake("bwd", fake_backward))
+    return fwd_op, bwd_op, register_autograd(fwd_op, bwd_op)

@@ -1,9 +1,11 @@
-"""Dealing a Plan's tiles to persistent programs: the host side (deal flags, workers, launch).
+"""Dealing a Plan's tiles to persistent programs: on the host the deal flags, the workers and the
+launch; in kernels (``@triton.jit``, portable) each worker's walk over a pass's table
+(:func:`sched_first`, :func:`sched_next`, :func:`plan_tile`, :func:`plan_next`).
 
 Takes a :class:`~jagflash.core.plan.model.Plan` and a pass; says how many programs a launch
-runs and how they take the pass's table, and launches a persistent kernel over it (the loops
-the programs run are ``jagflash.core.portable``'s and ``jagflash.core.tlx_attention``'s @jit
-walks). Deals, by schedule kind:
+runs and how they take the pass's table, and launches a persistent kernel over it (the portable
+kernels' walker is ``jagflash.core.portable.persistent.walk``; the TLX kernels' roles walk
+through ``jagflash.core.tlx.pipeline.walk_first``). Deals, by schedule kind:
 
 - ``static`` and ``grouped``: the cost-sorted table dealt to the W workers in zigzag rounds
   (even rounds left to right, odd rounds right to left: LPT) where the pass is laid out for it,
@@ -25,6 +27,8 @@ import functools
 from collections.abc import Sequence
 
 import torch
+import triton
+import triton.language as tl
 
 from jagflash.core.plan.model import PASSES, Plan, PlanInfo
 
@@ -34,6 +38,10 @@ __all__ = [
     "launch",
     "occupancies",
     "plan_launch",
+    "plan_next",
+    "plan_tile",
+    "sched_first",
+    "sched_next",
     "tile_counter",
 ]
 
@@ -137,3 +145,68 @@ def launch(kernel, plan: Plan, pass_: str, tensors: Sequence, scalars: Sequence,
         occupancy = _occupancy(kernel, device, (*head, 1), {"DYNAMIC": dynamic, "ZIGZAG": zigzag, **kw})
     programs = plan_launch(plan.info, pass_, device, occupancy)[0]
     kernel[(programs,)](*head, programs, DYNAMIC=dynamic, ZIGZAG=zigzag, **kw)
+
+
+# --- in kernels: a worker's walk over a pass's table ----------------------------------------
+#
+# A persistent kernel walks a Plan's tile table; every variant's kernel reads it the same way,
+# fetching the next tile's row (and whatever it derives from it, such as the sequence's offsets)
+# before it runs the current one, so that those loads' latency hides behind the tile's work:
+#
+#     count = tl.load(COUNT).to(tl.int32)
+#     i, r = sched_first(pid, COUNTER, DYNAMIC)
+#     seq, head, start = plan_tile(TILES, i, count)
+#     while i < count:
+#         i_next, r = sched_next(i, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
+#         seq_next, head_next, start_next = plan_tile(TILES, i_next, count)
+#         ...one tile program on (seq, head, start)...
+#         i, seq, head, start = i_next, seq_next, head_next, start_next
+#
+# Static: worker ``pid`` takes slot ``pid`` of every round of ``n_workers`` slots (mirrored on
+# odd rounds when ZIGZAG); once its slot of a round is past the count, every later one is too.
+# Dynamic: each worker takes the next slot from the int32 counter COUNTER (zeroed per launch)
+# when it starts a tile, i.e. one tile ahead (``jagflash.core.plan.simulate`` models that).
+# ``schedule="none"`` launches one program per table row: n_workers = rows, one round.
+
+
+@triton.jit
+def sched_first(pid, COUNTER, DYNAMIC: tl.constexpr):
+    """The first table slot of worker ``pid``, and the round counter."""
+    if DYNAMIC:
+        i = tl.atomic_add(COUNTER, 1)
+    else:
+        i = pid
+    return i, pid * 0
+
+
+@triton.jit
+def sched_next(i, r, pid, n_workers, COUNTER, DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr):
+    """The next table slot of worker ``pid`` after slot ``i`` of round ``r``, and its round."""
+    r = r + 1
+    if DYNAMIC:
+        i = tl.atomic_add(COUNTER, 1)
+    else:
+        w = pid
+        if ZIGZAG:
+            w = tl.where(r % 2 == 1, n_workers - 1 - pid, pid)
+        i = r * n_workers + w
+    return i, r
+
+
+@triton.jit
+def plan_tile(TILES, i, count):
+    """Row ``i`` of a Plan's tile table: ``(sequence, head, first row)``; zeros past ``count``
+    (a harmless tile to prefetch for: the loop ends before running it)."""
+    ok = i < count
+    row = TILES + tl.where(ok, i, 0).to(tl.int64) * 3
+    return tl.load(row, mask=ok, other=0), tl.load(row + 1, mask=ok, other=0), tl.load(row + 2, mask=ok, other=0)
+
+
+@triton.jit
+def plan_next(i, r, pid, n_workers, TILES, count, COUNTER, DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr):
+    """The next tile of worker ``pid`` after slot ``i`` of round ``r``: ``(slot, sequence, head,
+    first row, round)``, its table row loaded (so it is in flight while the current tile runs)."""
+    i, r = sched_next(i, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
+    b, h, start = plan_tile(TILES, i, count)
+    return i, b, h, start, r
+

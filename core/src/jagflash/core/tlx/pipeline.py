@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from jagflash.core.portable import sched_first, sched_next
+from jagflash.core.tile_scheduler import sched_first, sched_next
 
 #: Named barriers of the consumer warpgroups' turn to issue (one each) and of their joint sync.
 TURN_0 = tl.constexpr(9)

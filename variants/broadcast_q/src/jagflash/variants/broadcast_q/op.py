@@ -1,4 +1,5 @@
-"""The broadcast-Q ``torch.library`` ops: ``jagflash::broadcast_q_fwd`` / ``broadcast_q_bwd``.
+"""The broadcast-Q ``torch.library`` ops: ``jagflash::broadcast_q_fwd`` / ``broadcast_q_bwd``
+(``jagflash.core.ops.attention_ops``: the op plumbing; here only what is broadcast-Q about them).
 
 The ops are opaque to ``torch.compile``: backend selection and the checks that read the
 offsets' values happen inside them, at run time. ``max_seqlen_kv = -1`` means "not given": the
@@ -10,11 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from jagflash.core.backend import select
 from jagflash.core.capability import InvalidInput
 from jagflash.core.jagged import lse_by_sequence, resolve_max_seqlen
-from jagflash.core.mask import mask_bounds
-from jagflash.core.ops import make_problem, register_autograd, stepped_arange
+from jagflash.core.ops import attention_ops, stepped_arange
 from jagflash.core.reference import reference_backward, reference_forward
 from jagflash.variants.broadcast_q.spec import SPEC
 
@@ -47,120 +46,75 @@ def _expanded(q: torch.Tensor, kv_offsets: torch.Tensor) -> tuple[torch.Tensor, 
     return qx, output_offsets(q, kv_offsets)
 
 
-@torch.library.custom_op("jagflash::broadcast_q_fwd", mutates_args=())
-def broadcast_q_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    kv_offsets: torch.Tensor,
-    max_seqlen_kv: int,
-    scale: float,
-    return_lse: bool,
-    deterministic: bool,
-    backend: str,
-    plan_tiles: torch.Tensor | None = None,
-    plan_meta: torch.Tensor | None = None,
-    plan_info: list[int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    _max_seqlen_kv(kv_offsets, k.shape[0], max_seqlen_kv)  # invalid input first, then backends
-    problem = make_problem("broadcast_q", q, k, causal=False, return_lse=return_lse)
-    choice = select(SPEC, problem, q.device, backend or None)
-    left, right = mask_bounds(False)
-    b, (lq, hq, dim) = kv_offsets.numel() - 1, q.shape
-    if choice.name == "reference":
-        qx, q_offsets = _expanded(q, kv_offsets)
-        out, lse = reference_forward(
-            qx, k, v, q_offsets, kv_offsets, causal=False, window=(left, right), scale=scale
-        )
-        return out.view(b, lq, hq, dim), lse_by_sequence(lse, b)
-    plan = _plan(plan_tiles, plan_meta, plan_info, q, k, kv_offsets, max_seqlen_kv, choice.name, ("fwd",))
-    if choice.name == "tlx-sm90":
-        from jagflash.variants.broadcast_q import kernels_tlx_sm90
-
-        return kernels_tlx_sm90.forward(q, k, v, kv_offsets, left=left, right=right, scale=scale, plan=plan)
-    from jagflash.variants.broadcast_q import kernels_portable
-
-    return kernels_portable.forward(
-        q, k, v, kv_offsets, left=left, right=right, scale=scale, backend=choice.name
-    )
+def _check(c) -> None:
+    c.max_k = _max_seqlen_kv(c.kv_offsets, c.k.shape[0], c.max_seqlen_kv)  # invalid input first, then backends
 
 
-def _plan(tiles, meta, info, q, k, kv_offsets, max_seqlen_kv, backend, passes):
+def _plan(c, passes, max_seqlen_kv: int):
     """The Plan a call passed, checked against it (``None`` if it passed none: the TLX kernels
-    then lay out their own; the portable broadcast-Q kernels take a plain grid and no plan)."""
-    if tiles is None or meta is None or info is None:
+    then lay out their own; the portable broadcast-Q kernels take a plain grid and no plan).
+    ``max_seqlen_kv``: the forward's as given (-1: unknown), the backward's as resolved."""
+    if c.plan_tiles is None or c.plan_meta is None or c.plan_info is None:
         return None
-    from jagflash.core.plan.check import resolve_plan
-    from jagflash.core.tuning import plan_blocks
-
-    left, right = mask_bounds(False)
-    return resolve_plan(
-        WHO, tiles, meta, info, q_offsets=output_offsets(q, kv_offsets), kv_offsets=kv_offsets,
-        check_offsets=True, derived_q=True, total_q=(kv_offsets.numel() - 1) * q.shape[0], total_kv=k.shape[0],
-        heads_q=q.shape[1], heads_kv=k.shape[1], left=left, right=right,
-        blocks=plan_blocks(backend, q.shape[-1]), passes=passes, max_seqlen_q=q.shape[0],
+    return c.plan(
+        WHO, passes, q_offsets=output_offsets(c.q, c.kv_offsets), kv_offsets=c.kv_offsets,
+        check_offsets=True, derived_q=True, total_q=(c.kv_offsets.numel() - 1) * c.q.shape[0],
+        total_kv=c.k.shape[0], max_seqlen_q=c.q.shape[0],
         max_seqlen_kv=None if max_seqlen_kv < 0 else max_seqlen_kv,
     )
 
 
-@broadcast_q_fwd.register_fake
-def _(q, k, v, kv_offsets, max_seqlen_kv, scale, return_lse, deterministic, backend, plan_tiles=None, plan_meta=None, plan_info=None):
-    b, (lq, hq, dim) = kv_offsets.shape[0] - 1, q.shape
-    return q.new_empty((b, lq, hq, dim)), q.new_empty((b, hq, lq), dtype=torch.float32)
-
-
-@torch.library.custom_op("jagflash::broadcast_q_bwd", mutates_args=())
-def broadcast_q_bwd(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    kv_offsets: torch.Tensor,
-    max_seqlen_kv: int,
-    scale: float,
-    return_lse: bool,
-    deterministic: bool,
-    backend: str,
-    plan_tiles: torch.Tensor | None = None,
-    plan_meta: torch.Tensor | None = None,
-    plan_info: list[int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    problem = make_problem(
-        "broadcast_q", q, k, causal=False, backward=True, deterministic=deterministic
+def _reference_forward(c):
+    b, (lq, hq, dim) = c.kv_offsets.numel() - 1, c.q.shape
+    qx, q_offsets = _expanded(c.q, c.kv_offsets)
+    out, lse = reference_forward(
+        qx, c.k, c.v, q_offsets, c.kv_offsets, causal=False, window=(c.left, c.right), scale=c.scale
     )
-    max_k = _max_seqlen_kv(kv_offsets, k.shape[0], max_seqlen_kv)
-    choice = select(SPEC, problem, q.device, backend or None)
-    left, right = mask_bounds(False)
-    if choice.name == "reference":
-        b, (lq, hq, dim) = kv_offsets.numel() - 1, q.shape
-        qx, q_offsets = _expanded(q.float(), kv_offsets)  # dQ summed in fp32 below
-        dqx, dk, dv = reference_backward(
-            dout.reshape(b * lq, hq, dim), qx, k, v, q_offsets, kv_offsets,
-            causal=False, window=(left, right), scale=scale,
-        )
-        return dqx.view(b, lq, hq, dim).sum(0).to(q.dtype), dk, dv
-    if choice.name == "tlx-sm90":
-        from jagflash.variants.broadcast_q import kernels_tlx_sm90
+    return out.view(b, lq, hq, dim), lse_by_sequence(lse, b)
 
-        plan = _plan(plan_tiles, plan_meta, plan_info, q, k, kv_offsets, max_k, choice.name, ("dkdv",))
-        return kernels_tlx_sm90.backward(
-            dout, q, k, v, out, lse, kv_offsets, left=left, right=right, scale=scale,
-            deterministic=deterministic, plan=plan,
-        )
-    from jagflash.variants.broadcast_q import kernels_portable
 
-    return kernels_portable.backward(
-        dout, q, k, v, out, lse, kv_offsets, max_k, left=left, right=right, scale=scale,
-        deterministic=deterministic, backend=choice.name,
+def _reference_backward(c):
+    b, (lq, hq, dim) = c.kv_offsets.numel() - 1, c.q.shape
+    qx, q_offsets = _expanded(c.q.float(), c.kv_offsets)  # dQ summed in fp32 below
+    dqx, dk, dv = reference_backward(
+        c.dout.reshape(b * lq, hq, dim), qx, c.k, c.v, q_offsets, c.kv_offsets,
+        causal=False, window=(c.left, c.right), scale=c.scale,
     )
+    return dqx.view(b, lq, hq, dim).sum(0).to(c.q.dtype), dk, dv
 
 
-@broadcast_q_bwd.register_fake
-def _(dout, q, k, v, out, lse, kv_offsets, max_seqlen_kv, scale, return_lse, deterministic, backend, plan_tiles=None, plan_meta=None, plan_info=None):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _portable_forward(c):
+    _plan(c, ("fwd",), c.max_seqlen_kv)  # a plan given is checked, though the portable kernels take none
+    return c.kernels.forward(c.q, c.k, c.v, c.kv_offsets, **c.mask, backend=c.ran)
 
 
-# what the public function calls: the op, or its body in plain eager mode (core.ops)
-call_fwd = register_autograd(broadcast_q_fwd, broadcast_q_bwd)
+
+FORWARD = {
+    "reference": _reference_forward,
+    "tlx-sm90": lambda c: c.kernels.forward(c.q, c.k, c.v, c.kv_offsets, **c.mask, plan=_plan(c, ("fwd",), c.max_seqlen_kv)),
+    "portable": _portable_forward,
+}
+
+BACKWARD = {
+    "reference": _reference_backward,
+    "tlx-sm90": lambda c: c.kernels.backward(
+        c.dout, c.q, c.k, c.v, c.out, c.lse, c.kv_offsets, **c.mask, deterministic=c.deterministic,
+        plan=_plan(c, ("dkdv",), c.max_k),
+    ),
+    "portable": lambda c: c.kernels.backward(
+        c.dout, c.q, c.k, c.v, c.out, c.lse, c.kv_offsets, c.max_k, **c.mask,
+        deterministic=c.deterministic, backend=c.ran,
+    ),
+}
+
+
+def _fake_forward(c):
+    b, (lq, hq, dim) = c.kv_offsets.shape[0] - 1, c.q.shape
+    return c.q.new_empty((b, lq, hq, dim)), c.q.new_empty((b, hq, lq), dtype=torch.float32)
+
+
+broadcast_q_fwd, broadcast_q_bwd, call_fwd = attention_ops(
+    "broadcast_q", SPEC, __package__, "Tensor kv_offsets, SymInt max_seqlen_kv", check=_check, forward=FORWARD,
+    backward=BACKWARD, fake_forward=_fake_forward,
+    fake_backward=lambda c: (c.q.new_empty(c.q.shape), c.k.new_empty(c.k.shape), c.v.new_empty(c.v.shape)),
+)

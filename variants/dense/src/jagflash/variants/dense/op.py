@@ -1,4 +1,5 @@
-"""The dense attention ``torch.library`` ops: ``jagflash::dense_fwd`` / ``dense_bwd``.
+"""The dense attention ``torch.library`` ops: ``jagflash::dense_fwd`` / ``dense_bwd``
+(``jagflash.core.ops.attention_ops``: the op plumbing; here only what is dense about them).
 
 The Plan (``jagflash.core.plan``) crosses the ops as ``plan_tiles``, ``plan_meta`` and
 ``plan_info``; the backward runs on the plan the forward saved. Called without one (only code
@@ -12,12 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from jagflash.core.backend import select
 from jagflash.core.jagged import lse_by_sequence
-from jagflash.core.mask import mask_bounds
-from jagflash.core.ops import make_problem, register_autograd, stepped_arange
-from jagflash.core.plan.check import resolve_plan
-from jagflash.core.plan.model import Plan
+from jagflash.core.ops import attention_ops, stepped_arange
 from jagflash.core.reference import reference_backward, reference_forward
 from jagflash.variants.dense.spec import SPEC
 
@@ -36,106 +33,58 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
 
 
-def _plan(tiles, meta, info, q, k, left, right, backend, passes) -> Plan:
-    from jagflash.core.tuning import plan_blocks
-
-    b, nq, nk = q.shape[0], q.shape[1], k.shape[1]
-    q_offsets, kv_offsets = _as_jagged(q, k)
-    return resolve_plan(
-        "dense_attention", tiles, meta, info, q_offsets=q_offsets,
-        kv_offsets=kv_offsets, check_offsets=False, total_q=b * nq, total_kv=b * nk,
-        heads_q=q.shape[2], heads_kv=k.shape[2], left=left, right=right,
-        blocks=plan_blocks(backend, q.shape[-1]), passes=passes, max_seqlen_q=nq,
-        max_seqlen_kv=nk,
+def _plan(c, passes):
+    b, nq, nk = c.q.shape[0], c.q.shape[1], c.k.shape[1]
+    q_offsets, kv_offsets = _as_jagged(c.q, c.k)
+    return c.plan(
+        "dense_attention", passes, q_offsets=q_offsets, kv_offsets=kv_offsets, check_offsets=False,
+        total_q=b * nq, total_kv=b * nk, max_seqlen_q=nq, max_seqlen_kv=nk,
     )
 
 
-@torch.library.custom_op("jagflash::dense_fwd", mutates_args=())
-def dense_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool,
-    scale: float,
-    return_lse: bool,
-    deterministic: bool,
-    backend: str,
-    plan_tiles: torch.Tensor | None = None,
-    plan_meta: torch.Tensor | None = None,
-    plan_info: list[int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    problem = make_problem("dense", q, k, causal=causal, return_lse=return_lse)
-    choice = select(SPEC, problem, q.device, backend or None)
-    left, right = mask_bounds(causal)
-    if choice.name == "reference":
-        b = q.shape[0]
-        out, lse = reference_forward(
-            _flat(q), _flat(k), _flat(v), *_as_jagged(q, k), causal=causal,
-            window=(left, right), scale=scale,
-        )
-        return out.view(q.shape), lse_by_sequence(lse, b)
-    plan = _plan(plan_tiles, plan_meta, plan_info, q, k, left, right, choice.name, ("fwd",))
-    if choice.name == "tlx-sm90":
-        from jagflash.variants.dense import kernels_tlx_sm90
-
-        return kernels_tlx_sm90.forward(q, k, v, plan, left=left, right=right, scale=scale)
-    from jagflash.variants.dense import kernels_portable
-
-    return kernels_portable.forward(q, k, v, plan, left=left, right=right, scale=scale, backend=choice.name)
+def _reference_forward(c):
+    out, lse = reference_forward(
+        _flat(c.q), _flat(c.k), _flat(c.v), *_as_jagged(c.q, c.k), causal=c.causal,
+        window=(c.left, c.right), scale=c.scale,
+    )
+    return out.view(c.q.shape), lse_by_sequence(lse, c.q.shape[0])
 
 
-@dense_fwd.register_fake
-def _(q, k, v, causal, scale, return_lse, deterministic, backend, plan_tiles=None, plan_meta=None, plan_info=None):
-    b, nq, hq, _ = q.shape
-    return torch.empty_like(q), q.new_empty((b, hq, nq), dtype=torch.float32)
+def _reference_backward(c):
+    dq, dk, dv = reference_backward(
+        _flat(c.dout), _flat(c.q), _flat(c.k), _flat(c.v), *_as_jagged(c.q, c.k), causal=c.causal,
+        window=(c.left, c.right), scale=c.scale,
+    )
+    return dq.view(c.q.shape), dk.view(c.k.shape), dv.view(c.v.shape)
 
 
-@torch.library.custom_op("jagflash::dense_bwd", mutates_args=())
-def dense_bwd(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    causal: bool,
-    scale: float,
-    return_lse: bool,
-    deterministic: bool,
-    backend: str,
-    plan_tiles: torch.Tensor | None = None,
-    plan_meta: torch.Tensor | None = None,
-    plan_info: list[int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    problem = make_problem("dense", q, k, causal=causal, backward=True, deterministic=deterministic)
-    choice = select(SPEC, problem, q.device, backend or None)
-    left, right = mask_bounds(causal)
-    if choice.name == "reference":
-        dq, dk, dv = reference_backward(
-            _flat(dout), _flat(q), _flat(k), _flat(v), *_as_jagged(q, k), causal=causal,
-            window=(left, right), scale=scale,
-        )
-        return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
-    plan = _plan(plan_tiles, plan_meta, plan_info, q, k, left, right, choice.name, ("dq", "dkdv"))
-    if choice.name == "tlx-sm90":
-        from jagflash.variants.dense import kernels_tlx_sm90
 
-        return kernels_tlx_sm90.backward(
-            dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale,
-            deterministic=deterministic,
-        )
-    from jagflash.variants.dense import kernels_portable
+FORWARD = {
+    "reference": _reference_forward,
+    "tlx-sm90": lambda c: c.kernels.forward(c.q, c.k, c.v, _plan(c, ("fwd",)), **c.mask),
+    "portable": lambda c: c.kernels.forward(c.q, c.k, c.v, _plan(c, ("fwd",)), **c.mask, backend=c.ran),
+}
 
+BACKWARD = {
+    "reference": _reference_backward,
+    "tlx-sm90": lambda c: c.kernels.backward(
+        c.dout, c.q, c.k, c.v, c.out, c.lse, _plan(c, ("dq", "dkdv")), **c.mask,
+        deterministic=c.deterministic,
+    ),
     # Always deterministic (no atomics): ``deterministic`` asks nothing more of it.
-    return kernels_portable.backward(
-        dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale, backend=choice.name
-    )
+    "portable": lambda c: c.kernels.backward(
+        c.dout, c.q, c.k, c.v, c.out, c.lse, _plan(c, ("dq", "dkdv")), **c.mask, backend=c.ran
+    ),
+}
 
 
-@dense_bwd.register_fake
-def _(dout, q, k, v, out, lse, causal, scale, return_lse, deterministic, backend, plan_tiles=None, plan_meta=None, plan_info=None):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _fake_forward(c):
+    b, nq, hq, _ = c.q.shape
+    return torch.empty_like(c.q), c.q.new_empty((b, hq, nq), dtype=torch.float32)
 
 
-# what the public function calls: the op, or its body in plain eager mode (core.ops)
-call_fwd = register_autograd(dense_fwd, dense_bwd)
+dense_fwd, dense_bwd, call_fwd = attention_ops(
+    "dense", SPEC, __package__, "bool causal", check=lambda c: None, forward=FORWARD, backward=BACKWARD,
+    fake_forward=_fake_forward,
+    fake_backward=lambda c: (torch.empty_like(c.q), torch.empty_like(c.k), torch.empty_like(c.v)),
+)

@@ -1,4 +1,5 @@
-"""The jagged attention ``torch.library`` ops: ``jagflash::jagged_fwd`` / ``jagged_bwd``.
+"""The jagged attention ``torch.library`` ops: ``jagflash::jagged_fwd`` / ``jagged_bwd``
+(``jagflash.core.ops.attention_ops``: the op plumbing; here only what is jagged about them).
 
 The ops are opaque to ``torch.compile``: backend selection and the checks that read offsets'
 values happen inside them, at run time, so a compiled graph has no break and no host sync of
@@ -17,13 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from jagflash.core.backend import select
 from jagflash.core.capability import InvalidInput
 from jagflash.core.jagged import resolve_max_seqlen
-from jagflash.core.mask import mask_bounds
-from jagflash.core.ops import make_problem, register_autograd
-from jagflash.core.plan.check import resolve_plan
-from jagflash.core.plan.model import Plan
+from jagflash.core.ops import attention_ops
 from jagflash.core.reference import reference_backward, reference_forward
 from jagflash.variants.jagged.spec import SPEC
 
@@ -51,115 +48,52 @@ def _lengths(
     return max_q, max_k
 
 
-@torch.library.custom_op("jagflash::jagged_fwd", mutates_args=())
-def jagged_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_offsets: torch.Tensor,
-    kv_offsets: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_kv: int,
-    causal: bool,
-    scale: float,
-    return_lse: bool,
-    deterministic: bool,
-    backend: str,
-    plan_tiles: torch.Tensor | None = None,
-    plan_meta: torch.Tensor | None = None,
-    plan_info: list[int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _check(c) -> None:
     # Invalid offsets are the caller's error whatever backend would run: check them first.
-    max_q, max_k = _lengths(q_offsets, kv_offsets, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_kv)
-    problem = make_problem("jagged", q, k, causal=causal, return_lse=return_lse)
-    choice = select(SPEC, problem, q.device, backend or None)
-    left, right = mask_bounds(causal)
-    if choice.name == "reference":
-        return reference_forward(
-            q, k, v, q_offsets, kv_offsets, causal=causal, window=(left, right), scale=scale
-        )
-    if choice.name == "tlx-sm90":
-        from jagflash.variants.jagged import kernels_tlx_sm90
+    c.max_q, c.max_k = _lengths(c.q_offsets, c.kv_offsets, c.q.shape[0], c.k.shape[0], c.max_seqlen_q, c.max_seqlen_kv)
 
-        plan = _plan(plan_tiles, plan_meta, plan_info, q, k, q_offsets, kv_offsets, max_q, max_k, left, right, choice.name, ("fwd",))
-        return kernels_tlx_sm90.forward(
-            q, k, v, q_offsets, kv_offsets, max_q, left=left, right=right, scale=scale, plan=plan
-        )
-    from jagflash.variants.jagged import kernels_portable
 
-    plan = _plan(plan_tiles, plan_meta, plan_info, q, k, q_offsets, kv_offsets, max_q, max_k, left, right, choice.name, ("fwd",))
-    return kernels_portable.forward(
-        q, k, v, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
-        backend=choice.name,
+def _plan(c, passes):
+    return c.plan(
+        "jagged_attention", passes, q_offsets=c.q_offsets, kv_offsets=c.kv_offsets, check_offsets=True,
+        total_q=c.q.shape[0], total_kv=c.k.shape[0], max_seqlen_q=c.max_q, max_seqlen_kv=c.max_k,
     )
 
 
-def _plan(tiles, meta, info, q, k, q_offsets, kv_offsets, max_q, max_k, left, right, backend, passes) -> Plan:
-    from jagflash.core.tuning import plan_blocks
 
-    return resolve_plan(
-        "jagged_attention", tiles, meta, info, q_offsets=q_offsets, kv_offsets=kv_offsets,
-        check_offsets=True, total_q=q.shape[0], total_kv=k.shape[0], heads_q=q.shape[1],
-        heads_kv=k.shape[1], left=left, right=right, blocks=plan_blocks(backend, q.shape[-1]),
-        passes=passes, max_seqlen_q=max_q, max_seqlen_kv=max_k,
+def _reference(fn, *grad):
+    return lambda c: fn(
+        *(getattr(c, n) for n in grad), c.q, c.k, c.v, c.q_offsets, c.kv_offsets, causal=c.causal,
+        window=(c.left, c.right), scale=c.scale,
     )
 
 
-@jagged_fwd.register_fake
-def _(q, k, v, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, causal, scale, return_lse, deterministic, backend, plan_tiles=None, plan_meta=None, plan_info=None):
-    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+FORWARD = {
+    "reference": _reference(reference_forward),
+    "tlx-sm90": lambda c: c.kernels.forward(
+        c.q, c.k, c.v, c.q_offsets, c.kv_offsets, c.max_q, **c.mask, plan=_plan(c, ("fwd",))
+    ),
+    "portable": lambda c: c.kernels.forward(
+        c.q, c.k, c.v, c.q_offsets, c.kv_offsets, _plan(c, ("fwd",)), **c.mask, backend=c.ran
+    ),
+}
 
-
-@torch.library.custom_op("jagflash::jagged_bwd", mutates_args=())
-def jagged_bwd(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    q_offsets: torch.Tensor,
-    kv_offsets: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_kv: int,
-    causal: bool,
-    scale: float,
-    return_lse: bool,
-    deterministic: bool,
-    backend: str,
-    plan_tiles: torch.Tensor | None = None,
-    plan_meta: torch.Tensor | None = None,
-    plan_info: list[int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    max_q, max_k = _lengths(q_offsets, kv_offsets, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_kv)
-    problem = make_problem("jagged", q, k, causal=causal, backward=True, deterministic=deterministic)
-    choice = select(SPEC, problem, q.device, backend or None)
-    left, right = mask_bounds(causal)
-    if choice.name == "reference":
-        return reference_backward(
-            dout, q, k, v, q_offsets, kv_offsets, causal=causal, window=(left, right), scale=scale
-        )
-    plan = _plan(plan_tiles, plan_meta, plan_info, q, k, q_offsets, kv_offsets, max_q, max_k, left, right, choice.name, ("dq", "dkdv"))
-    if choice.name == "tlx-sm90":
-        from jagflash.variants.jagged import kernels_tlx_sm90
-
-        return kernels_tlx_sm90.backward(
-            dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
-            deterministic=deterministic,
-        )
-    from jagflash.variants.jagged import kernels_portable
-
+BACKWARD = {
+    "reference": _reference(reference_backward, "dout"),
+    "tlx-sm90": lambda c: c.kernels.backward(
+        c.dout, c.q, c.k, c.v, c.out, c.lse, c.q_offsets, c.kv_offsets, _plan(c, ("dq", "dkdv")),
+        **c.mask, deterministic=c.deterministic,
+    ),
     # Always deterministic (no atomics): ``deterministic`` asks nothing more of it.
-    return kernels_portable.backward(
-        dout, q, k, v, out, lse, q_offsets, kv_offsets, plan,
-        left=left, right=right, scale=scale, backend=choice.name,
-    )
+    "portable": lambda c: c.kernels.backward(
+        c.dout, c.q, c.k, c.v, c.out, c.lse, c.q_offsets, c.kv_offsets, _plan(c, ("dq", "dkdv")),
+        **c.mask, backend=c.ran,
+    ),
+}
 
-
-@jagged_bwd.register_fake
-def _(dout, q, k, v, out, lse, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, causal, scale, return_lse, deterministic, backend, plan_tiles=None, plan_meta=None, plan_info=None):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-# what the public function calls: the op, or its body in plain eager mode (core.ops)
-call_fwd = register_autograd(jagged_fwd, jagged_bwd)
+jagged_fwd, jagged_bwd, call_fwd = attention_ops(
+    "jagged", SPEC, __package__, "Tensor q_offsets, Tensor kv_offsets, SymInt max_seqlen_q, SymInt max_seqlen_kv, bool causal",
+    check=_check, forward=FORWARD, backward=BACKWARD,
+    fake_forward=lambda c: (torch.empty_like(c.q), c.q.new_empty((c.q.shape[1], c.q.shape[0]), dtype=torch.float32)),
+    fake_backward=lambda c: (torch.empty_like(c.q), torch.empty_like(c.k), torch.empty_like(c.v)),
+)

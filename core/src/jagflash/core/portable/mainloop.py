@@ -1,23 +1,29 @@
 """The attention main loops in stock Triton, as ``@triton.jit`` tile programs.
 
-A variant's kernel only locates one tile (which sequence, which head, where its rows start) and
-hands base pointers to one of these:
+Two levels. The tile functions take base pointers (a variant that walks its own grid may call
+them directly):
 
 - :func:`attn_fwd_tile`: one q-tile of one head: O and LSE.
-- :func:`attn_bwd_dq_tile`: one q-tile of one head: dQ, and delta = rowsum(dO * O), which it
-  stores for the dK/dV pass (so no separate preprocess launch is needed; launch it first).
 - :func:`attn_bwd_dkdv_tile`: one kv-tile of one kv head: dK and dV, summed over the query
   heads of its GQA group inside the program, so the result is deterministic.
-- :func:`attn_bwd_dq_acc`: the dQ of one q-tile against one K/V sequence, returned in registers
-  instead of stored, for layouts whose dQ sums over several K/V sequences (broadcast-Q); with
-  :func:`atomic_add_rows` for a reduction across programs, or summed in order in one program.
-- :func:`locate_sequence`: start row and length of one sequence of a jagged tensor.
-- :func:`sched_first`, :func:`sched_next`, :func:`plan_tile`: how a persistent kernel walks a
-  Plan's tile table (``jagflash.core.plan``); :func:`plan_blocks`: the tile sizes a Plan
-  for these kernels holds.
+- :func:`attn_bwd_dq_acc`: the dQ of one q-tile against one K/V sequence, in registers and not
+  yet scaled; it stores delta = rowsum(dO * O) for the dK/dV pass (so no separate preprocess
+  launch is needed; launch it first). :func:`dq_program` stores dQ; layouts whose dQ sums over
+  several K/V sequences (broadcast-Q) add it with :func:`atomic_add_rows` across programs, or
+  in order in one program.
 
-Each loops over its partner tiles in three ranges (see ``jagflash.core.jagged``): a masked
-range, an unmasked one (no score mask, no key bound checks), and a masked tail, each a
+The programs :func:`fwd_program`, :func:`dq_program`, :func:`dkdv_program` and
+:func:`dq_acc_program` take the same work with grouped arguments: the tensors (a tuple of
+pointers), their strides (a ``(sequence, row, head)`` triple per tensor: :func:`rows_at`), the
+tile's sequence record, its head and first row, the mask ``(scale, left, right)`` and the
+compile-time configuration ``(GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BOUNDED_LEFT,
+BOUNDED_RIGHT)``. A sequence record is ``(q_at, lq, k_at, lk, lse_at, lse_h)``: the positions
+that multiply the q-side and k-side tensors' sequence strides, the lengths, the LSE (and delta)
+offset of head 0 and the step between heads; :func:`jagged_sequence` and :func:`dense_sequence`
+make the records of the two layouts (a persistent walker calls them: ``portable.persistent``).
+
+Each tile function loops over its partner tiles in three ranges (``jagflash.core.mask``): a
+masked range, an unmasked one (no score mask, no key bound checks), and a masked tail, each a
 compile-time specialisation of the same loop body.
 
 Pointers: ``*_base`` point at row 0 of the sequence for the tile's head; ``stride_*m`` is the
@@ -120,9 +126,9 @@ def attn_bwd_dq_acc(
 ):
     """dQ of the q-tile at row ``m0`` against one K/V sequence, returned as an fp32
     ``[BLOCK_M, BLOCK_D]`` tile *not yet multiplied by* ``scale`` (a caller summing over several
-    sequences multiplies once); stores delta = rowsum(dO * O) like :func:`attn_bwd_dq_tile`.
+    sequences multiplies once); stores delta = rowsum(dO * O) of its rows for the dK/dV pass.
 
-    :func:`attn_bwd_dq_tile` stores it; callers that reduce dQ across K/V sequences do that
+    :func:`dq_program` stores it; callers that reduce dQ across K/V sequences do that
     themselves: in registers, in order (deterministic), or with :func:`atomic_add_rows`.
     """
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
@@ -144,28 +150,9 @@ def attn_bwd_dq_acc(
 
 
 @triton.jit
-def attn_bwd_dq_tile(
-    q_base, k_base, v_base, o_base, do_base, dq_base, lse_base, delta_base,
-    stride_qm, stride_km, stride_vm, stride_om, stride_dom, stride_dqm,
-    m0, lq, lk, scale, left, right,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
-):
-    """dQ for the q-tile at row ``m0``; also stores delta = rowsum(dO * O) for the dK/dV pass."""
-    dq = attn_bwd_dq_acc(
-        q_base, k_base, v_base, o_base, do_base, lse_base, delta_base,
-        stride_qm, stride_km, stride_vm, stride_om, stride_dom, m0, lq, lk, scale, left, right,
-        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BOUNDED_LEFT, BOUNDED_RIGHT,
-    )
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    store_rows(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], (dq * scale).to(dq_base.dtype.element_ty), offs_m, lq, offs_d, HEAD_DIM, BLOCK_D == HEAD_DIM)
-
-
-@triton.jit
 def atomic_add_rows(ptrs, x, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr):
     """Atomically add a ``[rows, BLOCK_D]`` tile, skipping rows past ``n_rows`` and columns past
-    HEAD_DIM: :func:`~jagflash.core.math.store_rows` for a sum that several programs write
+    HEAD_DIM: :func:`~jagflash.core.seqlen.store_rows` for a sum that several programs write
     (fp32 buffers; the interpreter has no bf16 atomics). Relaxed: the kernel's end orders it."""
     if EVEN_D:
         tl.atomic_add(ptrs, x, mask=rows[:, None] < n_rows, sem="relaxed")
@@ -241,67 +228,90 @@ def attn_bwd_dkdv_tile(
     store_rows(dv_base + offs_n[:, None] * stride_dvm + offs_d[None, :], dv.to(dv_base.dtype.element_ty), offs_n, lk, offs_d, HEAD_DIM, EVEN_D)
 
 
-# --- persistent schedules (``jagflash.core.plan``) -----------------------------------
-#
-# A persistent kernel walks a Plan's tile table; every variant's kernel reads it the same way,
-# fetching the next tile's row (and whatever it derives from it, such as the sequence's offsets)
-# before it runs the current one, so that those loads' latency hides behind the tile's work:
-#
-#     count = tl.load(COUNT).to(tl.int32)
-#     i, r = sched_first(pid, COUNTER, DYNAMIC)
-#     seq, head, start = plan_tile(TILES, i, count)
-#     while i < count:
-#         i_next, r = sched_next(i, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
-#         seq_next, head_next, start_next = plan_tile(TILES, i_next, count)
-#         ...one tile program on (seq, head, start)...
-#         i, seq, head, start = i_next, seq_next, head_next, start_next
-#
-# Static: worker ``pid`` takes slot ``pid`` of every round of ``n_workers`` slots (mirrored on
-# odd rounds when ZIGZAG); once its slot of a round is past the count, every later one is too.
-# Dynamic: each worker takes the next slot from the int32 counter COUNTER (zeroed per launch)
-# when it starts a tile, i.e. one tile ahead (``jagflash.core.schedule.simulate`` models that).
-# ``schedule="none"`` launches one program per table row: n_workers = rows, one round.
+# --- grouped programs -------------------------------------------------------------------------
 
 
 @triton.jit
-def sched_first(pid, COUNTER, DYNAMIC: tl.constexpr):
-    """The first table slot of worker ``pid``, and the round counter."""
-    if DYNAMIC:
-        i = tl.atomic_add(COUNTER, 1)
-    else:
-        i = pid
-    return i, pid * 0
+def rows_at(T, strides, seq, head):
+    """Row 0 of the sequence at position ``seq`` for head ``head`` of a tensor whose
+    ``(sequence, row, head)`` strides are ``strides``."""
+    return T + seq * strides[0] + head * strides[2]
 
 
 @triton.jit
-def sched_next(i, r, pid, n_workers, COUNTER, DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr):
-    """The next table slot of worker ``pid`` after slot ``i`` of round ``r``, and its round."""
-    r = r + 1
-    if DYNAMIC:
-        i = tl.atomic_add(COUNTER, 1)
-    else:
-        w = pid
-        if ZIGZAG:
-            w = tl.where(r % 2 == 1, n_workers - 1 - pid, pid)
-        i = r * n_workers + w
-    return i, r
+def jagged_sequence(q_offsets, kv_offsets, sizes, b):
+    """The record of sequence ``b`` of jagged ``[T, H, D]`` tensors (LSE ``[Hq, Tq]``);
+    ``sizes = (Tq, Tk, Hq)``."""
+    q_start, lq = locate_sequence(q_offsets, b)
+    k_start, lk = locate_sequence(kv_offsets, b)
+    return q_start, lq, k_start, lk, q_start, sizes[0]
 
 
 @triton.jit
-def plan_tile(TILES, i, count):
-    """Row ``i`` of a Plan's tile table: ``(sequence, head, first row)``; zeros past ``count``
-    (a harmless tile to prefetch for: the loop ends before running it)."""
-    ok = i < count
-    row = TILES + tl.where(ok, i, 0).to(tl.int64) * 3
-    return tl.load(row, mask=ok, other=0), tl.load(row + 1, mask=ok, other=0), tl.load(row + 2, mask=ok, other=0)
+def dense_sequence(q_offsets, kv_offsets, sizes, b):
+    """The record of batch entry ``b`` of dense ``[B, N, H, D]`` tensors (LSE ``[B, Hq, Nq]``);
+    ``sizes = (Nq, Nk, Hq)``; the offsets are not read."""
+    bb = b.to(tl.int64)
+    return bb, sizes[0], bb, sizes[1], bb * sizes[2] * sizes[0], sizes[0]
 
 
 @triton.jit
-def plan_next(i, r, pid, n_workers, TILES, count, COUNTER, DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr):
-    """The next tile of worker ``pid`` after slot ``i`` of round ``r``: ``(slot, sequence, head,
-    first row, round)``, its table row loaded (so it is in flight while the current tile runs)."""
-    i, r = sched_next(i, r, pid, n_workers, COUNTER, DYNAMIC, ZIGZAG)
-    b, h, start = plan_tile(TILES, i, count)
-    return i, b, h, start, r
+def fwd_program(tensors, strides, seq, h, m0, mask, cfg: tl.constexpr):
+    """:func:`attn_fwd_tile` on ``tensors = (Q, K, V, O, LSE)`` (strides of Q, K, V, O)."""
+    GROUP: tl.constexpr = cfg[0]
+    hk = h // GROUP
+    attn_fwd_tile(
+        rows_at(tensors[0], strides[0], seq[0], h), rows_at(tensors[1], strides[1], seq[2], hk),
+        rows_at(tensors[2], strides[2], seq[2], hk), rows_at(tensors[3], strides[3], seq[0], h),
+        tensors[4] + seq[4] + h.to(tl.int64) * seq[5],
+        strides[0][1], strides[1][1], strides[2][1], strides[3][1], m0, seq[1], seq[3], mask[0],
+        mask[1], mask[2], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6],
+    )
 
 
+@triton.jit
+def dq_acc_program(tensors, strides, seq, h, m0, mask, cfg: tl.constexpr):
+    """:func:`attn_bwd_dq_acc` on ``tensors = (Q, K, V, O, DO, LSE, DELTA)`` (strides of Q, K,
+    V, O, DO): the q-tile's dQ against the record's K/V sequence, not yet scaled."""
+    GROUP: tl.constexpr = cfg[0]
+    hk = h // GROUP
+    row = seq[4] + h.to(tl.int64) * seq[5]
+    return attn_bwd_dq_acc(
+        rows_at(tensors[0], strides[0], seq[0], h), rows_at(tensors[1], strides[1], seq[2], hk),
+        rows_at(tensors[2], strides[2], seq[2], hk), rows_at(tensors[3], strides[3], seq[0], h),
+        rows_at(tensors[4], strides[4], seq[0], h), tensors[5] + row, tensors[6] + row,
+        strides[0][1], strides[1][1], strides[2][1], strides[3][1], strides[4][1], m0, seq[1],
+        seq[3], mask[0], mask[1], mask[2], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6],
+    )
+
+
+@triton.jit
+def dq_program(tensors, strides, seq, h, m0, mask, cfg: tl.constexpr):
+    """:func:`dq_acc_program`, scaled and stored: ``tensors = (Q, K, V, O, DO, DQ, LSE, DELTA)``
+    (strides of Q, K, V, O, DO, DQ)."""
+    DQ = tensors[5]
+    dq = dq_acc_program((tensors[0], tensors[1], tensors[2], tensors[3], tensors[4], tensors[6], tensors[7]), strides, seq, h, m0, mask, cfg)
+    HEAD_DIM: tl.constexpr = cfg[1]
+    BLOCK_M: tl.constexpr = cfg[2]
+    BLOCK_D: tl.constexpr = cfg[4]
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    ptrs = rows_at(DQ, strides[5], seq[0], h) + offs_m[:, None] * strides[5][1] + offs_d[None, :]
+    store_rows(ptrs, (dq * mask[0]).to(DQ.dtype.element_ty), offs_m, seq[1], offs_d, HEAD_DIM, BLOCK_D == HEAD_DIM)
+
+
+@triton.jit
+def dkdv_program(tensors, strides, seq, hk, n0, mask, cfg: tl.constexpr):
+    """:func:`attn_bwd_dkdv_tile` for kv head ``hk`` on ``tensors = (Q, K, V, DO, DK, DV, LSE,
+    DELTA)`` (strides of Q, K, V, DO, DK, DV)."""
+    GROUP: tl.constexpr = cfg[0]
+    h = hk * GROUP
+    row = seq[4] + h.to(tl.int64) * seq[5]
+    attn_bwd_dkdv_tile(
+        rows_at(tensors[0], strides[0], seq[0], h), rows_at(tensors[1], strides[1], seq[2], hk),
+        rows_at(tensors[2], strides[2], seq[2], hk), rows_at(tensors[3], strides[3], seq[0], h),
+        rows_at(tensors[4], strides[4], seq[2], hk), rows_at(tensors[5], strides[5], seq[2], hk),
+        tensors[6] + row, tensors[7] + row, strides[0][1], strides[0][2], strides[1][1],
+        strides[2][1], strides[3][1], strides[3][2], strides[4][1], strides[5][1], seq[5], n0,
+        seq[1], seq[3], mask[0], mask[1], mask[2], GROUP, cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6],
+    )
