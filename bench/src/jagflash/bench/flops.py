@@ -4,7 +4,7 @@ Forward: ``4 * D * Hq`` per visible (query, key) pair: two matmuls (QK^T and PV)
 multiply-add, summed over the pairs the mask lets through, sequence by sequence. Backward:
 2.5 x forward (five matmuls instead of two). Softmax and masking are not counted.
 
-Visibility (DESIGN.md): query ``i`` of a sequence with ``lq`` queries and ``lk`` keys sees key
+Visibility (docs/semantics.md): query ``i`` of a sequence with ``lq`` queries and ``lk`` keys sees key
 ``j`` iff ``i + d - left <= j <= i + d + right`` with ``d = lk - lq`` (bottom-right aligned),
 ``-1`` leaving a side unbounded; causal clips ``right`` to 0::
 

@@ -11,7 +11,7 @@ Lengths are drawn with ``numpy.random.default_rng(seed)``, so a workload is the 
 every machine and in every process (the benchmark's worker processes regenerate it from the
 seed). ``--smoke`` runs :meth:`Workload.smoke`: the same kind and features (causal, GQA ratio,
 length distribution family) shrunk to a few sequences of at most 40 tokens, 2 heads of dim 32,
-float32 (the Triton interpreter gets bfloat16 wrong, see TOOLCHAIN.md).
+float32 (the Triton interpreter gets bfloat16 wrong: docs/architecture.md, "Backends").
 """
 
 from __future__ import annotations

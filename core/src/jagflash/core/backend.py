@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from jagflash.core.capability import BackendSpec, Problem, UnsupportedProblem, VariantSpec
-from jagflash.core.tuning import PORTABLE_HEAD_DIMS
+from jagflash.core.tuning import PORTABLE_HEAD_DIMS, TLX_HEAD_DIMS
 
 __all__ = [
     "BACKENDS",
@@ -229,10 +229,8 @@ def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
         min_capability=(9, 0),
         max_capability=(9, 0),
         dtypes=frozenset({torch.float16, torch.bfloat16}),
-        head_dims_fwd=frozenset({64, 128}),
-        # D 64 since session 8: the two passes 6.06 ms vs the portable backward's 6.54 there
-        # (lognormal batch, bench/NOTES.md), the one pass 5.10.
-        head_dims_bwd=frozenset({64, 128}),
+        head_dims_fwd=frozenset(TLX_HEAD_DIMS),
+        head_dims_bwd=frozenset(TLX_HEAD_DIMS),
         features_fwd=features,
         features_bwd=features | {"deterministic"},
         available=tlx_reasons,

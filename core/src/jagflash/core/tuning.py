@@ -155,8 +155,8 @@ def default_ring_tiles(total_kv: int, batch: int, block_n: int) -> bool:
     """Whether the TLX forward's producer hands the consumers decoded tiles through shared
     memory (``RING_TILES``) instead of each consumer reading the table row and the offsets at
     every tile start: where the batch's K/V sequences hold at most one K/V tile on average, so
-    that each tile's start, not its loop, is what the consumers wait for (bench/NOTES.md,
-    session 9: faster on short batches, up to 1.5 % slower on long ones)."""
+    that each tile's start, not its loop, is what the consumers wait for (measured faster there
+    and slower on long sequences: bench/NOTES.md, session 9)."""
     return total_kv <= block_n * max(batch, 1)
 
 
@@ -266,10 +266,7 @@ def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, p
 # --- schedules ---------------------------------------------------------------------------------
 
 #: The schedules of a plan a call builds for itself for the portable kernels: the forward's and
-#: the backward passes'. The forward's ``grouped`` was within 0.5 % of static or faster on every
-#: batch and within 3 % of the fastest order; a batch-order backward ("none") beat the
-#: persistent ones by ~15 % on causal lognormal batches and tied elsewhere (bench/NOTES.md,
-#: 2026-11-30).
+#: the backward passes' (the orders measured fastest: bench/NOTES.md, 2026-11-30).
 DEFAULT_SCHEDULE = "grouped"
 DEFAULT_BACKWARD_SCHEDULE: str | None = "none"
 #: ``schedule=`` / ``backward_schedule=`` of the variants' calls and ``make_plan``: the schedules

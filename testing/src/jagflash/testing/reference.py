@@ -1,4 +1,4 @@
-"""References for every semantic of DESIGN.md, computed in a chosen dtype (fp64 by default).
+"""References for every semantic of docs/semantics.md, computed in a chosen dtype (fp64 by default).
 
 All are built on ``jagflash.core.reference.attention_reference`` (a plain loop over sequences
 with a materialised mask), so dense and broadcast-Q are checked by the same oracle as jagged.
