@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
+from jagflash.core.dtypes import mma_operand
 from jagflash.core.mask import band_bounds, bounds_mask
 from jagflash.core.seqlen import q_row
 from jagflash.core.tlx.pipeline import (
@@ -75,8 +76,8 @@ def dkdv_steps(
             q_lo, q_hi = band_bounds(rows, lq, lk, band[0], band[1], BOUNDED_LEFT, BOUNDED_RIGHT)
             pt = tl.where(bounds_mask(kv_rows[:, None], q_lo[None, :], q_hi[None, :], BOUNDED_LEFT), pt, 0.0)
         dpt = tlx.async_dot_wait(0, dpt)
-        dv = tlx.async_dot(pt.to(DTYPE), do_buf, dv)
-        dst = (pt * (dpt - delta)).to(DTYPE)
+        dv = tlx.async_dot(mma_operand(pt, DTYPE), do_buf, dv)
+        dst = mma_operand(pt * (dpt - delta), DTYPE)
         if FUSED_DQ:
             desc_dq, ds_tiles, dq_stages, dq_col = dq
             pair = 2 * (q_cnt % 2)

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
+from jagflash.core.dtypes import ACC, output
 from jagflash.core.mask import dkdv_q_range
 from jagflash.core.ops import alloc_like
 from jagflash.core.plan.build import make_plan
@@ -141,8 +142,8 @@ def _dkdv_kernel(
                     kv_rows = n0 + cid * HALF + tl.arange(0, HALF)
                     seq = (lq, lk, q_start)
                     tlx.barrier_wait(kv_fulls[cid], tile_cnt & 1)
-                    dk = tl.zeros([HALF, HEAD_DIM], tl.float32)
-                    dv = tl.zeros([HALF, HEAD_DIM], tl.float32)
+                    dk = tl.zeros([HALF, HEAD_DIM], ACC)
+                    dv = tl.zeros([HALF, HEAD_DIM], ACC)
                     for g in range(GROUP):
                         dq_col = (hk * GROUP + g) * HEAD_DIM
                         dq = (desc_dq, ds_tiles, dq_stages, dq_col)
@@ -153,8 +154,8 @@ def _dkdv_kernel(
                     valid = kv_rows < lk
                     offs_d = tl.arange(0, HEAD_DIM)
                     out_rows = (k_start + kv_rows).to(tl.int64)
-                    tl.store(DK + out_rows[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :], (dk * scale).to(dtype), mask=valid[:, None])
-                    tl.store(DV + out_rows[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :], dv.to(dtype), mask=valid[:, None])
+                    tl.store(DK + out_rows[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :], output(dk * scale, dtype), mask=valid[:, None])
+                    tl.store(DV + out_rows[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :], output(dv, dtype), mask=valid[:, None])
                     tile_cnt += 1
                 i, r = walk_next(i, r, pid, nprog, COUNTER, ring, False, DYNAMIC, ZIGZAG)
             if FUSED_DQ:

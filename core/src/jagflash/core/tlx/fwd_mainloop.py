@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
+from jagflash.core.dtypes import ACC, mma_operand
 from jagflash.core.mask import bounds_mask
 from jagflash.core.softmax import online_softmax_step, online_softmax_step_scaled
 from jagflash.core.tlx.pipeline import ring_acquire, ring_release, turn_pass, turn_wait
@@ -89,7 +90,7 @@ def consume(state, kv_cnt, q_buf, kv, bounds, start, end, qk_scale2,
         k_buf, k_slot = ring_acquire(kv[0], kv[2], kv_cnt, NUM_KV)
         qk = issue_qk(q_buf, k_buf, CID)
         v_buf, v_slot = ring_acquire(kv[1], kv[4], kv_cnt - 1, NUM_KV)
-        acc = tlx.async_dot(p.to(DTYPE), v_buf, acc)
+        acc = tlx.async_dot(mma_operand(p, DTYPE), v_buf, acc)
         qk = tlx.async_dot_wait(1, qk)
         ring_release(kv[3], k_slot)
         s2 = scores(qk, qk_scale2, bounds, n0, BLOCK_N, BOUNDED_LEFT, MASKED, FOLD_SCALE)
@@ -112,9 +113,9 @@ def attend(kv_cnt, q_buf, kv, bounds, blocks, qk_scale2,
     mask decided at run time), then the masked head, the unmasked body and the masked tail, then
     P V of the last block. Returns ``(acc, m_i, l_i, kv_cnt)`` (unnormalised)."""
     lo, full_lo, full_hi, hi = blocks
-    m_i = tl.full([HALF], float("-inf"), tl.float32)
-    l_i = tl.zeros([HALF], tl.float32)
-    acc = tl.zeros([HALF, HEAD_DIM], tl.float32)
+    m_i = tl.full([HALF], float("-inf"), ACC)
+    l_i = tl.zeros([HALF], ACC)
+    acc = tl.zeros([HALF, HEAD_DIM], ACC)
     if hi > lo:
         k_buf, k_slot = ring_acquire(kv[0], kv[2], kv_cnt, NUM_KV)
         qk = issue_qk(q_buf, k_buf, CID)
@@ -133,7 +134,7 @@ def attend(kv_cnt, q_buf, kv, bounds, blocks, qk_scale2,
         state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, tl.maximum(full_hi, second), hi, qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, True, FOLD_SCALE)
         acc, m_i, l_i, p = state
         v_buf, v_slot = ring_acquire(kv[1], kv[4], kv_cnt - 1, NUM_KV)
-        acc = tlx.async_dot(p.to(DTYPE), v_buf, acc)
+        acc = tlx.async_dot(mma_operand(p, DTYPE), v_buf, acc)
         acc = tlx.async_dot_wait(0, acc)
         ring_release(kv[5], v_slot)
     return acc, m_i, l_i, kv_cnt

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
+from jagflash.core.dtypes import output
 from jagflash.core.mask import band_bounds, kv_tile_range
 from jagflash.core.ops import alloc
 from jagflash.core.plan.build import make_plan
@@ -169,7 +170,7 @@ def _fwd_kernel(
                         offs_d = tl.arange(0, HEAD_DIM)
                         o_rows = (q_start + rows).to(tl.int64)
                         o_ptrs = O + o_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
-                        tl.store(o_ptrs, out.to(dtype), mask=valid[:, None])
+                        tl.store(o_ptrs, output(out, dtype), mask=valid[:, None])
                         # LSE [Hq, Tq] (stride_lh = Tq, stride_ls = 1) or [B, Hq, L] (L, Hq: q_start = b L);
                         # int32 offsets: LSE has D times fewer elements than O, which fits in memory
                         tl.store(LSE + (h * stride_lh + q_start * stride_ls + rows), lse, mask=valid)
