@@ -27,7 +27,7 @@ from jagflash.core.tile_scheduler import deal_flags, tile_counter
 from jagflash.core.tlx.bwd_mainloop import dkdv_steps
 from jagflash.core.tlx.bwd_preprocess import backward_vectors
 from jagflash.core.tlx.descriptors import num_workers, rows_descriptor, vectors_descriptor
-from jagflash.core.tlx.pipeline import ID_RING, ring_slot, walk_first, walk_next
+from jagflash.core.tlx.pipeline import alloc_walk_ring, ring_slot, walk_first, walk_next
 from jagflash.core.tuning import (
     TLX_ONE_PASS_HEAD_DIMS,
     BwdConfig,
@@ -80,10 +80,7 @@ def _dkdv_kernel(
     kv_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
     q_fulls = tlx.alloc_barriers(num_barriers=NUM_Q, arrive_count=1)
     q_empties = tlx.alloc_barriers(num_barriers=NUM_Q, arrive_count=2)
-    ids = tlx.local_alloc((1,), tl.int32, ID_RING)  # the tile-index ring (DYNAMIC)
-    id_fulls = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=1)
-    id_empties = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=2)
-    ring = (ids, id_fulls, id_empties)
+    ring = alloc_walk_ring(1)  # the tile-index ring (DYNAMIC)
 
     with tlx.async_tasks():
         with tlx.async_task("default", registers=24):  # producer: TMA loads

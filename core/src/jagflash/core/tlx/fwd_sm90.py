@@ -41,6 +41,7 @@ from jagflash.core.tlx.fwd_mainloop import attend, pass_kv_blocks
 from jagflash.core.tlx.pipeline import (
     ID_RING,
     TURN_0,
+    alloc_walk_ring,
     record_publish,
     record_take,
     ring_load,
@@ -92,12 +93,10 @@ def _fwd_kernel(
     # The tile ring: with RING_TILES the producer walks the table alone and passes each decoded
     # tile (TILE_FIELDS ints) to the consumers; otherwise, on a dynamic plan, the table index.
     if RING_TILES:
-        ids = tlx.local_alloc((1,), tl.int32, ID_RING * TILE_FIELDS)
+        ring = alloc_walk_ring(TILE_FIELDS)
     else:
-        ids = tlx.local_alloc((1,), tl.int32, ID_RING)
-    id_fulls = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=1)
-    id_empties = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=2)
-    ring = (ids, id_fulls, id_empties)
+        ring = alloc_walk_ring(1)
+    ids, id_fulls, id_empties = ring
 
     with tlx.async_tasks():
         with tlx.async_task("default", registers=24):  # producer: TMA loads

@@ -161,6 +161,17 @@ def dq_reduce_add(desc, stages, first, NUM: tl.constexpr, counter, value, row, c
 
 
 @triton.jit
+def alloc_walk_ring(FIELDS: tl.constexpr):
+    """The record ring of a kernel's walk (:func:`walk_first`): ID_RING slots of FIELDS one-int
+    buffers each and their full / empty barriers (one producer arrival fills a slot, one arrival
+    of each consumer warpgroup empties it): ``(fields, fulls, empties)``."""
+    fields = tlx.local_alloc((1,), tl.int32, ID_RING * FIELDS)
+    fulls = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=1)
+    empties = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=2)
+    return fields, fulls, empties
+
+
+@triton.jit
 def turn_wait(CID: tl.constexpr):
     """Wait for this consumer warpgroup's turn to issue (named barriers TURN_0 and TURN_1)."""
     if CID == 0:
