@@ -311,4 +311,6 @@ def test_device_checks_do_not_sync_and_fail_the_stream() -> None:
     run = subprocess.run([sys.executable, "-c", _DEVICE_CHECK], capture_output=True, text=True, timeout=300)
     assert "NO SYNC" in run.stdout, run.stderr
     assert "NOT REFUSED" not in run.stdout
-    assert "invalid q_offsets or max_seqlen_q below a length" in run.stderr
+    assert run.returncode != 0
+    # the assert's own text where the CUDA build keeps it, else CUDA's device-side assert
+    assert "max_seqlen_q below a length" in run.stderr or "device-side assert" in run.stderr, run.stderr
