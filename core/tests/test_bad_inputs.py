@@ -196,6 +196,24 @@ def test_empty_batches_give_empty_results(q_lens, k_lens) -> None:
         assert torch.all(a[t].grad == 0)
 
 
+def test_empty_dense_and_broadcast_q() -> None:
+    """Dense B = 0, broadcast-Q B = 0 and Lq = 0: empty results, empty or zero gradients."""
+    q = torch.randn(0, 3, 2, 32, dtype=FLOAT, device=DEV, requires_grad=True)
+    out = dense.dense_attention(q, q, q, backend=_kernel_backend())
+    assert out.shape == q.shape
+    out.sum().backward()
+    assert q.grad.shape == q.shape
+    q = torch.randn(3, 2, 32, dtype=FLOAT, device=DEV, requires_grad=True)
+    k = torch.randn(0, 2, 32, dtype=FLOAT, device=DEV)
+    out = broadcast_q.broadcast_q_attention(q, k, k, torch.zeros(1, dtype=torch.int32, device=DEV), backend=_kernel_backend())
+    assert out.shape == (0, 3, 2, 32)
+    out.sum().backward()
+    assert torch.all(q.grad == 0)
+    k = torch.randn(5, 2, 32, dtype=FLOAT, device=DEV)
+    out = broadcast_q.broadcast_q_attention(q[:0], k, k, torch.tensor([0, 2, 5], device=DEV), backend=_kernel_backend())
+    assert out.shape == (2, 0, 2, 32)
+
+
 # numpy (the interpreter) warns on the NaN arithmetic the test asks for
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_nan_and_inf_propagate_like_sdpa() -> None:
