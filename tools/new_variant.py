@@ -129,7 +129,7 @@ def {name}_attention(*args, **kwargs):
     happens at zero length."""
     raise NotImplementedError(
         "jagflash-{name}: write op.py: the public function checking its inputs "
-        "(jagflash.core.ops.check_qkv, jagflash.core.jagged.check_offsets) and calling "
+        "(jagflash.core.checks: check_qkv, check_offsets) and calling "
         "torch.library custom ops fwd/bwd with fake implementations, wired by "
         "jagflash.core.ops.register_autograd, the backend chosen by jagflash.core.backend.select; "
         "see {guide}"

@@ -1,4 +1,4 @@
-"""core.jagged: offsets checks, tile enumeration, padding, and the tile-range math (its torch
+"""core.checks' offsets checks and core.jagged: tile enumeration, padding, and the tile-range math (its torch
 form against brute force, and its Triton twin against the torch form)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import triton.language as tl
 from hypothesis import given
 from hypothesis import strategies as st
 
+from jagflash.core.checks import check_offsets
 from jagflash.core.jagged import (
-    check_offsets,
     max_seqlen,
     seq_lengths,
     tile_starts,
@@ -54,7 +54,7 @@ def test_resolve_max_seqlen_checks_a_tensor_once_per_version(monkeypatch) -> Non
     """The values of one offsets tensor are read once; a second call with it reads nothing and
     still answers the length and the bound's reason; an in-place write (a new version) or
     another tensor with the same values is checked again and its problems reported."""
-    from jagflash.core import jagged
+    from jagflash.core import checks as jagged
 
     reads = []
     real = jagged.check_offsets

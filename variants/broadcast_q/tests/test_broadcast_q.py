@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import jagflash.core as jc
-from jagflash.core.backend import FallbackWarning, last_choice
+from jagflash.core.backend import last_choice
 from jagflash.core.capability import InvalidInput, UnsupportedProblem
 from jagflash.core.jagged import offsets_from_lengths
 from jagflash.testing import broadcast_q_reference, check_against_reference, replay_in_cuda_graph
@@ -343,11 +343,18 @@ def test_refuses_unknown_backend() -> None:
     assert "no backend 'tlx'" in _refused(_valid(), UnsupportedProblem, backend="tlx")
 
 
-def test_fallback_to_reference_warns() -> None:
+def test_no_silent_fallback_to_reference(monkeypatch) -> None:
+    """A problem no kernel backend takes is refused with every backend's reasons; the
+    reference runs it only when asked for (JAGFLASH_ALLOW_REFERENCE=1, or backend=)."""
     args = [a.double() if a.is_floating_point() else a for a in _valid()]
-    with pytest.warns(FallbackWarning, match="dtype float64 not in"):
+    monkeypatch.delenv("JAGFLASH_ALLOW_REFERENCE", raising=False)
+    with pytest.raises(UnsupportedProblem, match="dtype float64 not in") as err:
         broadcast_q_attention(*args)
+    assert "JAGFLASH_ALLOW_REFERENCE=1" in str(err.value)
+    monkeypatch.setenv("JAGFLASH_ALLOW_REFERENCE", "1")
+    broadcast_q_attention(*args)
     assert last_choice("broadcast_q").name == "reference"
+    assert "JAGFLASH_ALLOW_REFERENCE=1" in last_choice("broadcast_q").why
 
 
 # --- GPU only -----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 
 import jagflash.core as jc
-from jagflash.core.backend import FallbackWarning, last_choice
+from jagflash.core.backend import last_choice
 from jagflash.core.capability import InvalidInput, UnsupportedProblem
 from jagflash.testing import JaggedCase, check_against_reference, jagged_reference, make_jagged
 from jagflash.testing.strategies import jagged_cases
@@ -333,11 +333,18 @@ def test_env_override(monkeypatch) -> None:
     assert "JAGFLASH_BACKEND=reference" in last_choice("jagged").why
 
 
-def test_fallback_to_reference_warns() -> None:
+def test_no_silent_fallback_to_reference(monkeypatch) -> None:
+    """A problem no kernel backend takes is refused with every backend's reasons; the
+    reference runs it only when asked for (JAGFLASH_ALLOW_REFERENCE=1, or backend=)."""
     args = [a.double() if a.is_floating_point() else a for a in _valid()]
-    with pytest.warns(FallbackWarning, match="dtype float64 not in"):
+    monkeypatch.delenv("JAGFLASH_ALLOW_REFERENCE", raising=False)
+    with pytest.raises(UnsupportedProblem, match="dtype float64 not in") as err:
         jagged_attention(*args)
+    assert "JAGFLASH_ALLOW_REFERENCE=1" in str(err.value)
+    monkeypatch.setenv("JAGFLASH_ALLOW_REFERENCE", "1")
+    jagged_attention(*args)
     assert last_choice("jagged").name == "reference"
+    assert "JAGFLASH_ALLOW_REFERENCE=1" in last_choice("jagged").why
 
 
 # --- GPU only -----------------------------------------------------------------------------

@@ -13,8 +13,19 @@ Backends, fastest first (a variant's spec lists the ones it has, in this order):
 Choice per call: the ``backend=`` argument, else the ``JAGFLASH_BACKEND`` environment variable,
 else the first backend of the spec that can run the problem. A requested backend that cannot
 run the problem raises :class:`~jagflash.core.capability.UnsupportedProblem` with its reasons;
-it never falls back. When the automatic choice lands on ``reference`` although the variant has
-kernel backends, a :class:`FallbackWarning` names why each faster one could not run.
+it never falls back.
+
+No silent slow path: the automatic choice never lands on ``reference`` for a variant that has
+kernel backends. A problem none of them takes raises ``UnsupportedProblem`` listing every
+backend's reasons, unless the caller asked for the reference: ``backend="reference"``
+(or ``JAGFLASH_BACKEND=reference``), or the opt-in ``JAGFLASH_ALLOW_REFERENCE=1`` in the
+environment (read at every call), which lets the automatic choice end on the reference;
+:func:`last_choice` then says why each faster backend could not run.
+
+``TRITON_INTERPRET`` is fixed for jagflash's kernels when they are imported. A call that finds
+it changed since (set after the import, or unset) raises
+:class:`~jagflash.core.capability.InterpreterChanged` naming what to do, instead of running
+kernels built for one mode under the other; ``backend="reference"`` needs no Triton and runs.
 :func:`last_choice` tells which backend ran last for a variant, and why the others did not.
 
 Nothing here queries a GPU at import time.
@@ -25,24 +36,31 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from jagflash.core.capability import BackendSpec, Problem, UnsupportedProblem, VariantSpec
+from jagflash.core.capability import (
+    BackendSpec,
+    InterpreterChanged,
+    Problem,
+    UnsupportedProblem,
+    VariantSpec,
+)
 from jagflash.core.tuning import PORTABLE_HEAD_DIMS, TLX_HEAD_DIMS
 
 __all__ = [
+    "ALLOW_REFERENCE_ENV",
     "BACKENDS",
     "BackendChoice",
-    "FallbackWarning",
     "device_capability",
+    "interpreter_mismatch",
     "interpreter_reasons",
     "last_choice",
     "plan_backend",
     "portable_family",
     "portable_reasons",
+    "reference_allowed",
     "select",
     "tlx_reasons",
     "tlx_sm90_backend",
@@ -50,10 +68,13 @@ __all__ = [
 
 BACKENDS = ("tlx-sm90", "portable", "interpreter", "reference")
 ENV_VAR = "JAGFLASH_BACKEND"
+#: Set to ``1`` to let the automatic choice end on the PyTorch reference (module docstring).
+ALLOW_REFERENCE_ENV = "JAGFLASH_ALLOW_REFERENCE"
 
 
-class FallbackWarning(UserWarning):
-    """The automatic choice fell back to the slow PyTorch reference."""
+def reference_allowed() -> bool:
+    """Whether ``JAGFLASH_ALLOW_REFERENCE=1`` is set now (read at every call)."""
+    return os.environ.get(ALLOW_REFERENCE_ENV, "") == "1"
 
 
 @dataclass(frozen=True)
@@ -97,17 +118,36 @@ def _kernels_interpreted() -> bool:
     return isinstance(finish_softmax, InterpretedFunction)
 
 
+def interpreter_mismatch() -> str | None:
+    """Why jagflash's kernels cannot run in this process's current ``TRITON_INTERPRET`` mode,
+    or ``None``: they are built in one mode when imported and Triton reads the variable again
+    at launch, so a process that changed it since would run them half in each."""
+    if _triton_reasons():
+        return None
+    from triton import knobs
+
+    now, built = bool(knobs.runtime.interpret), _kernels_interpreted()
+    if now and not built:
+        return (
+            "TRITON_INTERPRET=1 was set after jagflash's kernels were imported (they are built "
+            "for the GPU); set it before importing jagflash (a new process), unset it again, or "
+            "pass backend='reference'"
+        )
+    if built and not now:
+        return (
+            "TRITON_INTERPRET was unset after jagflash's kernels were imported under it (they "
+            "are built for the interpreter); set TRITON_INTERPRET=1 again, or import jagflash "
+            "in a new process without it"
+        )
+    return None
+
+
 def interpreter_reasons() -> list[str]:
     """Reasons the Triton interpreter cannot run jagflash's kernels in this process."""
     reasons = _triton_reasons()
     if reasons:
         return reasons
     if not _kernels_interpreted():
-        if os.environ.get("TRITON_INTERPRET") == "1":
-            return [
-                "TRITON_INTERPRET=1 was set after jagflash's kernels were imported; "
-                "set it before importing jagflash"
-            ]
         return ["Triton's interpreter is off (set TRITON_INTERPRET=1 before importing jagflash)"]
     return []
 
@@ -153,12 +193,17 @@ def select(
     record: bool = True,
 ) -> BackendChoice:
     """Pick the backend of ``spec`` that runs ``problem`` (see the module docstring).
-    ``record=False``: a look-ahead (:func:`plan_backend`), which neither warns nor changes
-    :func:`last_choice`."""
+    ``record=False``: a look-ahead (:func:`plan_backend`), which does not change
+    :func:`last_choice`. Raises :class:`UnsupportedProblem` (every backend's reasons) or
+    :class:`InterpreterChanged`."""
     problem = problem.with_capability(device_capability(device))
     how = "backend= argument"
     if requested is None and os.environ.get(ENV_VAR):
         requested, how = os.environ[ENV_VAR], f"{ENV_VAR}={os.environ[ENV_VAR]}"
+    if requested != "reference":
+        changed = interpreter_mismatch()
+        if changed is not None:
+            raise InterpreterChanged(spec.name, changed)
     if requested is not None and problem.backward and requested in spec.backend_names():
         asked = spec.backend(requested)
         missing = asked.reasons(problem)
@@ -196,12 +241,18 @@ def select(
             raise UnsupportedProblem(
                 spec.name, [f"{name}: {r}" for name, rs in tried.items() for r in rs]
             )
-        if choice.name == "reference" and tried and record:
-            warnings.warn(
-                f"{spec.name}: falling back to the slow PyTorch reference; "
-                + "; ".join(f"{n}: {', '.join(rs)}" for n, rs in tried.items()),
-                FallbackWarning,
-                stacklevel=3,
+        if choice.name == "reference" and tried:
+            if not reference_allowed():
+                raise UnsupportedProblem(
+                    spec.name,
+                    [f"{name}: {r}" for name, rs in tried.items() for r in rs]
+                    + [
+                        "reference: would run it, but the slow PyTorch reference runs only when "
+                        f"asked for (backend='reference', or {ALLOW_REFERENCE_ENV}=1)"
+                    ],
+                )
+            choice = dataclasses.replace(
+                choice, why=f"no kernel backend runs this; {ALLOW_REFERENCE_ENV}=1 allows the reference"
             )
     if record:
         _last[spec.name] = choice

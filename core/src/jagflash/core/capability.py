@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_ATOL",
     "FEATURES",
     "BackendSpec",
+    "InterpreterChanged",
     "InvalidInput",
     "Problem",
     "UnsupportedProblem",
@@ -71,6 +72,17 @@ class InvalidInput(ValueError):
         self.who = who
         self.reasons = list(reasons)
         super().__init__(f"{who}: invalid input: " + "; ".join(self.reasons))
+
+
+class InterpreterChanged(RuntimeError):
+    """``TRITON_INTERPRET`` changed after jagflash's kernels were imported (they are built for
+    the interpreter or for the GPU at import): the process cannot run them as it is now.
+    The message says what to do."""
+
+    def __init__(self, who: str, reason: str):
+        self.who = who
+        self.reason = reason
+        super().__init__(f"{who} cannot run: {reason}")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""What every variant's ``torch.library`` op shares: input checks, the problem it poses, the
-autograd wiring, and the dtype rule of the interpreter.
+"""What every variant's ``torch.library`` op shares: the problem it poses, the autograd wiring,
+and the dtype rule of the interpreter (input checks are ``jagflash.core.checks``').
 
 A variant defines two custom ops with the same trailing arguments ("extras": offsets, lengths,
 flags, scale, backend name)::
@@ -21,7 +21,8 @@ import math
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from jagflash.core.capability import InvalidInput, Problem
+from jagflash.core.capability import Problem
+from jagflash.core.checks import readable
 from jagflash.core.tuning import BACKEND_DEFAULT, resolve_schedules
 
 __all__ = [
@@ -30,13 +31,11 @@ __all__ = [
     "alloc_like",
     "attention_ops",
     "call_problem",
-    "check_qkv",
     "default_scale",
     "for_kernel",
     "make_problem",
     "plain_eager",
     "poison_outputs",
-    "raise_if",
     "register_autograd",
     "stepped_arange",
 ]
@@ -62,37 +61,6 @@ def alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
 
 def alloc_like(t: torch.Tensor) -> torch.Tensor:
     return alloc(tuple(t.shape), t.dtype, t.device)
-
-
-def check_qkv(q: object, k: object, v: object, *, rank: int, layout_doc: str) -> list[str]:
-    """Every structural problem of q, k, v for a ``rank``-D layout ``layout_doc`` (e.g.
-    ``"[T, H, D]"``): types, ranks, dtypes, devices, head dims, head counts, matching k/v."""
-    reasons: list[str] = []
-    named = {"q": q, "k": k, "v": v}
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            reasons.append(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if reasons:
-        return reasons
-    for name, t in named.items():
-        if t.dim() != rank:
-            reasons.append(f"{name} must be {rank}-D {layout_doc}, got shape {tuple(t.shape)}")
-        if not t.dtype.is_floating_point:
-            reasons.append(f"{name} must be a floating-point tensor, got {t.dtype}")
-    if reasons:
-        return reasons
-    if not (q.dtype == k.dtype == v.dtype):
-        reasons.append(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        reasons.append(f"q, k, v devices differ: {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        reasons.append(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
-    if q.shape[-1] != k.shape[-1]:
-        reasons.append(f"head dims differ: q has {q.shape[-1]}, k has {k.shape[-1]}")
-    hq, hkv = q.shape[-2], k.shape[-2]
-    if hkv == 0 or hq % hkv != 0:
-        reasons.append(f"Hq ({hq}) must be a multiple of Hkv ({hkv})")
-    return reasons
 
 
 def default_scale(scale: float | None, head_dim: int) -> float:
@@ -150,11 +118,6 @@ def call_problem(layout: str):
         )
 
     return problem
-
-
-def raise_if(who: str, reasons: list[str]) -> None:
-    if reasons:
-        raise InvalidInput(who, reasons)
 
 
 def for_kernel(t: torch.Tensor, backend: str) -> torch.Tensor:
@@ -366,6 +329,7 @@ def attention_ops(name: str, spec, package: str, args: str, *, check, forward, b
             c = OpCall(names[pass_], 3, args, kwargs)
             c.package = package
             check(c)
+            c.q, c.k, c.v = (readable(t) for t in (c.q, c.k, c.v))
             if pass_ == "fwd":
                 problem = make_problem(name, c.q, c.k, causal=c.causal, return_lse=c.return_lse)
             else:

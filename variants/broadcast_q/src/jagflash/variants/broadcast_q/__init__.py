@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from jagflash.core.jagged import check_offsets
-from jagflash.core.ops import call_plan_layout, call_problem, check_qkv, default_scale, raise_if
+from jagflash.core.checks import check_broadcast_q_call, check_qkv, raise_if
+from jagflash.core.ops import call_plan_layout, call_problem, default_scale
 from jagflash.core.plan.build import make_plan as _core_make_plan
 from jagflash.core.plan.model import Plan
 from jagflash.core.registry import Variant
@@ -81,17 +81,9 @@ def broadcast_q_attention(
     :class:`~jagflash.core.capability.InvalidInput` and problems no backend implements raise
     :class:`~jagflash.core.capability.UnsupportedProblem`, each listing every reason.
     """
-    reasons = check_qkv(q, k, v, rank=3, layout_doc="[rows, H, D]")
-    raise_if("broadcast_q_attention", reasons)
-    reasons += check_offsets(kv_offsets, k.shape[0], "kv_offsets", q.device, check_values=False)[0]
-    if max_seqlen_kv is not None and int(max_seqlen_kv) < 0:
-        reasons.append(f"max_seqlen_kv must be >= 0, got {max_seqlen_kv}")
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if plan is not None and not isinstance(plan, Plan):
-        reasons.append(f"plan must be a jagflash.core.plan.model.Plan, got {type(plan).__name__}")
-    elif plan is not None and needs_grad and not plan.info.backward:
-        reasons.append("the plan has no backward passes: build it with backward=True")
-    raise_if("broadcast_q_attention", reasons)
+    check_broadcast_q_call(
+        "broadcast_q_attention", q, k, v, kv_offsets, max_seqlen_kv=max_seqlen_kv, plan=plan
+    )
     out, lse = op.call_fwd(
         q, k, v, kv_offsets, -1 if max_seqlen_kv is None else int(max_seqlen_kv),
         default_scale(scale, q.shape[-1]), bool(return_lse), bool(deterministic), backend or "",

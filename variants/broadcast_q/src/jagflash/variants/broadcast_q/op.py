@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from jagflash.core.capability import InvalidInput
-from jagflash.core.jagged import lse_by_sequence, resolve_max_seqlen
+from jagflash.core.checks import raise_if, resolve_max_seqlen
+from jagflash.core.jagged import lse_by_sequence
 from jagflash.core.ops import attention_ops, stepped_arange
 from jagflash.core.reference import reference_backward, reference_forward
 from jagflash.variants.broadcast_q.spec import SPEC
@@ -23,8 +23,7 @@ WHO = "broadcast_q_attention"
 def _max_seqlen_kv(kv_offsets: torch.Tensor, tk: int, max_seqlen_kv: int) -> int:
     """Validate the offsets' values where that costs no extra sync; fill in an unknown maximum."""
     reasons, longest = resolve_max_seqlen(kv_offsets, tk, "kv_offsets", max_seqlen_kv, "kv")
-    if reasons:
-        raise InvalidInput(WHO, reasons)
+    raise_if(WHO, reasons)
     return longest
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from jagflash.core.ops import call_plan_layout, call_problem, check_qkv, default_scale, raise_if
+from jagflash.core.checks import check_dense_call
+from jagflash.core.ops import call_plan_layout, call_problem, default_scale
 from jagflash.core.plan.build import build_plan
 from jagflash.core.plan.model import PTR_DENSE, Plan, PlanInfo, plan_info
 from jagflash.core.registry import Variant
@@ -69,15 +70,7 @@ def dense_attention(
     :class:`~jagflash.core.capability.InvalidInput`, unimplemented ones
     :class:`~jagflash.core.capability.UnsupportedProblem`, each listing every reason.
     """
-    reasons = check_qkv(q, k, v, rank=4, layout_doc="[B, N, H, D]")
-    if not reasons and q.shape[0] != k.shape[0]:
-        reasons.append(f"q and k batch sizes differ: {q.shape[0]} vs {k.shape[0]}")
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if plan is not None and not isinstance(plan, Plan):
-        reasons.append(f"plan must be a jagflash.core.plan.model.Plan, got {type(plan).__name__}")
-    elif plan is not None and needs_grad and not plan.info.backward:
-        reasons.append("the plan has no backward passes: build it with backward=True")
-    raise_if("dense_attention", reasons)
+    needs_grad = check_dense_call("dense_attention", q, k, v, plan=plan)
     if plan is not None:
         plan_args = plan.op_args()
     elif backend == "reference":
@@ -158,10 +151,7 @@ def make_plan(
     q ``[B, Nq, Hq, D]`` and k ``[B, Nk, Hkv, D]`` (only shapes and device are read): build it
     once and pass ``plan=`` to every call of these shapes. ``schedule``, ``backward_schedule``,
     ``workers``, ``backward`` and ``backend`` as for ``jagflash.variants.jagged.make_plan``."""
-    reasons = check_qkv(q, k, k, rank=4, layout_doc="[B, N, H, D]")
-    if not reasons and q.shape[0] != k.shape[0]:
-        reasons.append(f"q and k batch sizes differ: {q.shape[0]} vs {k.shape[0]}")
-    raise_if("jagflash.variants.dense.make_plan", reasons)
+    check_dense_call("jagflash.variants.dense.make_plan", q, k, k, plan=None, plan_only=True)
     blocks, schedule, backward_schedule = _layout(q, k, causal, backend, schedule, backward_schedule)
     tiles, meta, info = _build(
         q, k, causal=causal, blocks=blocks, schedule=schedule, backward_schedule=backward_schedule,

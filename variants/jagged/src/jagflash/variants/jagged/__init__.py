@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from jagflash.core.jagged import check_offsets
-from jagflash.core.ops import call_plan_layout, call_problem, check_qkv, default_scale, raise_if
+from jagflash.core.checks import check_jagged_call, check_qkv, raise_if
+from jagflash.core.ops import call_plan_layout, call_problem, default_scale
 from jagflash.core.plan.build import build_plan
 from jagflash.core.plan.build import make_plan as _core_make_plan
 from jagflash.core.plan.model import PTR_SAME_CALL, Plan, plan_info
@@ -116,16 +116,10 @@ def jagged_attention(
         nested_offsets = q_offsets
         if v_offsets is not kv_offsets and not torch.equal(v_offsets, kv_offsets):
             raise_if("jagged_attention", ["k and v are nested with different offsets"])
-    reasons = check_qkv(q, k, v, rank=3, layout_doc="[T, H, D]")
-    raise_if("jagged_attention", reasons)
-    for name, offs, total in (("q_offsets", q_offsets, q.shape[0]), ("kv_offsets", kv_offsets, k.shape[0])):
-        reasons += check_offsets(offs, total, name, q.device, check_values=False)[0]
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if plan is not None and not isinstance(plan, Plan):
-        reasons.append(f"plan must be a jagflash.core.plan.model.Plan, got {type(plan).__name__}")
-    elif plan is not None and needs_grad and not plan.info.backward:
-        reasons.append("the plan has no backward passes: build it with backward=True")
-    raise_if("jagged_attention", reasons)
+    needs_grad = check_jagged_call(
+        "jagged_attention", q, k, v, q_offsets, kv_offsets, max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv, plan=plan,
+    )
     if plan is not None:
         plan_args = plan.op_args()
     elif backend == "reference" or q_offsets.shape != kv_offsets.shape:

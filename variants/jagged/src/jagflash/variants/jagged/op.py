@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from jagflash.core.capability import InvalidInput
-from jagflash.core.jagged import resolve_max_seqlen
+from jagflash.core.checks import raise_if, resolve_max_seqlen, same_batch
 from jagflash.core.ops import attention_ops
 from jagflash.core.reference import reference_backward, reference_forward
 from jagflash.variants.jagged.spec import SPEC
@@ -34,17 +33,11 @@ def _lengths(
     max_seqlen_kv: int,
 ) -> tuple[int, int]:
     """Validate the offsets' values where that costs no extra sync, and fill in unknown maxima."""
-    reasons: list[str] = []
-    if q_offsets.shape != kv_offsets.shape:
-        reasons.append(
-            f"q_offsets and kv_offsets must both have B+1 entries, got {q_offsets.numel()} and "
-            f"{kv_offsets.numel()}"
-        )
+    reasons = same_batch(q_offsets, kv_offsets)
     rq, max_q = resolve_max_seqlen(q_offsets, tq, "q_offsets", max_seqlen_q, "q")
     rk, max_k = resolve_max_seqlen(kv_offsets, tk, "kv_offsets", max_seqlen_kv, "kv")
     reasons += rq + rk
-    if reasons:
-        raise InvalidInput("jagged_attention", reasons)
+    raise_if("jagged_attention", reasons)
     return max_q, max_k
 
 
