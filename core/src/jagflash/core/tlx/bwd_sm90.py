@@ -308,22 +308,10 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def dispatch_backward(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    q_offsets: torch.Tensor,
-    kv_offsets: torch.Tensor,
-    dq_pass: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-    *,
-    left: int,
-    right: int,
-    scale: float,
-    deterministic: bool,
-    plan,
-    q_shared: bool = False,
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
+    dq_pass: Callable[[], tuple[torch.Tensor, torch.Tensor]], *, left: int, right: int,
+    scale: float, deterministic: bool, plan, q_shared: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The TLX backward of a variant: dQ, dK, dV in the shapes of ``q``, ``k``, ``v``.
 

@@ -19,20 +19,9 @@ forward = fwd_sm90.forward
 
 
 def backward(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    q_offsets: torch.Tensor,
-    kv_offsets: torch.Tensor,
-    plan: Plan,
-    *,
-    left: int,
-    right: int,
-    scale: float,
-    deterministic: bool = False,
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, plan: Plan, *, left: int,
+    right: int, scale: float, deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV; bitwise repeatable (two passes without atomics) unless ``deterministic`` is
     False and ``jagflash.core.tuning.use_one_pass`` picks the one-pass backward."""
