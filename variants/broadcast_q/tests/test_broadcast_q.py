@@ -19,6 +19,7 @@ from jagflash.core.backend import last_choice
 from jagflash.core.capability import InvalidInput, UnsupportedProblem
 from jagflash.core.jagged import offsets_from_lengths
 from jagflash.testing import broadcast_q_reference, check_against_reference, replay_in_cuda_graph
+from jagflash.testing import integration as checks
 from jagflash.testing.strategies import length_lists, lengths
 from jagflash.variants.broadcast_q import SPEC, broadcast_q_attention, make_plan
 from jagflash.variants.broadcast_q import op as bop
@@ -201,20 +202,10 @@ def _op_args(device: str):
     return t, (t["q"], t["k"], t["v"], t["kv_offsets"], 20, 0.25, False, False, "")
 
 
-def test_opcheck_forward(device: str) -> None:
-    _, args = _op_args(device)
-    torch.library.opcheck(bop.broadcast_q_fwd, args)
-
-
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_opcheck_backward(device: str, deterministic: bool) -> None:
+def test_opcheck(device: str, deterministic: bool) -> None:
     t, args = _op_args(device)
-    args = (*args[:7], deterministic, "")
-    out, lse = bop.broadcast_q_fwd(*args)
-    bwd_args = (t["dout"], *args[:3], out, lse, *args[3:])
-    torch.library.opcheck(
-        bop.broadcast_q_bwd, tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in bwd_args)
-    )
+    checks.opcheck_ops(bop.broadcast_q_fwd, bop.broadcast_q_bwd, args, t["dout"], deterministic)
 
 
 def test_torch_compile_fullgraph(device: str) -> None:
@@ -224,29 +215,19 @@ def test_torch_compile_fullgraph(device: str) -> None:
         out = broadcast_q_attention(q, k, v, ko, max_seqlen_kv=30)
         return (out * out).sum()
 
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    args = (t["q"], t["k"], t["v"], t["kv_offsets"])
-    loss = compiled(*args)
-    grads = torch.autograd.grad(loss, args[:3])
-    loss_e = step(*args)
-    grads_e = torch.autograd.grad(loss_e, args[:3])
-    torch.testing.assert_close(loss, loss_e)
-    for a, b in zip(grads, grads_e):
-        torch.testing.assert_close(a, b, **_tol(DEFAULT_DTYPE))
+    checks.assert_compiled_matches_eager(step, (t["q"], t["k"], t["v"], t["kv_offsets"]), **_tol(DEFAULT_DTYPE))
 
 
 # --- refusals -----------------------------------------------------------------------------
 
 
+def _refused(args, exc=InvalidInput, **kw) -> str:
+    return checks.refused(broadcast_q_attention, args, exc, **kw)
+
+
 def _valid(device: str = "cpu"):
     t = Case(5, (3, 4), hq=2, hkv=1, dtype=torch.float32).build(device, requires_grad=False)
     return [t["q"], t["k"], t["v"], t["kv_offsets"]]
-
-
-def _refused(args, exc=InvalidInput, **kw) -> str:
-    with pytest.raises(exc) as info:
-        broadcast_q_attention(*args, **kw)
-    return str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -269,9 +250,7 @@ def _refused(args, exc=InvalidInput, **kw) -> str:
     ],
 )
 def test_refuses_invalid_input(mutate, expected: str) -> None:
-    args = _valid()
-    mutate(args)
-    assert expected in _refused(args)
+    assert expected in _refused(_valid(), mutate=mutate)
 
 
 def test_refusal_lists_every_reason() -> None:
@@ -333,28 +312,8 @@ def test_refuses_unsupported_head_dim() -> None:
     assert "head_dim 40 not in {16, 32, 64, 96, 128, 256}" in msg
 
 
-def test_refuses_gpu_backend_on_cpu() -> None:
-    msg = _refused(_valid(), UnsupportedProblem, backend="portable")
-    assert "device cpu not in {cuda}" in msg
-    assert "dtype float32 not in {bfloat16, float16}" in msg
-
-
-def test_refuses_unknown_backend() -> None:
-    assert "no backend 'tlx'" in _refused(_valid(), UnsupportedProblem, backend="tlx")
-
-
-def test_no_silent_fallback_to_reference(monkeypatch) -> None:
-    """A problem no kernel backend takes is refused with every backend's reasons; the
-    reference runs it only when asked for (JAGFLASH_ALLOW_REFERENCE=1, or backend=)."""
-    args = [a.double() if a.is_floating_point() else a for a in _valid()]
-    monkeypatch.delenv("JAGFLASH_ALLOW_REFERENCE", raising=False)
-    with pytest.raises(UnsupportedProblem, match="dtype float64 not in") as err:
-        broadcast_q_attention(*args)
-    assert "JAGFLASH_ALLOW_REFERENCE=1" in str(err.value)
-    monkeypatch.setenv("JAGFLASH_ALLOW_REFERENCE", "1")
-    broadcast_q_attention(*args)
-    assert last_choice("broadcast_q").name == "reference"
-    assert "JAGFLASH_ALLOW_REFERENCE=1" in last_choice("broadcast_q").why
+def test_refuses_other_backends_and_a_silent_fallback(monkeypatch) -> None:
+    checks.check_backend_refusals(broadcast_q_attention, _valid(), "broadcast_q", monkeypatch)
 
 
 # --- GPU only -----------------------------------------------------------------------------

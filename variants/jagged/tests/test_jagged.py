@@ -17,6 +17,7 @@ import jagflash.core as jc
 from jagflash.core.backend import last_choice
 from jagflash.core.capability import InvalidInput, UnsupportedProblem
 from jagflash.testing import JaggedCase, check_against_reference, jagged_reference, make_jagged
+from jagflash.testing import integration as checks
 from jagflash.testing.strategies import jagged_cases
 from jagflash.variants.jagged import SPEC, jagged_attention
 from jagflash.variants.jagged import op as jop
@@ -166,18 +167,10 @@ def _op_args(device: str):
     return t, (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], 20, 20, True, 0.25, False, False, "")
 
 
-def test_opcheck_forward(device: str) -> None:
-    _, args = _op_args(device)
-    torch.library.opcheck(jop.jagged_fwd, args)
-
-
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_opcheck_backward(device: str, deterministic: bool) -> None:
+def test_opcheck(device: str, deterministic: bool) -> None:
     t, args = _op_args(device)
-    args = (*args[:-2], deterministic, "")
-    out, lse = jop.jagged_fwd(*args)
-    bwd_args = (t["dout"], *args[:3], out.detach(), lse, *args[3:])
-    torch.library.opcheck(jop.jagged_bwd, tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in bwd_args))
+    checks.opcheck_ops(jop.jagged_fwd, jop.jagged_bwd, args, t["dout"], deterministic)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -190,15 +183,7 @@ def test_torch_compile_fullgraph(device: str, deterministic: bool) -> None:
         )
         return (out * out).sum()
 
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
-    loss = compiled(*args)
-    grads = torch.autograd.grad(loss, args[:3])
-    loss_e = step(*args)
-    grads_e = torch.autograd.grad(loss_e, args[:3])
-    torch.testing.assert_close(loss, loss_e)
-    for a, b in zip(grads, grads_e):
-        torch.testing.assert_close(a, b)
+    checks.assert_compiled_matches_eager(step, (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"]))
 
 
 def test_plain_eager_calls_run_the_op_body_with_the_same_results(device: str) -> None:
@@ -242,15 +227,13 @@ def test_nested_tensors(device: str) -> None:
 # --- refusals -----------------------------------------------------------------------------
 
 
+def _refused(args, exc=InvalidInput, **kw) -> str:
+    return checks.refused(jagged_attention, args, exc, **kw)
+
+
 def _valid(device: str = "cpu"):
     t = make_jagged((3, 4), (3, 4), 2, 1, 32, torch.float32, device, requires_grad=False)
     return [t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"]]
-
-
-def _refused(args, exc=InvalidInput, **kw) -> str:
-    with pytest.raises(exc) as info:
-        jagged_attention(*args, **kw)
-    return str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -273,9 +256,7 @@ def _refused(args, exc=InvalidInput, **kw) -> str:
     ],
 )
 def test_refuses_invalid_input(mutate, expected: str) -> None:
-    args = _valid()
-    mutate(args)
-    assert expected in _refused(args)
+    assert expected in _refused(_valid(), mutate=mutate)
 
 
 def test_refusal_lists_every_reason() -> None:
@@ -297,14 +278,8 @@ def test_refuses_unsupported_head_dim() -> None:
     assert "head_dim 40 not in {16, 32, 64, 96, 128, 256}" in msg
 
 
-def test_refuses_gpu_backend_on_cpu() -> None:
-    msg = _refused(_valid(), UnsupportedProblem, backend="portable")
-    assert "device cpu not in {cuda}" in msg
-    assert "dtype float32 not in {bfloat16, float16}" in msg
-
-
-def test_refuses_unknown_backend() -> None:
-    assert "no backend 'tlx'" in _refused(_valid(), UnsupportedProblem, backend="tlx")
+def test_refuses_other_backends_and_a_silent_fallback(monkeypatch) -> None:
+    checks.check_backend_refusals(jagged_attention, _valid(), "jagged", monkeypatch)
 
 
 def test_refuses_mixed_nested_and_plain() -> None:
@@ -331,20 +306,6 @@ def test_env_override(monkeypatch) -> None:
     jagged_attention(*_valid())
     assert last_choice("jagged").name == "reference"
     assert "JAGFLASH_BACKEND=reference" in last_choice("jagged").why
-
-
-def test_no_silent_fallback_to_reference(monkeypatch) -> None:
-    """A problem no kernel backend takes is refused with every backend's reasons; the
-    reference runs it only when asked for (JAGFLASH_ALLOW_REFERENCE=1, or backend=)."""
-    args = [a.double() if a.is_floating_point() else a for a in _valid()]
-    monkeypatch.delenv("JAGFLASH_ALLOW_REFERENCE", raising=False)
-    with pytest.raises(UnsupportedProblem, match="dtype float64 not in") as err:
-        jagged_attention(*args)
-    assert "JAGFLASH_ALLOW_REFERENCE=1" in str(err.value)
-    monkeypatch.setenv("JAGFLASH_ALLOW_REFERENCE", "1")
-    jagged_attention(*args)
-    assert last_choice("jagged").name == "reference"
-    assert "JAGFLASH_ALLOW_REFERENCE=1" in last_choice("jagged").why
 
 
 # --- GPU only -----------------------------------------------------------------------------

@@ -33,6 +33,7 @@ __all__ = [
     "call_problem",
     "default_scale",
     "for_kernel",
+    "layout_plan",
     "make_problem",
     "plain_eager",
     "poison_outputs",
@@ -243,6 +244,32 @@ def call_plan_layout(
         schedule, backward_schedule, name, dim, window=(-1, 0 if causal else -1), equal_costs=equal_costs
     )
     return plan_blocks(name, dim), fwd, bwd
+
+
+def layout_plan(
+    spec, layout: str, q: torch.Tensor, k: torch.Tensor, q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor, *, total_q: int, causal: bool, backend: str | None, schedule: str,
+    backward_schedule: str | None, workers: int | None, max_seqlen_q: int | None,
+    max_seqlen_kv: int | None, backward: bool,
+):
+    """A variant's ``make_plan`` over a jagged batch of rows: the tile sizes and schedules of
+    :func:`call_plan_layout`, then ``jagflash.core.plan.build.make_plan`` on ``q_offsets`` /
+    ``kv_offsets`` (the offsets of the rows the kernels walk: the output rows for broadcast-Q)
+    with ``total_q`` query rows; ``k`` ``[Tk, Hkv, D]`` gives the kv rows, the heads from ``q``'s
+    and ``k``'s dim -2. Returns the :class:`~jagflash.core.plan.model.Plan`."""
+    from jagflash.core.plan.build import make_plan
+
+    blocks, schedule, backward_schedule = call_plan_layout(
+        spec, layout, q, k, causal=causal, backend=backend, schedule=schedule,
+        backward_schedule=backward_schedule,
+    )
+    return make_plan(
+        q_offsets, kv_offsets, total_q=total_q, total_kv=k.shape[0], heads_q=q.shape[-2],
+        heads_kv=k.shape[-2], causal=causal, block_m=blocks["fwd"][0], block_n=blocks["fwd"][1],
+        dq_blocks=blocks["dq"], dkdv_blocks=blocks["dkdv"], max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv, workers=workers, schedule=schedule,
+        backward_schedule=backward_schedule, backward=backward,
+    )
 
 
 # --- the op factory ------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from jagflash.core.plan.model import (
 from jagflash.core.seqlen import upper_bound
 from jagflash.core.tuning import DEFAULT_SCHEDULE
 
-__all__ = ["build_plan", "make_plan", "offsets_fingerprint"]
+__all__ = ["build_plan", "build_plan_ints", "make_plan", "offsets_fingerprint"]
 
 
 _FP_MOD = 2_147_483_647  # 2**31 - 1: keeps every product of the fingerprint inside int64
@@ -296,6 +296,14 @@ def _ptr(t: torch.Tensor) -> int:
     if torch.compiler.is_compiling():
         return PTR_UNKNOWN
     return int(t.data_ptr()) or PTR_UNKNOWN
+
+
+def build_plan_ints(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, **info) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """``(tiles, meta, info ints)`` of the plan ``jagflash.core.plan.model.plan_info(**info)``
+    over these offsets: what a call without ``plan=`` passes to its op."""
+    ints = plan_info(**info).to_ints()
+    tiles, meta = build_plan(q_offsets, kv_offsets, ints)
+    return tiles, meta, ints
 
 
 def make_plan(

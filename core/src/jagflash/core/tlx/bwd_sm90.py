@@ -11,6 +11,9 @@ producer loads each step's by TMA with its Q and dO). The kv-blocks' q-ranges ar
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -36,6 +39,7 @@ from jagflash.core.tuning import (
     default_schedules,
     dq_cols,
     tlx_sm90_blocks,
+    use_one_pass,
 )
 
 
@@ -294,3 +298,34 @@ def backward(
     dq = torch.empty_like(q)
     torch.mul(acc.view(lq, hq, dim), scale, out=dq)
     return dq, dk, dv
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` ``[..., H, D]`` as rows ``[prod(...), H, D]`` (a view where the strides allow)."""
+    return t.reshape(math.prod(t.shape[:-2]), *t.shape[-2:])
+
+
+def dispatch_backward(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
+    dq_pass: Callable[[], tuple[torch.Tensor, torch.Tensor]], *, left: int, right: int,
+    scale: float, deterministic: bool, plan, q_shared: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The TLX backward of a variant: dQ, dK, dV in the shapes of ``q``, ``k``, ``v``.
+
+    :func:`backward` (one pass) where ``jagflash.core.tuning.use_one_pass`` says so, else the
+    variant's portable dQ pass ``dq_pass()`` (returning dQ in ``q``'s shape and dtype, and delta)
+    then :func:`backward_dkdv`: bitwise repeatable. ``dout``, ``q``, ``k``, ``v``, ``out`` are in
+    the variant's layout ``[..., H, D]``; the TLX kernels see them as rows ``[T, H, D]`` (the
+    leading dims merged). ``q_offsets``, ``kv_offsets``, ``plan``, ``q_shared``: the rows' jagged
+    batch, as for :func:`backward`."""
+    kw = dict(left=left, right=right, scale=scale, plan=plan, q_shared=q_shared)
+    if use_one_pass(deterministic, left, right, q.shape[-1]):
+        dq, dk, dv = backward(
+            _rows(dout), _rows(q), _rows(k), _rows(v), _rows(out), lse, q_offsets, kv_offsets, **kw
+        )
+        dq = dq.view(q.shape)
+    else:
+        dq, delta = dq_pass()
+        dk, dv = backward_dkdv(_rows(dout), _rows(q), _rows(k), _rows(v), lse, delta, q_offsets, kv_offsets, **kw)
+    return dq, dk.view(k.shape), dv.view(v.shape)

@@ -181,4 +181,6 @@ KNOWN_SPILLS: dict[str, int] = {
     "tlx_bwd_dynamic bf16 d128 window": 152,
     "tlx_bwd_static bf16 d128 window": 136,
     "tlx_dkdv_none bf16 d128 window": 188,
+    "tlx_bwd_none fp16 d128": 32,
+    "tlx_bwd_none bf16 d128": 32,
 }

@@ -14,8 +14,7 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.checks import check_broadcast_q_call, check_qkv, raise_if
-from jagflash.core.ops import call_plan_layout, call_problem, default_scale
-from jagflash.core.plan.build import make_plan as _core_make_plan
+from jagflash.core.ops import call_problem, default_scale, layout_plan
 from jagflash.core.plan.model import Plan
 from jagflash.core.registry import Variant
 from jagflash.core.tuning import BACKEND_DEFAULT
@@ -110,16 +109,11 @@ def make_plan(
     shapes and device. The other arguments as for ``jagflash.variants.jagged.make_plan``
     (``backend``: default the one a call with these shapes picks)."""
     raise_if("jagflash.variants.broadcast_q.make_plan", check_qkv(q, k, k, rank=3, layout_doc="[rows, H, D]"))
-    blocks, schedule, backward_schedule = call_plan_layout(
-        SPEC, "broadcast_q", q, k, causal=False, backend=backend, schedule=schedule,
-        backward_schedule=backward_schedule,
-    )
-    return _core_make_plan(
-        op.output_offsets(q, kv_offsets), kv_offsets, total_q=(kv_offsets.numel() - 1) * q.shape[0],
-        total_kv=k.shape[0], heads_q=q.shape[1], heads_kv=k.shape[1], block_m=blocks["fwd"][0],
-        block_n=blocks["fwd"][1], dq_blocks=blocks["dq"], dkdv_blocks=blocks["dkdv"],
-        max_seqlen_q=q.shape[0], max_seqlen_kv=max_seqlen_kv, workers=workers, schedule=schedule,
-        backward_schedule=backward_schedule, backward=backward,
+    return layout_plan(
+        SPEC, "broadcast_q", q, k, op.output_offsets(q, kv_offsets), kv_offsets,
+        total_q=(kv_offsets.numel() - 1) * q.shape[0], causal=False, backend=backend, schedule=schedule,
+        backward_schedule=backward_schedule, workers=workers, max_seqlen_q=q.shape[0],
+        max_seqlen_kv=max_seqlen_kv, backward=backward,
     )
 
 

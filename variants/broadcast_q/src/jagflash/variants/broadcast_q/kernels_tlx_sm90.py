@@ -15,7 +15,7 @@ import torch
 from jagflash.core.plan.build import make_plan
 from jagflash.core.plan.model import Plan
 from jagflash.core.tlx import bwd_sm90, fwd_sm90
-from jagflash.core.tuning import tlx_sm90_blocks, use_one_pass
+from jagflash.core.tuning import tlx_sm90_blocks
 from jagflash.variants.broadcast_q import kernels_portable
 from jagflash.variants.broadcast_q.op import output_offsets
 
@@ -65,22 +65,16 @@ def backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ ``[Lq, Hq, D]`` (summed over the sequences), dK, dV. dK/dV are deterministic; dQ is
     when ``deterministic``. ``plan`` as for :func:`forward` (its dK/dV pass is used)."""
-    lq, hq, dim = q.shape
-    batch = kv_offsets.numel() - 1
     plan, q_offsets = _given(plan, q, k, kv_offsets, left, right, backward=True)
-    if use_one_pass(deterministic, left, right, dim):
-        return bwd_sm90.backward(
-            dout.reshape(batch * lq, hq, dim), q, k, v, out.reshape(batch * lq, hq, dim),
-            lse, q_offsets, kv_offsets, left=left, right=right, scale=scale,
-            plan=plan, q_shared=True,
-        )
-    dq, delta = kernels_portable.backward_dq(
-        dout, q, k, v, out, lse, kv_offsets, left=left, right=right, scale=scale,
-        deterministic=deterministic, backend="portable",
-    )
-    dk, dv = bwd_sm90.backward_dkdv(
-        dout.reshape(batch * lq, hq, dim), q, k, v, lse, delta, q_offsets,
-        kv_offsets, left=left, right=right, scale=scale, plan=plan, q_shared=True,
-    )
-    return dq.to(q.dtype), dk, dv
 
+    def dq_pass():
+        dq, delta = kernels_portable.backward_dq(
+            dout, q, k, v, out, lse, kv_offsets, left=left, right=right, scale=scale,
+            deterministic=deterministic, backend="portable",
+        )
+        return dq.to(q.dtype), delta
+
+    return bwd_sm90.dispatch_backward(
+        dout, q, k, v, out, lse, q_offsets, kv_offsets, dq_pass, left=left, right=right, scale=scale,
+        deterministic=deterministic, plan=plan, q_shared=True,
+    )

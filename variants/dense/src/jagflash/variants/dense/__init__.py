@@ -15,8 +15,8 @@ import torch
 
 from jagflash.core.checks import check_dense_call
 from jagflash.core.ops import call_plan_layout, call_problem, default_scale
-from jagflash.core.plan.build import build_plan
-from jagflash.core.plan.model import PTR_DENSE, Plan, PlanInfo, plan_info
+from jagflash.core.plan.build import build_plan_ints
+from jagflash.core.plan.model import PTR_DENSE, Plan, PlanInfo
 from jagflash.core.registry import Variant
 from jagflash.core.tuning import BACKEND_DEFAULT
 from jagflash.variants.dense import op
@@ -126,14 +126,12 @@ def _build(
     schedule: str, backward_schedule: str | None, workers: int | None = None, backward: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     b, nq, nk = q.shape[0], q.shape[1], k.shape[1]
-    info = plan_info(
-        batch=b, total_q=b * nq, total_kv=b * nk, heads_q=q.shape[2], heads_kv=k.shape[2],
-        causal=causal, blocks=blocks, max_seqlen_q=nq, max_seqlen_kv=nk, workers=workers,
-        schedule=schedule, backward_schedule=backward_schedule, backward=backward,
+    return build_plan_ints(
+        *op._as_jagged(q, k), batch=b, total_q=b * nq, total_kv=b * nk, heads_q=q.shape[2],
+        heads_kv=k.shape[2], causal=causal, blocks=blocks, max_seqlen_q=nq, max_seqlen_kv=nk,
+        workers=workers, schedule=schedule, backward_schedule=backward_schedule, backward=backward,
         q_ptr=PTR_DENSE, kv_ptr=PTR_DENSE,
-    ).to_ints()
-    tiles, meta = build_plan(*op._as_jagged(q, k), info)
-    return tiles, meta, info
+    )
 
 
 def make_plan(

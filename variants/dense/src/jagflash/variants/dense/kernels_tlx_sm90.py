@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.tlx import bwd_sm90, fwd_sm90
-from jagflash.core.tuning import use_one_pass
 
 __all__ = ["backward", "forward"]
 
@@ -37,24 +36,10 @@ def backward(
     unless ``deterministic`` is False and ``jagflash.core.tuning.use_one_pass`` picks the one-pass backward."""
     from jagflash.variants.dense import kernels_portable
 
-    batch, nq = q.shape[:2]
-    nk = k.shape[1]
-    if use_one_pass(deterministic, left, right, q.shape[-1]):
-        dq, dk, dv = bwd_sm90.backward(
-            dout.reshape(batch * nq, *dout.shape[2:]), q.reshape(batch * nq, *q.shape[2:]),
-            k.reshape(batch * nk, *k.shape[2:]), v.reshape(batch * nk, *v.shape[2:]),
-            out.reshape(batch * nq, *out.shape[2:]), lse, plan.q_offsets,
-            plan.kv_offsets, left=left, right=right, scale=scale, plan=plan,
-        )
-        return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
-    dq, delta = kernels_portable.backward_dq(
-        dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale, backend="portable"
+    return bwd_sm90.dispatch_backward(
+        dout, q, k, v, out, lse, plan.q_offsets, plan.kv_offsets,
+        lambda: kernels_portable.backward_dq(
+            dout, q, k, v, out, lse, plan, left=left, right=right, scale=scale, backend="portable"
+        ),
+        left=left, right=right, scale=scale, deterministic=deterministic, plan=plan,
     )
-    dk, dv = bwd_sm90.backward_dkdv(
-        dout.reshape(batch * nq, *dout.shape[2:]), q.reshape(batch * nq, *q.shape[2:]),
-        k.reshape(batch * nk, *k.shape[2:]), v.reshape(batch * nk, *v.shape[2:]),
-        lse, delta, plan.q_offsets, plan.kv_offsets,
-        left=left, right=right, scale=scale, plan=plan,
-    )
-    return dq, dk.view(k.shape), dv.view(v.shape)
-

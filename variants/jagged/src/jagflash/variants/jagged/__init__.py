@@ -14,10 +14,9 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.checks import check_jagged_call, check_qkv, raise_if
-from jagflash.core.ops import call_plan_layout, call_problem, default_scale
-from jagflash.core.plan.build import build_plan
-from jagflash.core.plan.build import make_plan as _core_make_plan
-from jagflash.core.plan.model import PTR_SAME_CALL, Plan, plan_info
+from jagflash.core.ops import call_plan_layout, call_problem, default_scale, layout_plan
+from jagflash.core.plan.build import build_plan_ints
+from jagflash.core.plan.model import PTR_SAME_CALL, Plan
 from jagflash.core.registry import Variant
 from jagflash.core.tuning import BACKEND_DEFAULT
 from jagflash.variants.jagged import op
@@ -180,16 +179,10 @@ def make_plan(
             dims 64 and 128, else ``portable`` on a GPU, ``interpreter`` on the CPU).
     """
     raise_if("jagflash.variants.jagged.make_plan", check_qkv(q, k, k, rank=3, layout_doc="[T, H, D]"))
-    blocks, schedule, backward_schedule = call_plan_layout(
-        SPEC, "jagged", q, k, causal=causal, backend=backend, schedule=schedule,
-        backward_schedule=backward_schedule,
-    )
-    return _core_make_plan(
-        q_offsets, kv_offsets, total_q=q.shape[0], total_kv=k.shape[0], heads_q=q.shape[1],
-        heads_kv=k.shape[1], causal=causal, block_m=blocks["fwd"][0], block_n=blocks["fwd"][1],
-        dq_blocks=blocks["dq"], dkdv_blocks=blocks["dkdv"], max_seqlen_q=max_seqlen_q,
-        max_seqlen_kv=max_seqlen_kv, workers=workers, schedule=schedule,
-        backward_schedule=backward_schedule, backward=backward,
+    return layout_plan(
+        SPEC, "jagged", q, k, q_offsets, kv_offsets, total_q=q.shape[0], causal=causal, backend=backend,
+        schedule=schedule, backward_schedule=backward_schedule, workers=workers, max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv, backward=backward,
     )
 
 
@@ -200,15 +193,12 @@ def _own_plan(q, k, q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv, 
     if torch.compiler.is_compiling():
         return None, None, None
     blocks, schedule, backward_schedule = call_plan_layout(SPEC, "jagged", q, k, causal=causal, backend=backend)
-    info = plan_info(
-        batch=q_offsets.numel() - 1, total_q=q.shape[0], total_kv=k.shape[0], heads_q=q.shape[1],
-        heads_kv=k.shape[1], causal=causal, blocks=blocks, max_seqlen_q=max_seqlen_q,
-        max_seqlen_kv=max_seqlen_kv, schedule=schedule,
-        backward_schedule=backward_schedule, backward=backward, q_ptr=PTR_SAME_CALL,
-        kv_ptr=PTR_SAME_CALL,
-    ).to_ints()
-    tiles, meta = build_plan(q_offsets, kv_offsets, info)
-    return tiles, meta, info
+    return build_plan_ints(
+        q_offsets, kv_offsets, batch=q_offsets.numel() - 1, total_q=q.shape[0], total_kv=k.shape[0],
+        heads_q=q.shape[1], heads_kv=k.shape[1], causal=causal, blocks=blocks, max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv, schedule=schedule, backward_schedule=backward_schedule,
+        backward=backward, q_ptr=PTR_SAME_CALL, kv_ptr=PTR_SAME_CALL,
+    )
 
 
 VARIANT = Variant(spec=SPEC, problem=call_problem("jagged"), run=jagged_attention, priority=0)

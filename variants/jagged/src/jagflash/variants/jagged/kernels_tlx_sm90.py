@@ -11,7 +11,6 @@ import torch
 
 from jagflash.core.plan.model import Plan
 from jagflash.core.tlx import bwd_sm90, fwd_sm90
-from jagflash.core.tuning import use_one_pass
 from jagflash.variants.jagged import kernels_portable
 
 __all__ = ["backward", "forward"]
@@ -20,33 +19,17 @@ forward = fwd_sm90.forward
 
 
 def backward(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    q_offsets: torch.Tensor,
-    kv_offsets: torch.Tensor,
-    plan: Plan,
-    *,
-    left: int,
-    right: int,
-    scale: float,
-    deterministic: bool = False,
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, plan: Plan, *, left: int,
+    right: int, scale: float, deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV; bitwise repeatable (two passes without atomics) unless ``deterministic`` is
     False and ``jagflash.core.tuning.use_one_pass`` picks the one-pass backward."""
-    if use_one_pass(deterministic, left, right, q.shape[-1]):
-        return bwd_sm90.backward(
-            dout, q, k, v, out, lse, q_offsets, kv_offsets, left=left, right=right, scale=scale, plan=plan
-        )
-    dq, delta = kernels_portable.backward_dq(
-        dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
-        backend="portable",
+    return bwd_sm90.dispatch_backward(
+        dout, q, k, v, out, lse, q_offsets, kv_offsets,
+        lambda: kernels_portable.backward_dq(
+            dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
+            backend="portable",
+        ),
+        left=left, right=right, scale=scale, deterministic=deterministic, plan=plan,
     )
-    dk, dv = bwd_sm90.backward_dkdv(
-        dout, q, k, v, lse, delta, q_offsets, kv_offsets, left=left, right=right, scale=scale, plan=plan
-    )
-    return dq, dk, dv
-

@@ -1,0 +1,67 @@
+"""Checks every variant's tests share: its custom ops under ``torch.library.opcheck``, a
+``torch.compile``'d step against eager, and the refusals of its public function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+import torch
+
+from jagflash.core.backend import last_choice
+from jagflash.core.capability import InvalidInput, UnsupportedProblem
+
+
+def opcheck_ops(fwd, bwd, args: tuple, dout: torch.Tensor, deterministic: bool) -> None:
+    """``torch.library.opcheck`` of a variant's forward op on ``args`` (the op's arguments,
+    ending ``deterministic, backend``) with ``deterministic`` put in, and of its backward op on
+    ``dout``, the forward's q, k, v, out and LSE and the rest of ``args`` (all detached)."""
+    args = (*args[:-2], deterministic, "")
+    torch.library.opcheck(fwd, args)
+    out, lse = fwd(*args)
+    bwd_args = (dout, *args[:3], out.detach(), lse, *args[3:])
+    torch.library.opcheck(bwd, tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in bwd_args))
+
+
+def assert_compiled_matches_eager(step: Callable[..., torch.Tensor], args: tuple, **tol) -> None:
+    """``step(*args)`` (a scalar loss) under ``torch.compile(fullgraph=True, backend="aot_eager")``
+    gives eager's loss and eager's gradients of ``args[:3]`` (q, k, v); ``tol``: for the
+    gradients' ``torch.testing.assert_close``."""
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    loss = compiled(*args)
+    grads = torch.autograd.grad(loss, args[:3])
+    loss_e = step(*args)
+    grads_e = torch.autograd.grad(loss_e, args[:3])
+    torch.testing.assert_close(loss, loss_e)
+    for a, b in zip(grads, grads_e):
+        torch.testing.assert_close(a, b, **tol)
+
+
+def refused(run: Callable, args: list, exc: type[Exception] = InvalidInput, *, mutate=None, **kw) -> str:
+    """The message of the ``exc`` that ``run(*args, **kw)`` must raise; ``mutate(args)`` first
+    edits the argument list in place, where given."""
+    if mutate is not None:
+        mutate(args)
+    with pytest.raises(exc) as info:
+        run(*args, **kw)
+    return str(info.value)
+
+
+def check_backend_refusals(run: Callable, args: Sequence, variant: str, monkeypatch) -> None:
+    """On a CPU, with valid fp32 ``args``, ``run`` (a variant's public function) refuses the
+    portable backend (listing device and dtype) and an unknown backend; in float64, which no
+    kernel backend takes, it is refused with every backend's reasons (no silent fallback) and
+    runs on the reference only when asked for (``JAGFLASH_ALLOW_REFERENCE=1``)."""
+    msg = refused(run, list(args), UnsupportedProblem, backend="portable")
+    assert "device cpu not in {cuda}" in msg
+    assert "dtype float32 not in {bfloat16, float16}" in msg
+    assert "no backend 'tlx'" in refused(run, list(args), UnsupportedProblem, backend="tlx")
+    wide = [a.double() if a.is_floating_point() else a for a in args]
+    monkeypatch.delenv("JAGFLASH_ALLOW_REFERENCE", raising=False)
+    with pytest.raises(UnsupportedProblem, match="dtype float64 not in") as err:
+        run(*wide)
+    assert "JAGFLASH_ALLOW_REFERENCE=1" in str(err.value)
+    monkeypatch.setenv("JAGFLASH_ALLOW_REFERENCE", "1")
+    run(*wide)
+    assert last_choice(variant).name == "reference"
+    assert "JAGFLASH_ALLOW_REFERENCE=1" in last_choice(variant).why
