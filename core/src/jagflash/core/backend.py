@@ -56,6 +56,7 @@ __all__ = [
     "device_capability",
     "interpreter_mismatch",
     "interpreter_reasons",
+    "kernel_backends",
     "last_choice",
     "plan_backend",
     "portable_family",
@@ -287,6 +288,14 @@ def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
         available=tlx_reasons,
         notes="TMA producer + two ping-pong wgmma consumer warpgroups; one-pass backward with TMA dQ reduce-adds unless windowed or deterministic",
     )
+
+
+def kernel_backends(features: frozenset[str]) -> tuple[BackendSpec, ...]:
+    """Every backend of a variant built on core's kernels, fastest first: the TLX kernels
+    (:func:`tlx_sm90_backend`: on the H200 their forward and D 128 backward beat the portable
+    ones on every bench workload but the many-tiny-sequence one, bench/NOTES.md), then
+    :func:`portable_family`."""
+    return (tlx_sm90_backend(features), *portable_family(features))
 
 
 def portable_family(features: frozenset[str]) -> tuple[BackendSpec, ...]:

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from jagflash.core.backend import portable_family, tlx_sm90_backend
+from jagflash.core.backend import kernel_backends
 from jagflash.core.capability import DEFAULT_ATOL, VariantSpec
 
 SPEC = VariantSpec(
     name="dense",
     layouts=frozenset({"dense"}),
-    # tlx-sm90 first: on the H200 its forward beats the portable one on every bench workload
-    # but the many-tiny-sequence one, and its D 128 backward too (bench/NOTES.md).
-    backends=(
-        tlx_sm90_backend(frozenset({"causal", "gqa", "lse"})),
-        *portable_family(frozenset({"causal", "gqa", "lse"})),
-    ),
+    backends=kernel_backends(frozenset({"causal", "gqa", "lse"})),
     atol=DEFAULT_ATOL,
 )
