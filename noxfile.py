@@ -12,6 +12,7 @@ a fresh one.
     nox -s tests-jagged -- -k causal -x
     nox -s demo -- --help
     nox -s bench -- --help
+    nox -s nightly               the CPU suite with hypothesis's nightly profile (~10,000 examples)
 
 Without a GPU (no working ``nvidia-smi -L`` and no /dev/nvidia0) sessions that run kernels set
 ``TRITON_INTERPRET=1``; test sessions use the hypothesis profile ``ci`` unless
@@ -168,7 +169,7 @@ def _kernel_env(session: nox.Session, *, tests: bool) -> None:
     if "TRITON_INTERPRET" not in os.environ and not _has_gpu():
         session.log("no GPU found: TRITON_INTERPRET=1 (Triton interpreter on the CPU)")
         session.env["TRITON_INTERPRET"] = "1"
-    if tests and "HYPOTHESIS_PROFILE" not in os.environ:
+    if tests and "HYPOTHESIS_PROFILE" not in os.environ and "HYPOTHESIS_PROFILE" not in session.env:
         session.env["HYPOTHESIS_PROFILE"] = "ci"
 
 
@@ -224,6 +225,14 @@ def _variant_session(name: str) -> None:
 
 for _name in _variants():
     _variant_session(_name)
+
+
+@nox.session(venv_backend="none", default=False)
+def nightly(session: nox.Session) -> None:
+    """The CPU suite with the hypothesis profile ``nightly`` (about 10,000 examples over the
+    property tests instead of ``ci``'s 300); arguments after ``--`` go to pytest."""
+    session.env["HYPOTHESIS_PROFILE"] = "nightly"
+    _pytest(session, "core/tests", "testing/tests", "variants")
 
 
 @nox.session(name="bench-smoke", venv_backend="none")
