@@ -17,7 +17,8 @@ from jagflash.core.jagged import offsets_from_lengths
 from jagflash.core.mask import dkdv_q_ranges, kv_tile_ranges
 from jagflash.core.plan.build import build_plan, make_plan
 from jagflash.core.plan.check import check_plan
-from jagflash.core.plan.model import PASSES, SCHEDULES, PlanInfo
+from jagflash.core.plan.cost import _seq_cost
+from jagflash.core.plan.model import PASSES, SCHEDULES, PlanInfo, sort_kind
 from jagflash.core.plan.simulate import (
     section_costs,
     sequences_in_flight,
@@ -88,11 +89,19 @@ def test_every_valid_tile_exactly_once_and_none_empty(b) -> None:
         assert len(set(rows)) == len(rows)
         # none empty: every tile starts inside its sequence (the expected set has no others)
         assert bool((section[count:] == -1).all()), "rows past the count are unused"
-        _, costs = section_costs(plan, pass_)
-        if plan.info.schedule_of(pass_) == "none":
+        table, costs = section_costs(plan, pass_)
+        kind = sort_kind(plan.info.schedule_of(pass_))
+        if kind == 0:
             assert rows == sorted(rows, key=lambda r: (r[0], r[2], r[1])), "batch order"
-        else:
+        elif kind == 1:
             assert bool((costs[1:] <= costs[:-1]).all()), "largest first"
+        else:  # grouped: sequences heaviest first (q-tiles x kv-tiles), each one's tiles largest first
+            lay = plan.info.layout(pass_)
+            lq, lk = (torch.tensor(x, dtype=torch.int64) for x in (b["q_lens"], b["k_lens"]))
+            seq = table[:, 0]
+            seq_cost = _seq_cost(lq[seq], lk[seq], lay.block_m, lay.block_n)
+            keys = list(zip(seq_cost.tolist(), costs.tolist()))
+            assert keys == sorted(keys, reverse=True), "heaviest sequence first, then largest tile"
 
 
 @given(batches())
