@@ -14,7 +14,7 @@ kernels or TLX, so plans can be laid out for any backend on any machine.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import triton
 
@@ -160,6 +160,12 @@ def default_ring_tiles(total_kv: int, batch: int, block_n: int) -> bool:
     return total_kv <= block_n * max(batch, 1)
 
 
+def _field_values(config) -> dict[str, object]:
+    """A config's fields by name, shallow (every launch asks: ``dataclasses.asdict`` would copy
+    each value deeply)."""
+    return {f.name: getattr(config, f.name) for f in fields(config)}
+
+
 @dataclass(frozen=True)
 class FwdConfig:
     """The compile-time choices of one TLX forward launch (the kernel's constexprs). Chosen by
@@ -183,7 +189,7 @@ class FwdConfig:
 
     def constexprs(self) -> dict[str, object]:
         """The kernel's compile-time keyword arguments."""
-        return asdict(self)
+        return _field_values(self)
 
 
 def fwd_config(
@@ -229,7 +235,7 @@ class BwdConfig:
 
     def constexprs(self) -> dict[str, object]:
         """The kernel's compile-time keyword arguments."""
-        return asdict(self)
+        return _field_values(self)
 
 
 def bwd_config(
