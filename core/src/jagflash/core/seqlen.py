@@ -53,7 +53,7 @@ def store_rows(ptrs, x, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, EVEN_D: tl
 
 @triton.jit
 def plan_row(i, TILES, count, heads, HEAD_MAJOR: tl.constexpr, GROUP: tl.constexpr = 1):
-    """Row ``i`` of a Plan pass's table (walked in the order of :func:`walk_first`): (in range,
+    """Row ``i`` of a Plan pass's table (walked in the order of ``jagflash.core.tlx.pipeline.walk_first``): (in range,
     sequence, head, first row).
 
     ``HEAD_MAJOR``: the table holds each tile slot's ``heads`` heads side by side; walk it one

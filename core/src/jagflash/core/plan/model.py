@@ -160,7 +160,7 @@ def _info_from_ints(ints: tuple[int, ...]) -> PlanInfo:
 
 @dataclass(frozen=True, eq=False)
 class Plan:
-    """A schedule for one batch's tiles, built once (:func:`make_plan`) and reused by every
+    """A schedule for one batch's tiles, built once (:func:`jagflash.core.plan.build.make_plan`) and reused by every
     layer's forward and backward that share the offsets.
 
     ``tiles`` int32 ``[rows, 3]``: ``(sequence, head, first row)``, pass sections as
