@@ -173,20 +173,14 @@ def alloc_walk_ring(FIELDS: tl.constexpr):
 
 @triton.jit
 def turn_wait(CID: tl.constexpr):
-    """Wait for this consumer warpgroup's turn to issue (named barriers TURN_0 and TURN_1)."""
-    if CID == 0:
-        tlx.named_barrier_wait(TURN_0, 256)
-    else:
-        tlx.named_barrier_wait(TURN_1, 256)
+    """Wait for consumer warpgroup CID's turn to issue (named barrier TURN_0 + CID)."""
+    tlx.named_barrier_wait(TURN_0 + CID, 256)
 
 
 @triton.jit
 def turn_pass(CID: tl.constexpr):
-    """Hand the turn to issue to the other consumer warpgroup."""
-    if CID == 0:
-        tlx.named_barrier_arrive(TURN_1, 256)
-    else:
-        tlx.named_barrier_arrive(TURN_0, 256)
+    """Hand the turn to issue to the other consumer warpgroup (named barrier TURN_1 - CID)."""
+    tlx.named_barrier_arrive(TURN_1 - CID, 256)
 
 
 @triton.jit
