@@ -121,11 +121,18 @@ def call_problem(layout: str):
     return problem
 
 
+#: Row strides (elements) from which a view is copied before a portable kernel reads it:
+#: 128 rows of it must stay below 2^31.
+MAX_ROW_STRIDE = 1 << 24
+
+
 def for_kernel(t: torch.Tensor, backend: str) -> torch.Tensor:
     """A tensor as the portable kernels take it: head dim contiguous, and under the interpreter
     bf16 upcast to fp32, because the interpreter computes bf16 wrongly (its ``tl.dot`` reads
-    the raw bits). Results are cast back to the input dtype by the caller."""
-    if t.stride(-1) != 1:
+    the raw bits). Results are cast back to the input dtype by the caller. A view whose rows are
+    ``MAX_ROW_STRIDE`` or more elements apart is copied: the kernels form a tile's row offsets
+    (up to 128 rows) in int32 (:func:`jagflash.core.seqlen.row_ptrs`)."""
+    if t.stride(-1) != 1 or (t.dim() >= 3 and t.stride(-3) >= MAX_ROW_STRIDE):
         t = t.contiguous()
     if backend == "interpreter" and t.dtype == torch.bfloat16:
         t = t.float()

@@ -27,6 +27,16 @@ def upper_bound(ends, n, x, steps):
 
 
 @triton.jit
+def row_ptrs(base, r0, rows, stride, offs_d):
+    """Pointers of a tile's rows ``rows`` (``r0`` plus a tile-local range) of a tensor at
+    ``base`` whose rows are ``stride`` elements apart, head dim contiguous. ``r0 * stride`` is
+    formed in int64: one sequence can hold more than 2^31 elements (a long sequence, or a
+    packed view with a wide row stride); the tile-local part stays int32 (it is below
+    ``BLOCK * stride``: ``jagflash.core.ops.for_kernel`` copies wider views)."""
+    return base + tl.cast(r0, tl.int64) * stride + (rows - r0)[:, None] * stride + offs_d[None, :]
+
+
+@triton.jit
 def load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, CHECK_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
     """Load a ``[rows, BLOCK_D]`` tile, zero past ``n_rows`` (if CHECK_ROWS) and past HEAD_DIM."""
     if CHECK_ROWS:

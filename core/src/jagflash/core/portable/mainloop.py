@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from jagflash.core.mask import band_mask, dkdv_q_range, kv_tile_range
-from jagflash.core.seqlen import load_rows, store_rows
+from jagflash.core.seqlen import load_rows, row_ptrs, store_rows
 from jagflash.core.softmax import (
     LOG2E,
     attn_delta,
@@ -57,13 +57,13 @@ def _fwd_loop(
 ):
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        k = load_rows(k_base + offs_n[:, None] * stride_km + offs_d[None, :], offs_n, lk, offs_d, HEAD_DIM, MASKED, EVEN_D)
+        k = load_rows(row_ptrs(k_base, n0, offs_n, stride_km, offs_d), offs_n, lk, offs_d, HEAD_DIM, MASKED, EVEN_D)
         s2 = tl.dot(q, tl.trans(k)) * qk_scale2
         if MASKED:
             mask = band_mask(offs_m[:, None], offs_n[None, :], lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
             s2 = tl.where(mask, s2, float("-inf"))
         p, alpha, m_i, l_i = online_softmax_step(s2, m_i, l_i)
-        v = load_rows(v_base + offs_n[:, None] * stride_vm + offs_d[None, :], offs_n, lk, offs_d, HEAD_DIM, MASKED, EVEN_D)
+        v = load_rows(row_ptrs(v_base, n0, offs_n, stride_vm, offs_d), offs_n, lk, offs_d, HEAD_DIM, MASKED, EVEN_D)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_i, l_i
 
@@ -80,7 +80,7 @@ def attn_fwd_tile(
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
+    q = load_rows(row_ptrs(q_base, m0, offs_m, stride_qm, offs_d), offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
     qk_scale2 = scale * LOG2E
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -90,7 +90,7 @@ def attn_fwd_tile(
     acc, m_i, l_i = _fwd_loop(acc, m_i, l_i, q, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_lo, full_hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, False)
     acc, m_i, l_i = _fwd_loop(acc, m_i, l_i, q, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_hi, hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
     out, lse = finish_softmax(acc, m_i, l_i)
-    store_rows(o_base + offs_m[:, None] * stride_om + offs_d[None, :], out.to(o_base.dtype.element_ty), offs_m, lq, offs_d, HEAD_DIM, EVEN_D)
+    store_rows(row_ptrs(o_base, m0, offs_m, stride_om, offs_d), out.to(o_base.dtype.element_ty), offs_m, lq, offs_d, HEAD_DIM, EVEN_D)
     tl.store(lse_base + offs_m, lse, mask=offs_m < lq)
 
 
@@ -104,8 +104,8 @@ def _dq_loop(
 ):
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        k = load_rows(k_base + offs_n[:, None] * stride_km + offs_d[None, :], offs_n, lk, offs_d, HEAD_DIM, MASKED, EVEN_D)
-        v = load_rows(v_base + offs_n[:, None] * stride_vm + offs_d[None, :], offs_n, lk, offs_d, HEAD_DIM, MASKED, EVEN_D)
+        k = load_rows(row_ptrs(k_base, n0, offs_n, stride_km, offs_d), offs_n, lk, offs_d, HEAD_DIM, MASKED, EVEN_D)
+        v = load_rows(row_ptrs(v_base, n0, offs_n, stride_vm, offs_d), offs_n, lk, offs_d, HEAD_DIM, MASKED, EVEN_D)
         p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale2 - lse2[:, None])
         if MASKED:
             mask = band_mask(offs_m[:, None], offs_n[None, :], lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
@@ -134,9 +134,9 @@ def attn_bwd_dq_acc(
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
-    do = load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
-    o = load_rows(o_base + offs_m[:, None] * stride_om + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
+    q = load_rows(row_ptrs(q_base, m0, offs_m, stride_qm, offs_d), offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
+    do = load_rows(row_ptrs(do_base, m0, offs_m, stride_dom, offs_d), offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
+    o = load_rows(row_ptrs(o_base, m0, offs_m, stride_om, offs_d), offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
     delta = attn_delta(o, do)
     tl.store(delta_base + offs_m, delta, mask=offs_m < lq)
     lse2 = lse_to_log2(tl.load(lse_base + offs_m, mask=offs_m < lq, other=float("-inf")))
@@ -179,8 +179,8 @@ def _dkdv_loop(
     for m0 in range(start, end, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
         # Rows past lq load LSE -inf, which lse_to_log2 turns into +inf: they add exactly zero.
-        q = load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
-        do = load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
+        q = load_rows(row_ptrs(q_base, m0, offs_m, stride_qm, offs_d), offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
+        do = load_rows(row_ptrs(do_base, m0, offs_m, stride_dom, offs_d), offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
         lse2 = lse_to_log2(tl.load(lse_base + offs_m, mask=offs_m < lq, other=float("-inf")))
         delta = tl.load(delta_base + offs_m, mask=offs_m < lq, other=0.0)
         pt = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale2 - lse2[None, :])
@@ -210,8 +210,8 @@ def attn_bwd_dkdv_tile(
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    k = load_rows(k_base + offs_n[:, None] * stride_km + offs_d[None, :], offs_n, lk, offs_d, HEAD_DIM, True, EVEN_D)
-    v = load_rows(v_base + offs_n[:, None] * stride_vm + offs_d[None, :], offs_n, lk, offs_d, HEAD_DIM, True, EVEN_D)
+    k = load_rows(row_ptrs(k_base, n0, offs_n, stride_km, offs_d), offs_n, lk, offs_d, HEAD_DIM, True, EVEN_D)
+    v = load_rows(row_ptrs(v_base, n0, offs_n, stride_vm, offs_d), offs_n, lk, offs_d, HEAD_DIM, True, EVEN_D)
     qk_scale2 = scale * LOG2E
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -219,13 +219,13 @@ def attn_bwd_dkdv_tile(
     for g in range(GROUP):
         qh = q_base + g * stride_qh
         doh = do_base + g * stride_doh
-        lseh = lse_base + g * stride_lseh
-        deltah = delta_base + g * stride_lseh
+        lseh = lse_base + tl.cast(g, tl.int64) * stride_lseh
+        deltah = delta_base + tl.cast(g, tl.int64) * stride_lseh
         dk, dv = _dkdv_loop(dk, dv, k, v, offs_n, offs_d, qh, doh, lseh, deltah, stride_qm, stride_dom, lo, full_lo, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_M, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
         dk, dv = _dkdv_loop(dk, dv, k, v, offs_n, offs_d, qh, doh, lseh, deltah, stride_qm, stride_dom, full_lo, full_hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_M, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, False)
         dk, dv = _dkdv_loop(dk, dv, k, v, offs_n, offs_d, qh, doh, lseh, deltah, stride_qm, stride_dom, full_hi, hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_M, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
-    store_rows(dk_base + offs_n[:, None] * stride_dkm + offs_d[None, :], (dk * scale).to(dk_base.dtype.element_ty), offs_n, lk, offs_d, HEAD_DIM, EVEN_D)
-    store_rows(dv_base + offs_n[:, None] * stride_dvm + offs_d[None, :], dv.to(dv_base.dtype.element_ty), offs_n, lk, offs_d, HEAD_DIM, EVEN_D)
+    store_rows(row_ptrs(dk_base, n0, offs_n, stride_dkm, offs_d), (dk * scale).to(dk_base.dtype.element_ty), offs_n, lk, offs_d, HEAD_DIM, EVEN_D)
+    store_rows(row_ptrs(dv_base, n0, offs_n, stride_dvm, offs_d), dv.to(dv_base.dtype.element_ty), offs_n, lk, offs_d, HEAD_DIM, EVEN_D)
 
 
 # --- grouped programs -------------------------------------------------------------------------
@@ -235,7 +235,7 @@ def attn_bwd_dkdv_tile(
 def rows_at(T, strides, seq, head):
     """Row 0 of the sequence at position ``seq`` for head ``head`` of a tensor whose
     ``(sequence, row, head)`` strides are ``strides``."""
-    return T + seq * strides[0] + head * strides[2]
+    return T + seq * strides[0] + tl.cast(head, tl.int64) * strides[2]
 
 
 @triton.jit
@@ -296,7 +296,7 @@ def dq_program(tensors, strides, seq, h, m0, mask, cfg: tl.constexpr):
     BLOCK_D: tl.constexpr = cfg[4]
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    ptrs = rows_at(DQ, strides[5], seq[0], h) + offs_m[:, None] * strides[5][1] + offs_d[None, :]
+    ptrs = row_ptrs(rows_at(DQ, strides[5], seq[0], h), m0, offs_m, strides[5][1], offs_d)
     store_rows(ptrs, (dq * mask[0]).to(DQ.dtype.element_ty), offs_m, seq[1], offs_d, HEAD_DIM, BLOCK_D == HEAD_DIM)
 
 

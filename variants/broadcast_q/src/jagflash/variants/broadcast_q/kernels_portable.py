@@ -32,7 +32,7 @@ from jagflash.core.portable.mainloop import (
     locate_sequence,
 )
 from jagflash.core.portable.persistent import config, row_strides
-from jagflash.core.seqlen import store_rows
+from jagflash.core.seqlen import row_ptrs, store_rows
 
 
 @triton.jit
@@ -67,7 +67,7 @@ def _dq_atomic_kernel(Q, K, V, O, DO, DQ, LSE, DELTA, kv_offsets, strides, sizes
     dq = dq_acc_program((Q, K, V, O, DO, LSE, DELTA), strides, seq, h, m0, mask, CFG)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    ptrs = DQ + h * strides[5][2] + offs_m[:, None] * strides[5][1] + offs_d[None, :]
+    ptrs = row_ptrs(DQ + h * strides[5][2], m0, offs_m, strides[5][1], offs_d)
     atomic_add_rows(ptrs, dq * mask[0], offs_m, lq, offs_d, HEAD_DIM, BLOCK_D == HEAD_DIM)
 
 
@@ -94,7 +94,7 @@ def _dq_ordered_kernel(Q, K, V, O, DO, DQ, LSE, DELTA, kv_offsets, strides, size
         delta_b += n_heads_q * lq
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    ptrs = DQ + h * strides[5][2] + offs_m[:, None] * strides[5][1] + offs_d[None, :]
+    ptrs = row_ptrs(DQ + h * strides[5][2], m0, offs_m, strides[5][1], offs_d)
     store_rows(ptrs, (dq * mask[0]).to(DQ.dtype.element_ty), offs_m, lq, offs_d, HEAD_DIM, BLOCK_D == HEAD_DIM)
 
 
