@@ -102,6 +102,9 @@ JAGGED_REFUSED = [
     ("plan-other-offsets", _plan_of_other_offsets, InvalidInput, "the plan was built for other offsets"),
     ("plan-other-shapes", _plan_of_other_shapes, InvalidInput, "the plan was built for Tq=8, this call has 7"),
     ("plan-without-backward", _plan_without_backward, InvalidInput, "the plan has no backward passes"),
+    ("scale-nan", _with(scale=float("nan")), InvalidInput, "scale must be finite, got nan"),
+    ("scale-inf", _with(scale=float("-inf")), InvalidInput, "scale must be finite, got -inf"),
+    ("scale-not-a-number", _with(scale="0.1"), InvalidInput, "scale must be a real number or None, got str"),
     # valid problems the kernels do not take: refused, never run on the reference silently
     ("dtype-no-kernel", lambda: _args(dtype=torch.float64), UnsupportedProblem, "interpreter: dtype float64 not in"),
     ("head-dim-no-kernel", lambda: _args(dim=7), UnsupportedProblem, "interpreter: head_dim 7 not in"),

@@ -176,3 +176,37 @@ def test_stepped_arange_is_kept_in_plain_eager_mode_only() -> None:
     assert fresh is not kept
     sub = torch.nn.Parameter(x)  # a tensor subclass among the arguments
     assert stepped_arange(5, 2, cpu, torch.int32, (sub,)) is not kept
+
+
+
+@pytest.mark.interpret
+def test_front_door_passes_over_a_variant_whose_only_fit_is_the_reference(monkeypatch) -> None:
+    """An fp64 call: the higher-priority variant takes fp64 on its reference alone, so the front
+    door runs the next variant, whose kernel takes it; asked for the reference (or with the
+    opt-in), it runs the first. With the first alone: its reasons, the reference's among them."""
+    from jagflash.core.backend import ALLOW_REFERENCE_ENV, kernel_backends
+    from jagflash.core.registry import Variant
+
+    ran: list[str] = []
+
+    def variant(name: str, backends, priority: int) -> Variant:
+        spec = VariantSpec(name, frozenset({"jagged"}), backends)
+        return Variant(spec, call_problem("jagged"), lambda q, k, v, **call: ran.append(name), priority)
+
+    plain = kernel_backends(frozenset())
+    interp = next(b for b in plain if b.name == "interpreter")
+    wide = dataclasses.replace(interp, dtypes=interp.dtypes | {torch.float64})
+    found = {"plain": variant("plain", plain, 2), "wide": variant("wide", (wide,), 1)}
+    monkeypatch.setattr("jagflash.core.registry.variants", lambda: found)
+    t = make_jagged((3,), (3,), 2, 2, 32, torch.float64, "cpu", requires_grad=False)
+    args = (t["q"], t["k"], t["v"])
+    offs = {"q_offsets": t["q_offsets"], "kv_offsets": t["kv_offsets"]}
+    jc.attention(*args, **offs)
+    jc.attention(*args, **offs, backend="reference")
+    monkeypatch.setenv(ALLOW_REFERENCE_ENV, "1")
+    jc.attention(*args, **offs)
+    assert ran == ["wide", "plain", "plain"]
+    monkeypatch.delenv(ALLOW_REFERENCE_ENV)
+    monkeypatch.setattr("jagflash.core.registry.variants", lambda: {"plain": found["plain"]})
+    with pytest.raises(UnsupportedProblem, match="plain: reference: would run it, but the slow PyTorch reference runs only when"):
+        jc.attention(*args, **offs)

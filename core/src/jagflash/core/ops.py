@@ -17,11 +17,12 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+import numbers
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from jagflash.core.capability import Problem
+from jagflash.core.capability import InvalidInput, Problem
 from jagflash.core.checks import readable
 from jagflash.core.tuning import BACKEND_DEFAULT, resolve_schedules
 
@@ -65,7 +66,17 @@ def alloc_like(t: torch.Tensor) -> torch.Tensor:
 
 
 def default_scale(scale: float | None, head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    """The softmax scale of a call: ``1/sqrt(head_dim)`` for ``None``; else ``scale``, which
+    must be a finite real number (0 and negative scales are valid: uniform and reversed
+    attention). Anything else raises :class:`InvalidInput`: a NaN or infinite scale would make
+    every output NaN, silently."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise InvalidInput("attention", [f"scale must be a real number or None, got {type(scale).__name__}"])
+    if not math.isfinite(scale):
+        raise InvalidInput("attention", [f"scale must be finite, got {float(scale)}"])
+    return float(scale)
 
 
 def make_problem(

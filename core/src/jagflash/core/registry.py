@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
+from jagflash.core.backend import select
 from jagflash.core.capability import (
     InvalidInput,
     Problem,
     UnsupportedProblem,
     VariantSpec,
-    not_supported_reasons,
 )
 
 __all__ = ["GROUP", "Variant", "attention", "broken_variants", "variants"]
@@ -139,10 +139,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call: Any) ->
             continue
         if layout not in var.spec.layouts:
             continue
-        rs = not_supported_reasons(var.spec, var.problem(q, k, v, **call), call.get("backend"))
-        if not rs:
-            return var.run(q, k, v, **_accepted(var.run, call))
-        reasons.extend(f"{name}: {r}" for r in rs)
+        # The variant's own backend choice decides (a dry run): one whose only fit is the
+        # reference is passed over unless the caller asked for the reference.
+        try:
+            select(var.spec, var.problem(q, k, v, **call), q.device, call.get("backend"), record=False)
+        except UnsupportedProblem as e:
+            reasons.extend(f"{name}: {r}" for r in e.reasons)
+            continue
+        return var.run(q, k, v, **_accepted(var.run, call))
     reasons.extend(f"{name}: failed to load ({err})" for name, err in broken_variants().items())
     if not reasons:
         reasons.append(
