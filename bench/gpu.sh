@@ -18,7 +18,11 @@
 #
 # Steps (default: ceilings tests demo bench, in this order): ceilings (versions + bf16 matmul and
 # copy ceilings), tlx-tests (the TLX kernels' sm90 tests alone, first), tests (pytest -m "gpu or sm90" on core and variants), demo
-# (jagflash.variants.jagged.demo), schedule-ab (bench/probes/schedule_ab.py:
+# (jagflash.variants.jagged.demo), sanitize (compute-sanitizer's memcheck, racecheck, synccheck and
+# initcheck, each over bench/probes/sanitize_case.py after one warm-up run that fills Triton's cache:
+# logs $OUT/sanitize-<tool>.log, then bench/probes/sanitize_summary.py classifies every report
+# against its documented false positives into $OUT/sanitize.log; SANITIZE_TOOLS (the four),
+# SANITIZE_TIMEOUT_S (150 each)), schedule-ab (bench/probes/schedule_ab.py:
 # plan build time, then the portable kernels under schedules none / static / dynamic / grouped), probe (python $PROBE, a script of
 # bench/probes/), ncu (Nsight Compute, --clock-control none, on
 # one launch of bench/probes/probe_ncu.py's kernel: NCU_ARGS its arguments, NCU_KERNEL the kernel-name regex
@@ -67,8 +71,8 @@ bench_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --) shift; bench_args=("$@"); break ;;
-        ceilings|tlx-tests|tests|demo|schedule-ab|probe|ncu|graph-bench|bench) steps+=("$1"); shift ;;
-        *) echo "gpu.sh: unknown step '$1' (steps: ceilings tlx-tests tests demo schedule-ab probe ncu graph-bench bench; bench args after --)" >&2; exit 2 ;;
+        ceilings|tlx-tests|tests|demo|sanitize|schedule-ab|probe|ncu|graph-bench|bench) steps+=("$1"); shift ;;
+        *) echo "gpu.sh: unknown step '$1' (steps: ceilings tlx-tests tests demo sanitize schedule-ab probe ncu graph-bench bench; bench args after --)" >&2; exit 2 ;;
     esac
 done
 [ ${#steps[@]} -eq 0 ] && steps=(ceilings tests demo bench)
@@ -205,6 +209,17 @@ fi
 if has_step demo; then
     run_step demo "$(cap "${DEMO_TIMEOUT_S:-60}" "$bench_reserve")" "$PY" -m jagflash.variants.jagged.demo
 fi
+if has_step sanitize; then  # compute-sanitizer over every TLX path the backends pick (#19)
+    CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+    run_step sanitize-warm "$(cap 120 "$bench_reserve")" "$PY" bench/probes/sanitize_case.py
+    logs=()
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
+        run_step "sanitize-$tool" "$(cap "${SANITIZE_TIMEOUT_S:-150}" "$bench_reserve")" \
+            "$CS" --tool "$tool" --print-limit 2000 "$PY" bench/probes/sanitize_case.py
+        logs+=("$OUT/sanitize-$tool.log")
+    done
+    run_step sanitize 30 "$PY" bench/probes/sanitize_summary.py "${logs[@]}"
+fi
 if has_step schedule-ab; then  # plan build time, portable kernels with each schedule (bench/probes/schedule_ab.py)
     run_step schedule-ab "$(cap 200 "$bench_reserve")" bash -c \
         "'$PY' bench/probes/schedule_ab.py plan-time && '$PY' bench/probes/schedule_ab.py kernels --reps 50"
@@ -263,6 +278,10 @@ if has_step tlx-tests; then
     echo "-- tlx-tests (tail):"
     grep -E "^(FAILED|ERROR)" "$OUT/tlx-tests.log" 2>/dev/null | tail -20
     tail -n 1 "$OUT/tlx-tests.log" 2>/dev/null
+fi
+if has_step sanitize; then
+    echo "-- sanitize:"
+    cat "$OUT/sanitize.log" 2>/dev/null | head -40
 fi
 if has_step tests; then
     echo "-- tests (tail):"

@@ -1,6 +1,7 @@
 """A small forward + backward of every TLX path the backends pick (jagged short and long
 sequences: tile ring and dynamic walk; causal; GQA; the one-pass and the deterministic two-pass
-backward; dense; broadcast-Q), for compute-sanitizer's tools:
+backward; plans of every schedule: static, dynamic, grouped, none; dense; broadcast-Q), for
+compute-sanitizer's tools (``bench/gpu.sh sanitize`` runs all four):
 
     python bench/probes/sanitize_case.py                       # warm Triton's cache first
     compute-sanitizer --tool racecheck python bench/probes/sanitize_case.py
@@ -16,7 +17,7 @@ import torch
 def main() -> None:
     from jagflash.variants.broadcast_q import broadcast_q_attention
     from jagflash.variants.dense import dense_attention
-    from jagflash.variants.jagged import jagged_attention
+    from jagflash.variants.jagged import jagged_attention, make_plan
 
     gen = torch.Generator().manual_seed(0)
 
@@ -31,6 +32,12 @@ def main() -> None:
                 q, k, v = rand(t, hq, dim), rand(t, hkv, dim), rand(t, hkv, dim)
                 out = jagged_attention(q, k, v, offs, offs, causal=causal, deterministic=det)
                 torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+        # every deal a plan can give the passes (the default above is the policy's pick)
+        for schedule, det in (("static", False), ("dynamic", True), ("grouped", False), ("none", True)):
+            q, k, v = rand(t, hq, dim), rand(t, hkv, dim), rand(t, hkv, dim)
+            plan = make_plan(q, k, offs, offs, causal=True, schedule=schedule, backward_schedule=schedule)
+            out = jagged_attention(q, k, v, offs, offs, causal=True, deterministic=det, plan=plan)
+            torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     q, k, v = rand(2, 200, 4, 128), rand(2, 200, 4, 128), rand(2, 200, 4, 128)
     out = dense_attention(q, k, v, causal=True)
     torch.autograd.grad(out, (q, k, v), torch.ones_like(out))

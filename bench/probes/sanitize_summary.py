@@ -1,0 +1,130 @@
+"""Read the logs of ``bench/gpu.sh sanitize`` (compute-sanitizer's memcheck, racecheck,
+synccheck and initcheck over ``bench/probes/sanitize_case.py``) and say, per tool, how many
+errors it reported, where (the Python function each report points into), and which of them are
+documented false positives (``KNOWN``, each with its reason). Exit status 1 when any report is
+not documented, or a tool's run did not finish.
+
+    python bench/probes/sanitize_summary.py OUT/sanitize-*.log
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+#: Documented false positives: (tool, where the first access is, where the second is) -> why.
+#: A place is ``module.function`` of the Python source a report's file:line falls in.
+#: API errors are keyed ``(tool or "*", "api <error>", <API function>)``.
+KNOWN: dict[tuple[str, str, str], str] = {
+    ("*", "api CUDA_ERROR_INVALID_VALUE", "cuFuncSetAttribute"): (
+        "Triton's loader (backends/nvidia/driver.c, loadBinary) first asks for "
+        "CU_FUNC_ATTRIBUTE_SHARED_MEMORY_MODE (oversized shared memory) and falls back to the "
+        "legacy MAX_DYNAMIC_SHARED_SIZE_BYTES when the driver refuses it: a probe, once per "
+        "kernel loaded with more than 48 KB of shared memory, not an error of a kernel"
+    ),
+}
+
+SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
+# racecheck: "Error: Race reported between Write access at K+0x.. in FILE:LINE"
+#            "    and Read access at K+0x.. in FILE:LINE [N hazards]"
+RACE_1 = re.compile(r"Race reported between (\w+) access at (\S+) in (\S+):(\d+)")
+RACE_2 = re.compile(r"and (\w+) access at (\S+) in (\S+):(\d+)(?: \[(\d+) hazards?\])?")
+# memcheck / initcheck / synccheck: a report header, then "at FUNC+0x.. in FILE:LINE"
+API = re.compile(r"Program hit (\S+) .*on CUDA API call to (\w+)")
+HEADER = re.compile(r"========= (Invalid __\w+__ .*|Uninitialized __\w+__ .*|Barrier error .*)$")
+AT = re.compile(r"=========\s+at (\S+) in (\S+):(\d+)")
+
+
+@functools.cache
+def _functions(path: str) -> list[tuple[int, int, str]]:
+    """``(first line, last line, name)`` of every function in the Python file ``path``."""
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError):
+        return []
+    return [
+        (n.lineno, n.end_lineno or n.lineno, n.name)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+
+
+def place(path: str, line: int, roots: list[Path]) -> str:
+    """``module.function`` of ``path:line`` (the innermost function; the path is looked up
+    under ``roots`` by its tail when the log was written on another machine)."""
+    candidates = [Path(path)] + [r / Path(path).relative_to(Path(path).anchor) for r in roots]
+    parts = Path(path).parts
+    for r in roots:
+        for i in range(len(parts)):
+            candidates.append(r.joinpath(*parts[i:]))
+    for c in candidates:
+        if c.is_file():
+            inner = [f for f in _functions(str(c)) if f[0] <= line <= f[1]]
+            name = min(inner, key=lambda f: f[1] - f[0])[2] if inner else "<module>"
+            return f"{c.stem}.{name}"
+    return f"{Path(path).name}:{line}"
+
+
+def summarize(log: Path, roots: list[Path]) -> tuple[str, list[str], bool]:
+    """``(tool, report lines, clean)`` of one log."""
+    tool = log.stem.removeprefix("sanitize-")
+    text = log.read_text(errors="replace").splitlines()
+    found = [int(m.group(1)) for line in text if (m := SUMMARY.search(line))]
+    lines: list[str] = []
+    clean = True
+    if not found:
+        return tool, [f"  no ERROR SUMMARY: the run did not finish (see {log.name})"], False
+    races: Counter[tuple[str, str, str, str]] = Counter()
+    others: Counter[tuple[str, str]] = Counter()
+    pending = None
+    header = None
+    for line in text:
+        if m := RACE_1.search(line):
+            pending = (m.group(1), place(m.group(3), int(m.group(4)), roots))
+        elif pending and (m := RACE_2.search(line)):
+            races[(pending[0], pending[1], m.group(1), place(m.group(3), int(m.group(4)), roots))] += int(m.group(5) or 1)
+            pending = None
+        elif m := API.search(line):
+            others[(f"api {m.group(1)}", m.group(2))] += 1
+        elif m := HEADER.search(line):
+            header = m.group(1).split(" at ")[0].strip()
+        elif header and (m := AT.search(line)):
+            others[(header, place(m.group(2), int(m.group(3)), roots))] += 1
+            header = None
+    lines.append(f"  {sum(found)} errors reported (ERROR SUMMARY of {len(found)} process(es))")
+    for (k1, p1, k2, p2), n in races.most_common():
+        why = KNOWN.get((tool, p1, p2)) or KNOWN.get((tool, p2, p1))
+        clean &= why is not None
+        lines.append(f"  race: {k1} in {p1} vs {k2} in {p2}: {n} hazards" + (f"  [known: {why}]" if why else "  [NOT DOCUMENTED]"))
+    for (what, p), n in others.most_common():
+        why = KNOWN.get((tool, what, p)) or KNOWN.get(("*", what, p))
+        clean &= why is not None
+        lines.append(f"  {what} in {p}: {n}" + (f"  [known: {why}]" if why else "  [NOT DOCUMENTED]"))
+    if sum(found) and not races and not others:
+        lines.append("  (errors without a kernel location: API errors; see the log)")
+        clean = False
+    return tool, lines, clean
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("logs", nargs="+", type=Path)
+    parser.add_argument("--root", action="append", type=Path, default=[Path.cwd()],
+                        help="where to look the reports' source files up (default: the working directory)")
+    args = parser.parse_args(argv)
+    ok = True
+    for log in args.logs:
+        tool, lines, clean = summarize(log, args.root)
+        ok &= clean
+        print(f"{tool}: {'clean' if clean else 'NOT CLEAN'}")
+        print("\n".join(lines))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
