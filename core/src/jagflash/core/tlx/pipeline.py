@@ -41,10 +41,6 @@ CONSUMERS = tl.constexpr(11)
 #: Depth of a dynamic walk's tile-index ring: the producer claims a tile one ahead of the one it
 #: loads for, and the Q / K/V buffers keep it at most one more tile ahead of the consumers.
 ID_RING = tl.constexpr(2)
-#: Warps of the kernels' roles: the producer is the launch's default warpgroup (``num_warps=4``),
-#: the consumers two replicas of a 4-warp task.
-PRODUCER_WARPS = tl.constexpr(4)
-CONSUMER_WARPS = tl.constexpr(8)
 
 
 @triton.jit
@@ -88,8 +84,8 @@ def record_publish(fields, fulls, empties, counter, values, NUM: tl.constexpr):
     """Producer side of a record ring: wait until slot ``counter`` of a ring of NUM records is
     free, write the tuple of int32 ``values`` there and mark it full. A record of F fields is F
     one-int buffers, ``fields[slot * F + j]`` (``fields``: ``NUM * F`` buffers of shape (1,)).
-    Every thread of the producer writes the same values and arrives (the ring's barriers are
-    warp barriers: :func:`alloc_walk_ring`), so each write is released by its own thread."""
+    Every thread of the producer writes the same values; Triton's warpgroup barrier orders the
+    writes before the one thread that arrives."""
     slot, phase = ring_slot(counter, NUM)
     tlx.barrier_wait(empties[slot], phase ^ 1)
     for j in tl.static_range(len(values)):
@@ -167,17 +163,11 @@ def dq_reduce_add(desc, stages, first, NUM: tl.constexpr, counter, value, row, c
 @triton.jit
 def alloc_walk_ring(FIELDS: tl.constexpr):
     """The record ring of a kernel's walk (:func:`walk_first`): ID_RING slots of FIELDS one-int
-    buffers each and their full / empty barriers: ``(fields, fulls, empties)``.
-
-    Warp barriers: every thread of the producer arrives to fill a slot, every thread of both
-    consumer warpgroups to empty it, so each thread's own stores (loads) are released by its own
-    arrival. With one elected arrival after a warpgroup ``bar.sync`` (``tlx.alloc_barriers``)
-    the ring is as correct, but compute-sanitizer's racecheck does not follow an order that
-    runs through a ``bar.sync`` into an mbarrier and reports every record as a race
-    (``bench/probes/race_record_ring.py`` shows both forms)."""
+    buffers each and their full / empty barriers (one producer arrival fills a slot, one arrival
+    of each consumer warpgroup empties it): ``(fields, fulls, empties)``."""
     fields = tlx.local_alloc((1,), tl.int32, ID_RING * FIELDS)
-    fulls = tlx.alloc_warp_barrier(num_barriers=ID_RING, num_warps=PRODUCER_WARPS)
-    empties = tlx.alloc_warp_barrier(num_barriers=ID_RING, num_warps=CONSUMER_WARPS)
+    fulls = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=1)
+    empties = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=2)
     return fields, fulls, empties
 
 
