@@ -21,6 +21,14 @@ from pathlib import Path
 #: A place is ``module.function`` of the Python source a report's file:line falls in.
 #: API errors are keyed ``(tool or "*", "api <error>", <API function>)``.
 KNOWN: dict[tuple[str, str, str], str] = {
+    ("racecheck", "pipeline.record_publish", "pipeline.record_take"): (
+        "the walk's record ring: every producer thread stores the record, the warpgroup's "
+        "bar.sync orders those stores before the one elected mbarrier arrive (release), the "
+        "consumers' wait (acquire) orders their loads after it; racecheck does not follow an order "
+        "through bar.sync into an mbarrier. bench/probes/race_record_ring.py reproduces it in a "
+        "minimal kernel (ring) and checks every value read; warp barriers (every thread arrives) "
+        "silence it in the probe, but in the real kernels they failed (bench/NOTES.md, session 12)"
+    ),
     ("*", "api CUDA_ERROR_INVALID_VALUE", "cuFuncSetAttribute"): (
         "Triton's loader (backends/nvidia/driver.c, loadBinary) first asks for "
         "CU_FUNC_ATTRIBUTE_SHARED_MEMORY_MODE (oversized shared memory) and falls back to the "
