@@ -12,7 +12,13 @@ import torch
 
 from jagflash.core.backend import last_choice
 from jagflash.core.ops import make_problem
-from jagflash.testing import check_against_reference, dense_reference, jagged_reference, make_dense, make_jagged
+from jagflash.testing import (
+    check_against_reference,
+    dense_reference,
+    jagged_reference,
+    make_dense,
+    make_jagged,
+)
 from jagflash.testing.plugin import require
 from jagflash.variants.sliding_window import SPEC, sliding_window_attention
 
