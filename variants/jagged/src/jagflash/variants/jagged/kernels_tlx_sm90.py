@@ -2,8 +2,7 @@
 ``jagflash.core.tlx`` on the jagged tensors as they are. The backward runs the
 portable dQ pass (which also computes delta) and then the TLX dK/dV pass: deterministic. The
 one-pass ``jagflash.core.tlx.bwd_sm90.backward`` (dQ added from every kv-tile) runs instead, without
-``deterministic``, where ``jagflash.core.tuning.use_one_pass`` says so (D 64 and 128, causal or not,
-no left bound): ``jagflash.core.tlx.bwd_sm90.jagged_backward``."""
+``deterministic``, where ``jagflash.core.tuning.use_one_pass`` says so (D 64 and 128, any mask): ``jagflash.core.tlx.bwd_sm90.jagged_backward``."""
 
 from __future__ import annotations
 
