@@ -59,9 +59,8 @@ def bwd_space():
         extras = [("", {})]
         if fused and deal == "dynamic":
             extras.append(("_gqa", {"group": 4}))
-        if mask != "window" and (deal == "dynamic" or not fused):
-            if not mask:
-                extras.append(("_bq", {"q_shared": True}))
+        if not mask and (deal == "dynamic" or not fused):
+            extras.append(("_bq", {"q_shared": True}))
         for suffix, kw in extras:
             call = {"group": 1, "q_shared": False, **kw}
             cfg = bwd_config(head_dim=dim, left=left, right=right, fused_dq=fused, dynamic=dyn, zigzag=zz, **call)
