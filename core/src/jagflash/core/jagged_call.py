@@ -18,7 +18,7 @@ from jagflash.core.plan.build import build_plan_ints
 from jagflash.core.plan.model import PTR_SAME_CALL
 from jagflash.core.reference import reference_backward, reference_forward
 
-__all__ = ["JAGGED_ARGS", "WINDOW_ARGS", "jagged_ops", "own_plan", "renest", "unnest"]
+__all__ = ["JAGGED_ARGS", "WINDOW_ARGS", "jagged_ops", "op_lengths", "op_plan", "own_plan", "renest", "unnest"]
 
 #: The schema of the jagged ops' own arguments (``jagflash.core.ops.attention_ops``' ``args``).
 JAGGED_ARGS = "Tensor q_offsets, Tensor kv_offsets, SymInt max_seqlen_q, SymInt max_seqlen_kv, bool causal"
@@ -85,6 +85,28 @@ def own_plan(
         max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, schedule=schedule,
         backward_schedule=backward_schedule, backward=backward, q_ptr=PTR_SAME_CALL, kv_ptr=PTR_SAME_CALL,
     )
+
+
+def op_plan(
+    spec, plan, q, k, q_offsets, kv_offsets, *, causal: bool, window: tuple[int, int], max_seqlen_q,
+    max_seqlen_kv, backward: bool, backend: str | None,
+):
+    """The ``plan_tiles, plan_meta, plan_info`` a public function passes its op: those of the
+    ``plan=`` it was given, none where no plan is needed (``backend="reference"``) or the op
+    will refuse the offsets (different batch sizes), else :func:`own_plan`'s."""
+    if plan is not None:
+        return plan.op_args()
+    if backend == "reference" or q_offsets.shape != kv_offsets.shape:
+        return None, None, None
+    return own_plan(
+        spec, q, k, q_offsets, kv_offsets, causal=causal, window=window, max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv, backward=backward, backend=backend,
+    )
+
+
+def op_lengths(max_seqlen_q, max_seqlen_kv) -> tuple[int, int]:
+    """``max_seqlen_q, max_seqlen_kv`` as the ops take them: ints, -1 for "not given"."""
+    return tuple(-1 if m is None else int(m) for m in (max_seqlen_q, max_seqlen_kv))  # type: ignore[return-value]
 
 
 def _lengths(who, q_offsets, kv_offsets, tq, tk, max_seqlen_q, max_seqlen_kv) -> tuple[int, int]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.checks import check_jagged_call, check_qkv, raise_if
-from jagflash.core.jagged_call import own_plan, renest, unnest
+from jagflash.core.jagged_call import op_lengths, op_plan, renest, unnest
 from jagflash.core.ops import call_problem, default_scale, layout_plan
 from jagflash.core.plan.model import Plan
 from jagflash.core.registry import Variant
@@ -95,21 +95,13 @@ def jagged_attention(
         "jagged_attention", q, k, v, q_offsets, kv_offsets, max_seqlen_q=max_seqlen_q,
         max_seqlen_kv=max_seqlen_kv, plan=plan,
     )
-    if plan is not None:
-        plan_args = plan.op_args()
-    elif backend == "reference" or q_offsets.shape != kv_offsets.shape:
-        plan_args = (None, None, None)  # no plan needed, or the op refuses these offsets
-    else:
-        plan_args = own_plan(
-            SPEC, q, k, q_offsets, kv_offsets, causal=causal, window=(-1, -1), max_seqlen_q=max_seqlen_q,
-            max_seqlen_kv=max_seqlen_kv, backward=needs_grad, backend=backend,
-        )
+    plan_args = op_plan(
+        SPEC, plan, q, k, q_offsets, kv_offsets, causal=causal, window=(-1, -1), max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv, backward=needs_grad, backend=backend,
+    )
     out, lse = op.call_fwd(
-        q, k, v, q_offsets, kv_offsets,
-        -1 if max_seqlen_q is None else int(max_seqlen_q),
-        -1 if max_seqlen_kv is None else int(max_seqlen_kv),
-        bool(causal), default_scale(scale, q.shape[-1]), bool(return_lse), bool(deterministic),
-        backend or "", *plan_args,
+        q, k, v, q_offsets, kv_offsets, *op_lengths(max_seqlen_q, max_seqlen_kv), bool(causal),
+        default_scale(scale, q.shape[-1]), bool(return_lse), bool(deterministic), backend or "", *plan_args,
     )
     out = renest(out, nested_offsets)
     return (out, lse) if return_lse else out

@@ -24,7 +24,7 @@ from jagflash.core.checks import (
     raise_if,
 )
 from jagflash.core.jagged import lse_by_sequence
-from jagflash.core.jagged_call import own_plan, renest, unnest
+from jagflash.core.jagged_call import op_lengths, op_plan, renest, unnest
 from jagflash.core.ops import call_problem, default_scale, layout_plan, stepped_arange
 from jagflash.core.plan.model import Plan
 from jagflash.core.registry import Variant
@@ -153,21 +153,13 @@ def sliding_window_attention(
             max_seqlen_kv=max_seqlen_kv, plan=plan,
         )
     left, right = (int(x) for x in window)
-    if plan is not None:
-        plan_args = plan.op_args()
-    elif backend == "reference" or q_offsets.shape != kv_offsets.shape:
-        plan_args = (None, None, None)  # no plan needed, or the op refuses these offsets
-    else:
-        plan_args = own_plan(
-            SPEC, q, k, q_offsets, kv_offsets, causal=bool(causal), window=(left, right),
-            max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, backward=needs_grad, backend=backend,
-        )
+    plan_args = op_plan(
+        SPEC, plan, q, k, q_offsets, kv_offsets, causal=bool(causal), window=(left, right),
+        max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, backward=needs_grad, backend=backend,
+    )
     out, lse = op.call_fwd(
-        q, k, v, q_offsets, kv_offsets,
-        -1 if max_seqlen_q is None else int(max_seqlen_q),
-        -1 if max_seqlen_kv is None else int(max_seqlen_kv),
-        bool(causal), left, right, default_scale(scale, q.shape[-1]), bool(return_lse),
-        bool(deterministic), backend or "", *plan_args,
+        q, k, v, q_offsets, kv_offsets, *op_lengths(max_seqlen_q, max_seqlen_kv), bool(causal), left, right,
+        default_scale(scale, q.shape[-1]), bool(return_lse), bool(deterministic), backend or "", *plan_args,
     )
     if dense:
         out = out.view(shape_q)
