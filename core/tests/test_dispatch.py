@@ -86,9 +86,14 @@ def test_front_door_dispatches_by_layout() -> None:
 
 def test_front_door_refuses_with_each_variants_reasons() -> None:
     t = make_jagged((3,), (3,), 2, 2, 32, torch.float32, "cpu", requires_grad=False)
-    with pytest.raises(UnsupportedProblem) as info:
-        jc.attention(t["q"], t["k"], t["v"], q_offsets=t["q_offsets"], kv_offsets=t["kv_offsets"], window=(4, 0))
+    with pytest.raises(UnsupportedProblem) as info:  # (the sliding-window variant takes a window, not on a CPU's portable)
+        jc.attention(
+            t["q"], t["k"], t["v"], q_offsets=t["q_offsets"], kv_offsets=t["kv_offsets"], window=(4, 0),
+            backend="portable",
+        )
     assert "jagged: portable: forward with window not supported" in str(info.value)
+    if "sliding_window" in jc.variants():
+        assert "sliding_window: portable: device cpu not in {cuda}" in str(info.value)
     with pytest.raises(UnsupportedProblem, match="broadcast_q: reference: forward with causal not supported"):
         jc.attention(t["q"], t["k"], t["v"], kv_offsets=t["kv_offsets"], causal=True)
     with pytest.raises(InvalidInput, match="q of rank 3 with no offsets"):

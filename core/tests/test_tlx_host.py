@@ -31,13 +31,15 @@ def test_dq_tiles_are_half_the_head_dim_or_whole_rows_at_d64() -> None:
 
 
 def test_one_pass_only_where_it_measured_faster() -> None:
-    """D 64 and 128, causal or not, never for a deterministic call or a windowed mask (a left
-    bound: not yet measured)."""
+    """D 64 and 128, causal or not, with a window too (a bounded left side changes which
+    q-steps run, not what a step adds to dQ), never for a deterministic call."""
     assert tuning.use_one_pass(False, -1, -1, 128)
     assert tuning.use_one_pass(False, -1, 0, 128)  # causal
     assert not tuning.use_one_pass(True, -1, -1, 128)
     assert not tuning.use_one_pass(True, -1, 0, 128)
-    assert not tuning.use_one_pass(False, 64, -1, 128)  # window
+    assert tuning.use_one_pass(False, 64, -1, 128)  # window
+    assert tuning.use_one_pass(False, 64, 0, 64)  # causal window
+    assert not tuning.use_one_pass(True, 64, 0, 128)
     assert tuning.use_one_pass(False, -1, 0, 64)
     assert not tuning.use_one_pass(True, -1, 0, 64)
 
@@ -201,7 +203,7 @@ def test_default_walk_is_the_slot_walk_only_on_a_static_plan_with_a_mask() -> No
 
 def test_default_schedules_are_dynamic_for_tlx_where_tile_costs_differ() -> None:
     """The TLX kernels get the atomic tile counter wherever tiles differ in cost, for the
-    forward and for the one-pass backward (D 64 and 128, no left bound); dense unmasked batches (equal
+    forward and for the one-pass backward (D 64 and 128, any mask); dense unmasked batches (equal
     costs) and the portable kernels keep the static defaults; explicit choices stand."""
     from jagflash.core.tuning import (
         DEFAULT_BACKWARD_SCHEDULE,
@@ -215,8 +217,9 @@ def test_default_schedules_are_dynamic_for_tlx_where_tile_costs_differ() -> None
     assert default_schedules("tlx-sm90", 128, window=(-1, 0)) == ("dynamic", "dynamic")
     assert default_schedules("tlx-sm90", 128, window=(-1, 0), equal_costs=True) == static
     assert default_schedules("tlx-sm90", 64) == ("dynamic", "dynamic")
-    assert default_schedules("tlx-sm90", 64, window=(64, 0)) == ("dynamic", DEFAULT_BACKWARD_SCHEDULE)
-    assert default_schedules("tlx-sm90", 128, window=(64, 0)) == ("dynamic", DEFAULT_BACKWARD_SCHEDULE)
+    assert default_schedules("tlx-sm90", 64, window=(64, 0)) == ("dynamic", "dynamic")
+    assert default_schedules("tlx-sm90", 128, window=(64, 0)) == ("dynamic", "dynamic")
+    assert default_schedules("tlx-sm90", 128, window=(64, 0), deterministic=True) == ("dynamic", DEFAULT_BACKWARD_SCHEDULE)
     # a deterministic backward runs the two passes: its plan's backward passes keep batch order
     assert default_schedules("tlx-sm90", 128, deterministic=True) == ("dynamic", DEFAULT_BACKWARD_SCHEDULE)
     for backend in ("portable", "interpreter"):

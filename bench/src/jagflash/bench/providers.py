@@ -157,6 +157,12 @@ def _no_window(w: Workload) -> str | None:
     return "sliding window not wired for this provider" if w.has_window else None
 
 
+def _jagflash_supports(w: Workload) -> str | None:
+    if w.has_window and w.kind == "broadcast_q":
+        return "no jagflash variant takes a window with broadcast-Q"
+    return None
+
+
 # ------------------------------------------------------------------------------ jagflash
 
 
@@ -214,6 +220,8 @@ def _jagflash_prepare(backend: str) -> Callable[[Workload, Batch, bool], Prepare
                 dout=batch.dout,
                 note=_jagflash_choice_note("broadcast_q", backend),
             )
+        if w.has_window:
+            return _sliding_window_prepare(w, batch, grad, backend, q, k, v)
         if w.kind == "dense":
             try:
                 from jagflash.variants.dense import dense_attention
@@ -248,6 +256,37 @@ def _jagflash_prepare(backend: str) -> Callable[[Workload, Batch, bool], Prepare
         )
 
     return prepare
+
+
+def _sliding_window_prepare(w: Workload, batch: Batch, grad: bool, backend: str, q, k, v) -> Prepared:
+    """A windowed workload on the sliding-window variant: dense ``[B, N, H, D]`` views for a
+    dense workload, the jagged rows and offsets otherwise; its plan built once, outside the
+    timing, for the window."""
+    try:
+        mod = importlib.import_module("jagflash.variants.sliding_window")
+    except ImportError as e:
+        raise _Unavailable(f"jagflash-sliding-window is not installed ({e})") from None
+    fn = mod.sliding_window_attention
+    mask = dict(window=tuple(w.window), causal=w.causal)
+    if w.kind == "dense":
+        q4, k4, v4 = _dense_views(batch, q, k, v)
+        b, n = batch.dense_shape()
+        kw = _plan_once(mod.make_plan, backend, grad, q4, k4, **mask)
+        return Prepared(
+            fwd=lambda: fn(q4, k4, v4, **mask, backend=backend, **kw),
+            leaves=(q, k, v),
+            dout=batch.dout.view(b, n, w.heads, w.head_dim),
+            out_canon=lambda o: o.reshape(batch.out_shape()),
+            note=_jagflash_choice_note("sliding_window", backend),
+        )
+    qo, ko, mq, mk = batch.q_offsets, batch.kv_offsets, batch.max_q, batch.max_kv
+    kw = _plan_once(mod.make_plan, backend, grad, q, k, qo, ko, **mask, max_seqlen_q=mq, max_seqlen_kv=mk)
+    return Prepared(
+        fwd=lambda: fn(q, k, v, qo, ko, **mask, max_seqlen_q=mq, max_seqlen_kv=mk, backend=backend, **kw),
+        leaves=(q, k, v),
+        dout=batch.dout,
+        note=_jagflash_choice_note("sliding_window", backend),
+    )
 
 
 class _Unavailable(RuntimeError):
@@ -365,6 +404,12 @@ def _varlen_kwargs(w: Workload) -> dict[str, Any]:
     return kw
 
 
+def _varlen_supports(w: Workload) -> str | None:
+    if w.kind == "dense" and not w.has_window:
+        return "dense rows without a window are SDPA's (varlen_attn runs the windowed dense rows)"
+    return None
+
+
 def _varlen_prepare(w: Workload, batch: Batch, grad: bool) -> Prepared:
     fn = _varlen_fn()
     kw = _varlen_kwargs(w)
@@ -405,7 +450,7 @@ def _fa4_funcs():
 def _fa4_window_kw(w: Workload) -> dict[str, Any]:
     if not w.has_window:
         return {}
-    left, right = w.window
+    left, right = mask_bounds(w.causal, w.window)  # causal: right 0
     return {"window_size": (None if left < 0 else left, None if right < 0 else right)}
 
 
@@ -694,7 +739,7 @@ def _jagflash(
         description=desc or f"jagflash, backend={backend!r}",
         devices=frozenset(devices),
         available=_jagflash_available,
-        supports=_no_window,
+        supports=_jagflash_supports,
         default_on=None if default_on is None else frozenset(default_on),
     )
 
@@ -737,10 +782,11 @@ PROVIDERS: dict[str, Provider] = {
         ),
         Provider(
             "varlen-fa2",
-            frozenset({"jagged"}),
+            frozenset({"dense", "jagged"}),
             _varlen_prepare,
             "torch.nn.attention.varlen.varlen_attn (FlashAttention-2)",
             available=_varlen_available,
+            supports=_varlen_supports,
         ),
         Provider(
             "expand-q-varlen",
@@ -755,6 +801,7 @@ PROVIDERS: dict[str, Provider] = {
             _sdpa_prepare("FLASH_ATTENTION"),
             "torch SDPA, flash backend",
             available=_sdpa_available,
+            supports=_no_window,
         ),
         Provider(
             "sdpa-cudnn",
@@ -762,6 +809,7 @@ PROVIDERS: dict[str, Provider] = {
             _sdpa_prepare("CUDNN_ATTENTION"),
             "torch SDPA, cuDNN backend",
             available=_sdpa_available,
+            supports=_no_window,
         ),
         Provider(
             "sdpa-nested",
@@ -773,7 +821,7 @@ PROVIDERS: dict[str, Provider] = {
         ),
         Provider(
             "flex",
-            frozenset({"jagged", "broadcast_q"}),
+            frozenset({"dense", "jagged", "broadcast_q"}),
             _flex_prepare,
             "FlexAttention with a document mask (block mask built once, compiled)",
             devices=frozenset({"cpu", "cuda"}),
@@ -786,6 +834,7 @@ PROVIDERS: dict[str, Provider] = {
                 "jagged-lognormal-d128",
                 "jagged-lognormal-causal-d128",
                 "bq-lq256-b64",
+                "*-left*",  # the sliding-window rows (block mask: window + document)
             ),
         ),
         *(

@@ -11,7 +11,8 @@ Lengths are drawn with ``numpy.random.default_rng(seed)``, so a workload is the 
 every machine and in every process (the benchmark's worker processes regenerate it from the
 seed). ``--smoke`` runs :meth:`Workload.smoke`: the same kind and features (causal, GQA ratio,
 length distribution family) shrunk to a few sequences of at most 40 tokens, 2 heads of dim 32,
-float32 (the Triton interpreter gets bfloat16 wrong: docs/architecture.md, "Backends").
+float32 (the Triton interpreter gets bfloat16 wrong: docs/architecture.md, "Backends"), each
+bounded window side cut to at most ``SMOKE_WINDOW`` (so that a smoke window is still a band).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import numpy as np
 __all__ = [
     "KINDS",
     "SMOKE_DEFAULT",
+    "SMOKE_WINDOW",
+    "WINDOW_WORKLOADS",
     "WORKLOADS",
     "Bimodal",
     "Fixed",
@@ -42,6 +45,8 @@ __all__ = [
 KINDS = ("dense", "jagged", "broadcast_q")
 DTYPES = ("bfloat16", "float16", "float32")
 SMOKE_MAX_LEN = 40
+#: The widest window side of a smoke workload (odd, below the interpreter's 32-row tiles).
+SMOKE_WINDOW = 7
 
 
 class LengthSpec(Protocol):
@@ -229,6 +234,7 @@ class Workload:
             head_dim=32,
             dtype=dtype,
             q_len=None if self.q_len is None else min(self.q_len, self.smoke_q_len),
+            window=tuple(s if s < 0 else min(s, SMOKE_WINDOW) for s in self.window),
             is_smoke=True,
         )
 
@@ -284,6 +290,18 @@ WORKLOADS: dict[str, Workload] = {
         Workload(
             "jagged-lognormal-causal-gqa4-d128", "jagged", _LOGNORMAL, kv_heads=4, causal=True
         ),
+        # sliding windows (causal, bottom-right aligned): the band's cost against the same batch
+        # without a window (the rows above and the no-window dense / heavy-tail rows here)
+        Workload("jagged-lognormal-causal-left256-d128", "jagged", _LOGNORMAL, causal=True, window=(256, -1), priority=2),
+        Workload("jagged-lognormal-causal-left1024-d128", "jagged", _LOGNORMAL, causal=True, window=(1024, -1)),
+        Workload("dense-b4h16n8192d128-causal", "dense", Fixed(4, 8192), causal=True),
+        Workload("dense-b4h16n8192d128-causal-left1024", "dense", Fixed(4, 8192), causal=True, window=(1024, -1), priority=3),
+        Workload("dense-b4h16n8192d128-causal-left4096", "dense", Fixed(4, 8192), causal=True, window=(4096, -1)),
+        Workload("jagged-heavytail-causal-d128", "jagged", _HEAVY_TAIL, causal=True, smoke_lengths=_HEAVY_TAIL_SMOKE),
+        Workload(
+            "jagged-heavytail-causal-left128-d128", "jagged", _HEAVY_TAIL, causal=True, window=(128, -1),
+            smoke_lengths=_HEAVY_TAIL_SMOKE,
+        ),
         # broadcast-Q: one query block against many lognormal K/V sequences
         _bq(64, 1024),
         _bq(256, 256),
@@ -291,6 +309,9 @@ WORKLOADS: dict[str, Workload] = {
         _bq(1024, 64),
     )
 }
+
+#: The sliding-window workloads (``*-left*``): their smoke versions, the bench's window check.
+WINDOW_WORKLOADS = tuple(name for name, w in WORKLOADS.items() if w.has_window)
 
 #: What ``--smoke`` runs unless ``--workloads`` says otherwise: one of each kind and feature.
 SMOKE_DEFAULT = (

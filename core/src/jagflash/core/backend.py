@@ -272,7 +272,7 @@ def plan_backend(spec: VariantSpec, problem: Problem, device: torch.device, requ
 def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
     """The TLX warp-specialised kernels of ``jagflash.core.tlx`` (Hopper only):
     forward, and a backward that runs in one pass with dQ reduce-added from every kv-tile where
-    ``jagflash.core.tuning.use_one_pass`` says so (D 64 and 128, causal or not, no left bound, not
+    ``jagflash.core.tuning.use_one_pass`` says so (D 64 and 128, any mask, not
     ``deterministic``), and otherwise as a portable dQ pass and a TLX dK/dV pass, without
     atomics in the jagged and dense variants: deterministic."""
     return BackendSpec(
@@ -286,7 +286,7 @@ def tlx_sm90_backend(features: frozenset[str]) -> BackendSpec:
         features_fwd=features,
         features_bwd=features | {"deterministic"},
         available=tlx_reasons,
-        notes="TMA producer + two ping-pong wgmma consumer warpgroups; one-pass backward with TMA dQ reduce-adds unless windowed or deterministic",
+        notes="TMA producer + two ping-pong wgmma consumer warpgroups; one-pass backward with TMA dQ reduce-adds unless deterministic",
     )
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "check_offsets",
     "check_plan_arg",
     "check_qkv",
+    "check_window",
     "raise_if",
     "readable",
     "resolve_max_seqlen",
@@ -160,6 +161,29 @@ def check_max_seqlen(value: object, name: str) -> list[str]:
     if value < 0:
         return [f"{name} must be >= 0, got {value}"]
     return []
+
+
+def check_window(window: object, causal: object) -> list[str]:
+    """Every reason ``window`` is not a sliding window ``(left, right)`` for a call with
+    ``causal``: a pair (tuple or list) of ints (``bool`` is not one), each >= -1 (-1:
+    unbounded); ``causal=True`` means ``right = 0``, so an explicit ``right > 0`` beside it is
+    refused (the two ask for different masks)."""
+    if not isinstance(window, tuple | list) or len(window) != 2:
+        return [f"window must be a pair (left, right) of ints, got {window!r}"]
+    reasons = []
+    for side, value in zip(("left", "right"), window):
+        if isinstance(value, bool) or not hasattr(value, "__index__"):
+            reasons.append(f"window {side} must be an int, got {type(value).__name__} {value!r}")
+        elif value < -1:
+            reasons.append(f"window {side} must be >= -1 (-1: unbounded), got {value}")
+    if not isinstance(causal, bool):
+        reasons.append(f"causal must be a bool, got {type(causal).__name__}")
+    elif causal and not reasons and window[1] > 0:
+        reasons.append(
+            f"causal=True means right = 0, but window right is {window[1]}: pass causal=False "
+            "with the window, or right 0 or -1"
+        )
+    return reasons
 
 
 def check_plan_arg(plan: object, needs_grad: bool) -> list[str]:

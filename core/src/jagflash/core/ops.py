@@ -244,22 +244,24 @@ def register_autograd(fwd_op, bwd_op):
 def call_plan_layout(
     spec, layout: str, q: torch.Tensor, k: torch.Tensor, *, causal: bool, backend: str | None,
     schedule: str = BACKEND_DEFAULT, backward_schedule: str | None = BACKEND_DEFAULT,
-    equal_costs: bool = False,
+    equal_costs: bool = False, window: tuple[int, int] = (-1, -1),
 ) -> tuple[dict[str, tuple[int, int]], str, str | None]:
     """Tile sizes and schedules ``(blocks, schedule, backward_schedule)`` of the Plan a call (or
     ``make_plan``) lays out: for the backend the call's forward will run on
     (``jagflash.core.backend.plan_backend``; the reference backend takes no plan, so a call
     headed there gets the portable kernels'), ``"default"`` schedules resolved for it
-    (``jagflash.core.tuning.default_schedules``; ``equal_costs``: see there)."""
+    (``jagflash.core.tuning.default_schedules``; ``equal_costs``: see there). ``window``:
+    ``(left, right)`` as the call passes it (causal clips ``right``)."""
     from jagflash.core.backend import plan_backend
+    from jagflash.core.mask import mask_bounds
     from jagflash.core.tuning import plan_blocks
 
-    name = plan_backend(spec, make_problem(layout, q, k, causal=causal), q.device, backend)
+    name = plan_backend(spec, make_problem(layout, q, k, causal=causal, window=window), q.device, backend)
     if name == "reference":
         name = "interpreter" if q.device.type == "cpu" else "portable"
     dim = q.shape[-1]
     fwd, bwd = resolve_schedules(
-        schedule, backward_schedule, name, dim, window=(-1, 0 if causal else -1), equal_costs=equal_costs
+        schedule, backward_schedule, name, dim, window=mask_bounds(causal, window), equal_costs=equal_costs
     )
     return plan_blocks(name, dim), fwd, bwd
 
@@ -268,22 +270,23 @@ def layout_plan(
     spec, layout: str, q: torch.Tensor, k: torch.Tensor, q_offsets: torch.Tensor,
     kv_offsets: torch.Tensor, *, total_q: int, causal: bool, backend: str | None, schedule: str,
     backward_schedule: str | None, workers: int | None, max_seqlen_q: int | None,
-    max_seqlen_kv: int | None, backward: bool,
+    max_seqlen_kv: int | None, backward: bool, window: tuple[int, int] = (-1, -1),
 ):
     """A variant's ``make_plan`` over a jagged batch of rows: the tile sizes and schedules of
     :func:`call_plan_layout`, then ``jagflash.core.plan.build.make_plan`` on ``q_offsets`` /
     ``kv_offsets`` (the offsets of the rows the kernels walk: the output rows for broadcast-Q)
     with ``total_q`` query rows; ``k`` ``[Tk, Hkv, D]`` gives the kv rows, the heads from ``q``'s
-    and ``k``'s dim -2. Returns the :class:`~jagflash.core.plan.model.Plan`."""
+    and ``k``'s dim -2; ``causal`` and ``window`` the mask. Returns the
+    :class:`~jagflash.core.plan.model.Plan`."""
     from jagflash.core.plan.build import make_plan
 
     blocks, schedule, backward_schedule = call_plan_layout(
         spec, layout, q, k, causal=causal, backend=backend, schedule=schedule,
-        backward_schedule=backward_schedule,
+        backward_schedule=backward_schedule, window=window,
     )
     return make_plan(
         q_offsets, kv_offsets, total_q=total_q, total_kv=k.shape[0], heads_q=q.shape[-2],
-        heads_kv=k.shape[-2], causal=causal, block_m=blocks["fwd"][0], block_n=blocks["fwd"][1],
+        heads_kv=k.shape[-2], causal=causal, window=window, block_m=blocks["fwd"][0], block_n=blocks["fwd"][1],
         dq_blocks=blocks["dq"], dkdv_blocks=blocks["dkdv"], max_seqlen_q=max_seqlen_q,
         max_seqlen_kv=max_seqlen_kv, workers=workers, schedule=schedule,
         backward_schedule=backward_schedule, backward=backward,
@@ -304,8 +307,9 @@ class OpCall:
     """One run of a variant's op body: its arguments by schema name (``q``, ``k``, ``v``, the
     variant's own, ``scale`` … ``plan_info``; the backward's also ``dout``, ``out``, ``lse``),
     ``causal`` (False where the op has none), ``ran`` (the backend chosen: ``reference``,
-    ``tlx-sm90``, ``portable`` or ``interpreter``), the mask bounds ``left``/``right``, and
-    whatever the variant's ``check`` set on it."""
+    ``tlx-sm90``, ``portable`` or ``interpreter``), the mask bounds ``left``/``right`` (the
+    op's own ``int left, int right`` where it has them, -1 where not; causal clips ``right``:
+    ``jagflash.core.mask.mask_bounds``), and whatever the variant's ``check`` set on it."""
 
     def __init__(self, names: tuple[str, ...], defaults: int, args: tuple, kwargs: dict) -> None:
         values = dict(zip(names, args))
@@ -313,6 +317,8 @@ class OpCall:
         for name in names[len(names) - defaults :]:
             values.setdefault(name, None)
         values.setdefault("causal", False)
+        values.setdefault("left", -1)
+        values.setdefault("right", -1)
         self.__dict__.update(values)
 
     @property
@@ -345,7 +351,10 @@ def _arg_names(schema: str) -> tuple[str, ...]:
     return tuple(a.split("=")[0].split()[-1] for a in schema.split(", ") if a)
 
 
-def attention_ops(name: str, spec, package: str, args: str, *, check, forward, backward, fake_forward, fake_backward):
+def attention_ops(
+    name: str, spec, package: str, args: str, *, check, forward, backward, fake_forward, fake_backward,
+    layout: str | None = None,
+):
     """Register a variant's ops ``jagflash::<name>_fwd`` / ``<name>_bwd`` and their autograd
     (:func:`register_autograd`) from its semantics; returns ``(fwd_op, bwd_op, call_fwd)``.
 
@@ -355,7 +364,8 @@ def attention_ops(name: str, spec, package: str, args: str, *, check, forward, b
     ``scale, return_lse, deterministic, backend, plan_tiles, plan_meta, plan_info``.
 
     Each body makes an :class:`OpCall` ``c``, runs ``check(c)`` (the input errors that need
-    values, raised whatever backend would run), poses the :class:`Problem` (layout ``name``),
+    values, raised whatever backend would run), poses the :class:`Problem` (``layout``, default
+    ``name``; with the window of ``int left, int right`` where ``args`` has them),
     selects the backend (``jagflash.core.backend.select`` with ``spec``) and returns
     ``forward[backend](c)`` / ``backward[backend](c)``: tables over ``reference``,
     ``tlx-sm90`` and ``portable`` (which also serves ``interpreter``).
@@ -364,6 +374,7 @@ def attention_ops(name: str, spec, package: str, args: str, *, check, forward, b
     from jagflash.core.backend import select
     from jagflash.core.mask import mask_bounds
 
+    layout = layout or name
     schema_fwd = f"({', '.join(f'Tensor {n}' for n in _FWD_HEAD)}, {args}, {_TAIL}) -> (Tensor, Tensor)"
     schema_bwd = f"({', '.join(f'Tensor {n}' for n in _BWD_HEAD)}, {args}, {_TAIL}) -> (Tensor, Tensor, Tensor)"
     own = _arg_names(args) + _arg_names(_TAIL)
@@ -375,12 +386,15 @@ def attention_ops(name: str, spec, package: str, args: str, *, check, forward, b
             c.package = package
             check(c)
             c.q, c.k, c.v = (readable(t) for t in (c.q, c.k, c.v))
+            window = (c.left, c.right)
             if pass_ == "fwd":
-                problem = make_problem(name, c.q, c.k, causal=c.causal, return_lse=c.return_lse)
+                problem = make_problem(layout, c.q, c.k, causal=c.causal, window=window, return_lse=c.return_lse)
             else:
-                problem = make_problem(name, c.q, c.k, causal=c.causal, backward=True, deterministic=c.deterministic)
+                problem = make_problem(
+                    layout, c.q, c.k, causal=c.causal, window=window, backward=True, deterministic=c.deterministic
+                )
             c.ran = select(spec, problem, c.q.device, c.backend or None).name
-            c.left, c.right = mask_bounds(c.causal)
+            c.left, c.right = mask_bounds(c.causal, window)
             return table["portable" if c.ran == "interpreter" else c.ran](c)
 
         return run

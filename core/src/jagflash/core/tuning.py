@@ -130,10 +130,14 @@ def tlx_sm90_blocks(head_dim: int) -> dict[str, tuple[int, int]]:
 
 def use_one_pass(deterministic: bool, left: int, right: int, head_dim: int) -> bool:
     """Whether a TLX backward runs in one pass (dQ reduce-added from every kv-tile, so its order
-    varies) rather than as a portable dQ pass and a TLX dK/dV pass: where it measured faster
-    (:data:`TLX_ONE_PASS_HEAD_DIMS`, causal or not; a bounded left side is not yet measured)
-    and the call does not ask for a deterministic backward."""
-    return not deterministic and left < 0 and head_dim in TLX_ONE_PASS_HEAD_DIMS
+    varies) rather than as a portable dQ pass and a TLX dK/dV pass: at
+    :data:`TLX_ONE_PASS_HEAD_DIMS`, whatever the mask (causal or not, with a window too: the
+    one pass walks the same ``jagflash.core.mask.dkdv_q_range`` steps as the two passes' dK/dV
+    pass and masks dS with the same band, so a bounded left side changes which steps run, not
+    what a step adds to dQ), unless the call asks for a deterministic backward. Measured
+    faster without a window (bench/NOTES.md, sessions 5 and 8); with one, the window bench rows
+    say (bench/NOTES.md, the sliding-window session)."""
+    return not deterministic and head_dim in TLX_ONE_PASS_HEAD_DIMS
 
 
 def dq_cols(head_dim: int) -> int:

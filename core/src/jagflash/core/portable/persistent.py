@@ -20,13 +20,15 @@ read on the device, so no grid depends on a value that lives on the GPU.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from jagflash.core.ops import alloc, alloc_like, for_kernel
 from jagflash.core.plan.model import Plan
-from jagflash.core.portable.mainloop import dkdv_program, dq_program, fwd_program
+from jagflash.core.portable.mainloop import dkdv_program, dq_program, fwd_program, jagged_sequence
 from jagflash.core.tile_scheduler import launch, plan_next, plan_tile, sched_first
 from jagflash.core.tuning import block_config, kernel_flags, launch_options
 
@@ -133,3 +135,10 @@ def backward(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan: Plan,
         (q_offsets, kv_offsets), **common, LOCATE=locate, PROGRAM=dkdv_program,
     )
     return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])
+
+
+#: :func:`forward`, :func:`backward_dq` and :func:`backward` on the jagged layout ``[T, H, D]`` +
+#: offsets (``mainloop.jagged_sequence``; LSE ``[Hq, Tq]``): the kernels of every variant on it.
+jagged_forward = functools.partial(forward, jagged_sequence)
+jagged_backward_dq = functools.partial(backward_dq, jagged_sequence)
+jagged_backward = functools.partial(backward, jagged_sequence)

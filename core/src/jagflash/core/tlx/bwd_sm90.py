@@ -24,6 +24,7 @@ from jagflash.core.mask import dkdv_q_range
 from jagflash.core.ops import alloc_like
 from jagflash.core.plan.build import make_plan
 from jagflash.core.plan.model import PASSES
+from jagflash.core.portable.persistent import jagged_backward_dq
 from jagflash.core.seqlen import plan_row, q_row, seq_starts
 from jagflash.core.softmax import LOG2E
 from jagflash.core.tile_scheduler import deal_flags, tile_counter
@@ -329,3 +330,22 @@ def dispatch_backward(
         dq, delta = dq_pass()
         dk, dv = backward_dkdv(_rows(dout), _rows(q), _rows(k), _rows(v), lse, delta, q_offsets, kv_offsets, **kw)
     return dq, dk.view(k.shape), dv.view(v.shape)
+
+
+def jagged_backward(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, plan, *, left: int,
+    right: int, scale: float, deterministic: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of the jagged layout (``[T, H, D]`` + offsets, LSE ``[Hq, Tq]``), the TLX
+    backward of every variant on it (:func:`dispatch_backward` with the portable jagged dQ
+    pass): bitwise repeatable (two passes without atomics) unless ``deterministic`` is False and
+    ``jagflash.core.tuning.use_one_pass`` picks the one-pass backward."""
+    return dispatch_backward(
+        dout, q, k, v, out, lse, q_offsets, kv_offsets,
+        lambda: jagged_backward_dq(
+            dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
+            backend="portable",
+        ),
+        left=left, right=right, scale=scale, deterministic=deterministic, plan=plan,
+    )

@@ -5,7 +5,7 @@ The space is the product of the call classes that change a kernel's code (dtype,
 kind, deal, the free choices of ``jagflash.core.tuning.FREE_FIELDS``), each mapped to its config
 by the policy (``tuning.fwd_config`` / ``tuning.bwd_config``), with duplicates dropped; broadcast-Q,
 a non-positive scale and GQA are added on the deals their calls get (the forward and the one-pass
-backward on dynamic plans, the two passes' dK/dV on batch order; the one pass of a dense batch
+backward on dynamic plans, GQA with a window too, the two passes' dK/dV on batch order; the one pass of a dense batch
 without a mask also runs on batch order). A forward on a batch-order plan
 differs from the static deal's by one flag (``ZIGZAG``) and is not compiled separately.
 """
@@ -31,8 +31,10 @@ def fwd_space():
         if (deal == "none") or (ring and deal != "dynamic"):
             continue  # batch order differs from a static deal by one flag; the ring is for dynamic plans
         extras = [("", {})]
+        if deal == "dynamic":
+            extras.append(("_gqa", {"group": 4}))
         if deal == "dynamic" and mask != "window":
-            extras += [("_gqa", {"group": 4}), ("_unfolded", {"scale": -1.0})]
+            extras.append(("_unfolded", {"scale": -1.0}))
             if not mask:
                 extras.append(("_bq", {"q_shared": True}))
         for suffix, kw in extras:
@@ -55,11 +57,10 @@ def bwd_space():
         if (not fused and deal != "none") or (fused and deal == "none" and mask):
             continue
         extras = [("", {})]
-        if mask != "window" and (deal == "dynamic" or not fused):
-            if fused:
-                extras.append(("_gqa", {"group": 4}))
-            if not mask:
-                extras.append(("_bq", {"q_shared": True}))
+        if fused and deal == "dynamic":
+            extras.append(("_gqa", {"group": 4}))
+        if not mask and (deal == "dynamic" or not fused):
+            extras.append(("_bq", {"q_shared": True}))
         for suffix, kw in extras:
             call = {"group": 1, "q_shared": False, **kw}
             cfg = bwd_config(head_dim=dim, left=left, right=right, fused_dq=fused, dynamic=dyn, zigzag=zz, **call)
@@ -139,6 +140,8 @@ KNOWN_SPILLS: dict[str, int] = {
     "tlx_fwd_dynamic fp16 d128 window": 68,
     "tlx_fwd_dynamic_ring fp16 d128 window": 48,
     "tlx_fwd_static fp16 d128 window": 68,
+    "tlx_fwd_dynamic_gqa fp16 d128 window": 68,
+    "tlx_fwd_dynamic_gqa_ring fp16 d128 window": 48,
     "tlx_fwd_dynamic bf16 d128": 32,
     "tlx_fwd_dynamic_gqa bf16 d128": 32,
     "tlx_fwd_dynamic_unfolded bf16 d128": 56,
@@ -158,6 +161,8 @@ KNOWN_SPILLS: dict[str, int] = {
     "tlx_fwd_dynamic bf16 d128 window": 60,
     "tlx_fwd_dynamic_ring bf16 d128 window": 52,
     "tlx_fwd_static bf16 d128 window": 60,
+    "tlx_fwd_dynamic_gqa bf16 d128 window": 60,
+    "tlx_fwd_dynamic_gqa_ring bf16 d128 window": 52,
     "tlx_bwd_dynamic fp16 d128": 32,
     "tlx_bwd_dynamic_bq fp16 d128": 32,
     "tlx_bwd_static fp16 d128": 32,
@@ -168,6 +173,7 @@ KNOWN_SPILLS: dict[str, int] = {
     "tlx_bwd_static fp16 d128 causal": 140,
     "tlx_dkdv_none fp16 d128 causal": 112,
     "tlx_bwd_dynamic fp16 d128 window": 136,
+    "tlx_bwd_dynamic_gqa fp16 d128 window": 40,
     "tlx_bwd_static fp16 d128 window": 136,
     "tlx_dkdv_none fp16 d128 window": 188,
     "tlx_bwd_dynamic bf16 d128": 32,
@@ -179,6 +185,7 @@ KNOWN_SPILLS: dict[str, int] = {
     "tlx_bwd_static bf16 d128 causal": 140,
     "tlx_dkdv_none bf16 d128 causal": 112,
     "tlx_bwd_dynamic bf16 d128 window": 152,
+    "tlx_bwd_dynamic_gqa bf16 d128 window": 96,
     "tlx_bwd_static bf16 d128 window": 136,
     "tlx_dkdv_none bf16 d128 window": 188,
     "tlx_bwd_none fp16 d128": 32,

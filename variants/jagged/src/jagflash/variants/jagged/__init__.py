@@ -14,26 +14,15 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.checks import check_jagged_call, check_qkv, raise_if
-from jagflash.core.ops import call_plan_layout, call_problem, default_scale, layout_plan
-from jagflash.core.plan.build import build_plan_ints
-from jagflash.core.plan.model import PTR_SAME_CALL, Plan
+from jagflash.core.jagged_call import op_lengths, op_plan, renest, unnest
+from jagflash.core.ops import call_problem, default_scale, layout_plan
+from jagflash.core.plan.model import Plan
 from jagflash.core.registry import Variant
 from jagflash.core.tuning import BACKEND_DEFAULT
 from jagflash.variants.jagged import op
 from jagflash.variants.jagged.spec import SPEC
 
 __all__ = ["SPEC", "VARIANT", "jagged_attention", "make_plan"]
-
-
-def _unnest(name: str, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if t.layout != torch.jagged:
-        raise_if("jagged_attention", [f"{name} is a nested tensor of layout {t.layout}; use layout=torch.jagged"])
-    if t.dim() != 4 or t._ragged_idx != 1:  # type: ignore[attr-defined]
-        raise_if(
-            "jagged_attention",
-            [f"{name} must be a nested tensor [B, j, H, D] ragged in dim 1, got {t.dim()}-D ragged in dim {t._ragged_idx}"],  # type: ignore[attr-defined]
-        )
-    return t.values(), t.offsets()
 
 
 def jagged_attention(
@@ -101,39 +90,20 @@ def jagged_attention(
     no backend implements raise :class:`~jagflash.core.capability.UnsupportedProblem`, each
     listing every reason, before any kernel runs.
     """
-    nested = isinstance(q, torch.Tensor) and q.is_nested
-    if nested:
-        if q_offsets is not None or kv_offsets is not None:
-            raise_if("jagged_attention", ["pass offsets only with plain tensors, not nested ones"])
-        nested_offsets = None
-        parts = []
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if not (isinstance(t, torch.Tensor) and t.is_nested):
-                raise_if("jagged_attention", [f"q is nested but {name} is not"])
-            parts.append(_unnest(name, t))
-        (q, q_offsets), (k, kv_offsets), (v, v_offsets) = parts
-        nested_offsets = q_offsets
-        if v_offsets is not kv_offsets and not torch.equal(v_offsets, kv_offsets):
-            raise_if("jagged_attention", ["k and v are nested with different offsets"])
+    q, k, v, q_offsets, kv_offsets, nested_offsets = unnest("jagged_attention", q, k, v, q_offsets, kv_offsets)
     needs_grad = check_jagged_call(
         "jagged_attention", q, k, v, q_offsets, kv_offsets, max_seqlen_q=max_seqlen_q,
         max_seqlen_kv=max_seqlen_kv, plan=plan,
     )
-    if plan is not None:
-        plan_args = plan.op_args()
-    elif backend == "reference" or q_offsets.shape != kv_offsets.shape:
-        plan_args = (None, None, None)  # no plan needed, or the op refuses these offsets
-    else:
-        plan_args = _own_plan(q, k, q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv, needs_grad, backend)
-    out, lse = op.call_fwd(
-        q, k, v, q_offsets, kv_offsets,
-        -1 if max_seqlen_q is None else int(max_seqlen_q),
-        -1 if max_seqlen_kv is None else int(max_seqlen_kv),
-        bool(causal), default_scale(scale, q.shape[-1]), bool(return_lse), bool(deterministic),
-        backend or "", *plan_args,
+    plan_args = op_plan(
+        SPEC, plan, q, k, q_offsets, kv_offsets, causal=causal, window=(-1, -1), max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv, backward=needs_grad, backend=backend,
     )
-    if nested:
-        out = torch.nested.nested_tensor_from_jagged(out, offsets=nested_offsets)
+    out, lse = op.call_fwd(
+        q, k, v, q_offsets, kv_offsets, *op_lengths(max_seqlen_q, max_seqlen_kv), bool(causal),
+        default_scale(scale, q.shape[-1]), bool(return_lse), bool(deterministic), backend or "", *plan_args,
+    )
+    out = renest(out, nested_offsets)
     return (out, lse) if return_lse else out
 
 
@@ -183,21 +153,6 @@ def make_plan(
         SPEC, "jagged", q, k, q_offsets, kv_offsets, total_q=q.shape[0], causal=causal, backend=backend,
         schedule=schedule, backward_schedule=backward_schedule, workers=workers, max_seqlen_q=max_seqlen_q,
         max_seqlen_kv=max_seqlen_kv, backward=backward,
-    )
-
-
-def _own_plan(q, k, q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv, backward, backend):
-    """The plan a call without ``plan=`` builds for itself: ints on the host, tensors by one
-    opaque op. Laid out for the backend the call will pick; traced by ``torch.compile`` (which
-    cannot follow that choice), none: the forward and backward ops each build their own."""
-    if torch.compiler.is_compiling():
-        return None, None, None
-    blocks, schedule, backward_schedule = call_plan_layout(SPEC, "jagged", q, k, causal=causal, backend=backend)
-    return build_plan_ints(
-        q_offsets, kv_offsets, batch=q_offsets.numel() - 1, total_q=q.shape[0], total_kv=k.shape[0],
-        heads_q=q.shape[1], heads_kv=k.shape[1], causal=causal, blocks=blocks, max_seqlen_q=max_seqlen_q,
-        max_seqlen_kv=max_seqlen_kv, schedule=schedule, backward_schedule=backward_schedule,
-        backward=backward, q_ptr=PTR_SAME_CALL, kv_ptr=PTR_SAME_CALL,
     )
 
 

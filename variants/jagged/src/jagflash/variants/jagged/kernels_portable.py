@@ -17,11 +17,8 @@ never what the tile computes).
 
 from __future__ import annotations
 
-import functools
+from jagflash.core.portable.persistent import jagged_backward as backward
+from jagflash.core.portable.persistent import jagged_backward_dq as backward_dq
+from jagflash.core.portable.persistent import jagged_forward as forward
 
-from jagflash.core.portable import persistent
-from jagflash.core.portable.mainloop import jagged_sequence
-
-forward = functools.partial(persistent.forward, jagged_sequence)
-backward_dq = functools.partial(persistent.backward_dq, jagged_sequence)
-backward = functools.partial(persistent.backward, jagged_sequence)
+__all__ = ["backward", "backward_dq", "forward"]

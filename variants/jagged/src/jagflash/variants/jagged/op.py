@@ -1,5 +1,6 @@
 """The jagged attention ``torch.library`` ops: ``jagflash::jagged_fwd`` / ``jagged_bwd``
-(``jagflash.core.ops.attention_ops``: the op plumbing; here only what is jagged about them).
+(``jagflash.core.jagged_call.jagged_ops``: the jagged layout's op plumbing, shared with the
+other variants on it; here only which variant they are).
 
 The ops are opaque to ``torch.compile``: backend selection and the checks that read offsets'
 values happen inside them, at run time, so a compiled graph has no break and no host sync of
@@ -16,77 +17,7 @@ and reference backwards are always deterministic and do not need it.
 
 from __future__ import annotations
 
-import torch
-
-from jagflash.core.checks import raise_if, resolve_max_seqlen, same_batch
-from jagflash.core.ops import attention_ops
-from jagflash.core.reference import reference_backward, reference_forward
+from jagflash.core.jagged_call import jagged_ops
 from jagflash.variants.jagged.spec import SPEC
 
-
-def _lengths(
-    q_offsets: torch.Tensor,
-    kv_offsets: torch.Tensor,
-    tq: int,
-    tk: int,
-    max_seqlen_q: int,
-    max_seqlen_kv: int,
-) -> tuple[int, int]:
-    """Validate the offsets' values where that costs no extra sync, and fill in unknown maxima."""
-    reasons = same_batch(q_offsets, kv_offsets)
-    rq, max_q = resolve_max_seqlen(q_offsets, tq, "q_offsets", max_seqlen_q, "q")
-    rk, max_k = resolve_max_seqlen(kv_offsets, tk, "kv_offsets", max_seqlen_kv, "kv")
-    reasons += rq + rk
-    raise_if("jagged_attention", reasons)
-    return max_q, max_k
-
-
-def _check(c) -> None:
-    # Invalid offsets are the caller's error whatever backend would run: check them first.
-    c.max_q, c.max_k = _lengths(c.q_offsets, c.kv_offsets, c.q.shape[0], c.k.shape[0], c.max_seqlen_q, c.max_seqlen_kv)
-
-
-def _plan(c, passes):
-    return c.plan(
-        "jagged_attention", passes, q_offsets=c.q_offsets, kv_offsets=c.kv_offsets, check_offsets=True,
-        total_q=c.q.shape[0], total_kv=c.k.shape[0], max_seqlen_q=c.max_q, max_seqlen_kv=c.max_k,
-    )
-
-
-
-def _reference(fn, *grad):
-    return lambda c: fn(
-        *(getattr(c, n) for n in grad), c.q, c.k, c.v, c.q_offsets, c.kv_offsets, causal=c.causal,
-        window=(c.left, c.right), scale=c.scale,
-    )
-
-
-FORWARD = {
-    "reference": _reference(reference_forward),
-    "tlx-sm90": lambda c: c.kernels.forward(
-        c.q, c.k, c.v, c.q_offsets, c.kv_offsets, c.max_q, **c.mask, plan=_plan(c, ("fwd",))
-    ),
-    "portable": lambda c: c.kernels.forward(
-        c.q, c.k, c.v, c.q_offsets, c.kv_offsets, _plan(c, ("fwd",)), **c.mask, backend=c.ran
-    ),
-}
-
-BACKWARD = {
-    "reference": _reference(reference_backward, "dout"),
-    "tlx-sm90": lambda c: c.kernels.backward(
-        c.dout, c.q, c.k, c.v, c.out, c.lse, c.q_offsets, c.kv_offsets, _plan(c, ("dq", "dkdv")),
-        **c.mask, deterministic=c.deterministic,
-    ),
-    # Always deterministic (no atomics): ``deterministic`` asks nothing more of it.
-    "portable": lambda c: c.kernels.backward(
-        c.dout, c.q, c.k, c.v, c.out, c.lse, c.q_offsets, c.kv_offsets, _plan(c, ("dq", "dkdv")),
-        **c.mask, backend=c.ran,
-    ),
-}
-
-jagged_fwd, jagged_bwd, call_fwd = attention_ops(
-    "jagged", SPEC, __package__, "Tensor q_offsets, Tensor kv_offsets, SymInt max_seqlen_q, SymInt max_seqlen_kv, bool causal",
-    check=_check, forward=FORWARD, backward=BACKWARD,
-    fake_forward=lambda c: (torch.empty_like(c.q), c.q.new_empty((c.q.shape[1], c.q.shape[0]), dtype=torch.float32)),
-    fake_backward=lambda c: (torch.empty_like(c.q), torch.empty_like(c.k), torch.empty_like(c.v)),
-)
+jagged_fwd, jagged_bwd, call_fwd = jagged_ops("jagged", SPEC, __package__, "jagged_attention")

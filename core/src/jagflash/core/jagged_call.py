@@ -1,0 +1,174 @@
+"""What every variant on the jagged layout (``values [T, H, D]`` + ``offsets [B+1]`` per side)
+shares between its public function and its ops: nested tensors in and out (:func:`unnest`), the
+plan a call builds for itself (:func:`own_plan`), and the ops' jagged semantics
+(:func:`jagged_ops`: the offsets' value checks, the plan check, the reference and kernel tables).
+
+A variant on this layout is then its spec, its public function's arguments and its mask: the
+jagged variant (causal or not) and the sliding-window variant (``int left, int right`` in its
+ops' schema) register their ops here under their own names.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from jagflash.core.checks import raise_if, resolve_max_seqlen, same_batch
+from jagflash.core.ops import attention_ops, call_plan_layout
+from jagflash.core.plan.build import build_plan_ints
+from jagflash.core.plan.model import PTR_SAME_CALL
+from jagflash.core.reference import reference_backward, reference_forward
+
+__all__ = ["JAGGED_ARGS", "WINDOW_ARGS", "jagged_ops", "op_lengths", "op_plan", "own_plan", "renest", "unnest"]
+
+#: The schema of the jagged ops' own arguments (``jagflash.core.ops.attention_ops``' ``args``).
+JAGGED_ARGS = "Tensor q_offsets, Tensor kv_offsets, SymInt max_seqlen_q, SymInt max_seqlen_kv, bool causal"
+#: What a windowed variant's ops add to :data:`JAGGED_ARGS`: the band's bounds, -1 unbounded.
+WINDOW_ARGS = "int left, int right"
+
+
+def _values(who: str, name: str, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if t.layout != torch.jagged:
+        raise_if(who, [f"{name} is a nested tensor of layout {t.layout}; use layout=torch.jagged"])
+    if t.dim() != 4 or t._ragged_idx != 1:  # type: ignore[attr-defined]
+        raise_if(
+            who,
+            [f"{name} must be a nested tensor [B, j, H, D] ragged in dim 1, got {t.dim()}-D ragged in dim {t._ragged_idx}"],  # type: ignore[attr-defined]
+        )
+    return t.values(), t.offsets()
+
+
+def unnest(who: str, q, k, v, q_offsets, kv_offsets):
+    """``(q, k, v, q_offsets, kv_offsets, nested_offsets)``: the arguments as they are when q is
+    not a nested tensor (``nested_offsets`` None), else the values ``[T, H, D]`` and offsets of
+    nested tensors ``[B, j, H, D]`` with ``layout=torch.jagged`` (``nested_offsets``: q's, for
+    :func:`renest`). Refuses (``InvalidInput``) offsets passed beside nested tensors, a mix of
+    nested and plain tensors, other layouts or raggedness, and k, v of different offsets."""
+    if not (isinstance(q, torch.Tensor) and q.is_nested):
+        return q, k, v, q_offsets, kv_offsets, None
+    if q_offsets is not None or kv_offsets is not None:
+        raise_if(who, ["pass offsets only with plain tensors, not nested ones"])
+    parts = []
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not (isinstance(t, torch.Tensor) and t.is_nested):
+            raise_if(who, [f"q is nested but {name} is not"])
+        parts.append(_values(who, name, t))
+    (q, q_offsets), (k, kv_offsets), (v, v_offsets) = parts
+    if v_offsets is not kv_offsets and not torch.equal(v_offsets, kv_offsets):
+        raise_if(who, ["k and v are nested with different offsets"])
+    return q, k, v, q_offsets, kv_offsets, q_offsets
+
+
+def renest(out: torch.Tensor, nested_offsets: torch.Tensor | None) -> torch.Tensor:
+    """``out`` ``[Tq, Hq, D]`` as a nested tensor on ``nested_offsets`` (:func:`unnest`'s), or as
+    it is where the call's q was not nested."""
+    if nested_offsets is None:
+        return out
+    return torch.nested.nested_tensor_from_jagged(out, offsets=nested_offsets)
+
+
+def own_plan(
+    spec, q, k, q_offsets, kv_offsets, *, causal: bool, window: tuple[int, int], max_seqlen_q,
+    max_seqlen_kv, backward: bool, backend: str | None,
+):
+    """The plan ``(tiles, meta, info ints)`` a call without ``plan=`` builds for itself: ints on
+    the host, tensors by one opaque op, laid out for the backend the call will pick (with the
+    schedules measured for its mask). Traced by ``torch.compile`` (which cannot follow that
+    choice), none: the forward and backward ops each build their own."""
+    if torch.compiler.is_compiling():
+        return None, None, None
+    blocks, schedule, backward_schedule = call_plan_layout(
+        spec, "jagged", q, k, causal=causal, backend=backend, window=window
+    )
+    return build_plan_ints(
+        q_offsets, kv_offsets, batch=q_offsets.numel() - 1, total_q=q.shape[0], total_kv=k.shape[0],
+        heads_q=q.shape[1], heads_kv=k.shape[1], causal=causal, window=window, blocks=blocks,
+        max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, schedule=schedule,
+        backward_schedule=backward_schedule, backward=backward, q_ptr=PTR_SAME_CALL, kv_ptr=PTR_SAME_CALL,
+    )
+
+
+def op_plan(
+    spec, plan, q, k, q_offsets, kv_offsets, *, causal: bool, window: tuple[int, int], max_seqlen_q,
+    max_seqlen_kv, backward: bool, backend: str | None,
+):
+    """The ``plan_tiles, plan_meta, plan_info`` a public function passes its op: those of the
+    ``plan=`` it was given, none where no plan is needed (``backend="reference"``) or the op
+    will refuse the offsets (different batch sizes), else :func:`own_plan`'s."""
+    if plan is not None:
+        return plan.op_args()
+    if backend == "reference" or q_offsets.shape != kv_offsets.shape:
+        return None, None, None
+    return own_plan(
+        spec, q, k, q_offsets, kv_offsets, causal=causal, window=window, max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv, backward=backward, backend=backend,
+    )
+
+
+def op_lengths(max_seqlen_q, max_seqlen_kv) -> tuple[int, int]:
+    """``max_seqlen_q, max_seqlen_kv`` as the ops take them: ints, -1 for "not given"."""
+    return tuple(-1 if m is None else int(m) for m in (max_seqlen_q, max_seqlen_kv))  # type: ignore[return-value]
+
+
+def _lengths(who, q_offsets, kv_offsets, tq, tk, max_seqlen_q, max_seqlen_kv) -> tuple[int, int]:
+    """Validate the offsets' values where that costs no extra sync, and fill in unknown maxima."""
+    reasons = same_batch(q_offsets, kv_offsets)
+    rq, max_q = resolve_max_seqlen(q_offsets, tq, "q_offsets", max_seqlen_q, "q")
+    rk, max_k = resolve_max_seqlen(kv_offsets, tk, "kv_offsets", max_seqlen_kv, "kv")
+    raise_if(who, reasons + rq + rk)
+    return max_q, max_k
+
+
+def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = False):
+    """Register a jagged-layout variant's ops ``jagflash::<name>_fwd`` / ``<name>_bwd``
+    (``jagflash.core.ops.attention_ops``, layout ``jagged``) and return ``(fwd_op, bwd_op,
+    call_fwd)``. Their own arguments are :data:`JAGGED_ARGS` (``max_seqlen_* = -1``: not given,
+    read from the offsets: one host synchronisation on a GPU, which also validates the
+    offsets' values), followed by :data:`WINDOW_ARGS` where ``windowed``. The kernels are the
+    variant's ``kernels_portable`` / ``kernels_tlx_sm90`` (``package``), called with the jagged
+    tensors as they are; ``who`` names the public function in refusals."""
+
+    def check(c) -> None:
+        # Invalid offsets are the caller's error whatever backend would run: check them first.
+        c.max_q, c.max_k = _lengths(
+            who, c.q_offsets, c.kv_offsets, c.q.shape[0], c.k.shape[0], c.max_seqlen_q, c.max_seqlen_kv
+        )
+
+    def plan(c, passes):
+        return c.plan(
+            who, passes, q_offsets=c.q_offsets, kv_offsets=c.kv_offsets, check_offsets=True,
+            total_q=c.q.shape[0], total_kv=c.k.shape[0], max_seqlen_q=c.max_q, max_seqlen_kv=c.max_k,
+        )
+
+    def reference(fn, *grad):
+        return lambda c: fn(
+            *(getattr(c, n) for n in grad), c.q, c.k, c.v, c.q_offsets, c.kv_offsets, causal=c.causal,
+            window=(c.left, c.right), scale=c.scale,
+        )
+
+    forward = {
+        "reference": reference(reference_forward),
+        "tlx-sm90": lambda c: c.kernels.forward(
+            c.q, c.k, c.v, c.q_offsets, c.kv_offsets, c.max_q, **c.mask, plan=plan(c, ("fwd",))
+        ),
+        "portable": lambda c: c.kernels.forward(
+            c.q, c.k, c.v, c.q_offsets, c.kv_offsets, plan(c, ("fwd",)), **c.mask, backend=c.ran
+        ),
+    }
+    backward = {
+        "reference": reference(reference_backward, "dout"),
+        "tlx-sm90": lambda c: c.kernels.backward(
+            c.dout, c.q, c.k, c.v, c.out, c.lse, c.q_offsets, c.kv_offsets, plan(c, ("dq", "dkdv")),
+            **c.mask, deterministic=c.deterministic,
+        ),
+        # Always deterministic (no atomics): ``deterministic`` asks nothing more of it.
+        "portable": lambda c: c.kernels.backward(
+            c.dout, c.q, c.k, c.v, c.out, c.lse, c.q_offsets, c.kv_offsets, plan(c, ("dq", "dkdv")),
+            **c.mask, backend=c.ran,
+        ),
+    }
+    return attention_ops(
+        name, spec, package, JAGGED_ARGS + (", " + WINDOW_ARGS if windowed else ""), check=check,
+        forward=forward, backward=backward, layout="jagged",
+        fake_forward=lambda c: (torch.empty_like(c.q), c.q.new_empty((c.q.shape[1], c.q.shape[0]), dtype=torch.float32)),
+        fake_backward=lambda c: (torch.empty_like(c.q), torch.empty_like(c.k), torch.empty_like(c.v)),
+    )
