@@ -7,7 +7,7 @@ distribution of the repo as an editable install plus the test tools, all pinned 
 distribution's pyproject.toml and the install command) changes; ``rm -rf .nox/jagflash`` forces
 a fresh one.
 
-    nox                          lint, core, tests-<every variant>, bench-smoke, compile-sm90
+    nox                          lint, core, tests-<every variant>, compat, bench-smoke, compile-sm90
     nox -s format                ruff format --check (not in the default run yet)
     nox -s tests-jagged -- -k causal -x
     nox -s demo -- --help
@@ -62,11 +62,12 @@ def _variants() -> list[str]:
 
 
 def _distributions() -> list[Path]:
-    """Directories pip installs: core and testing first, then the variants, then bench."""
+    """Directories pip installs: core and testing first, then the variants, compat, bench."""
     return [
         ROOT / "core",
         ROOT / "testing",
         *(ROOT / "variants" / name for name in _variants()),
+        ROOT / "compat",
         ROOT / "bench",
     ]
 
@@ -227,12 +228,18 @@ for _name in _variants():
     _variant_session(_name)
 
 
+@nox.session(venv_backend="none")
+def compat(session: nox.Session) -> None:
+    """Tests of jagflash-compat (compat/tests: the FlashAttention and torch varlen drop-ins)."""
+    _pytest(session, "compat/tests")
+
+
 @nox.session(venv_backend="none", default=False)
 def nightly(session: nox.Session) -> None:
     """The CPU suite with the hypothesis profile ``nightly`` (about 10,000 examples over the
     property tests instead of ``ci``'s 300); arguments after ``--`` go to pytest."""
     session.env["HYPOTHESIS_PROFILE"] = "nightly"
-    _pytest(session, "core/tests", "testing/tests", "variants")
+    _pytest(session, "core/tests", "testing/tests", "variants", "compat/tests")
 
 
 @nox.session(name="bench-smoke", venv_backend="none")
