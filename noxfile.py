@@ -7,8 +7,8 @@ distribution of the repo as an editable install plus the test tools, all pinned 
 distribution's pyproject.toml and the install command) changes; ``rm -rf .nox/jagflash`` forces
 a fresh one.
 
-    nox                          lint, core, tests-<every variant>, compat, wheels, bench-smoke,
-                                 compile-sm90
+    nox                          lint, core, tests-<every variant>, compat, wheels, example-recsys,
+                                 bench-smoke, compile-sm90
     nox -s build                 every wheel and sdist into .nox/dist, twine-checked
     nox -s format                ruff format --check (not in the default run yet)
     nox -s tests-jagged -- -k causal -x
@@ -260,6 +260,14 @@ def wheels(session: nox.Session) -> None:
 def compat(session: nox.Session) -> None:
     """Tests of jagflash-compat (compat/tests: the FlashAttention and torch varlen drop-ins)."""
     _pytest(session, "compat/tests")
+
+
+@nox.session(name="example-recsys", venv_backend="none")
+def example_recsys(session: nox.Session) -> None:
+    """The sequential recommender of docs/examples/recsys: its CPU tests (a tiny model trains a
+    few steps and its loss falls). On a GPU, ``python docs/examples/recsys/train_gpu.py`` is the
+    jagflash / padded SDPA / FA2 varlen comparison."""
+    _pytest(session, "docs/examples")
 
 
 @nox.session(venv_backend="none", default=False)
