@@ -49,3 +49,21 @@ def test_padded_sdpa_model_equals_jagged(device: str) -> None:
         a, b = jag.hidden(data), padded.hidden(data)
     assert a.shape == (data.items.numel(), TINY["dim"])
     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_train_gpu_script_smoke(tmp_path) -> None:
+    """train_gpu.py end to end on the CPU at a toy size: CSV, summary table and PNG."""
+    import train_gpu
+
+    rc = train_gpu.main([
+        "--device", "cpu", "--attention", "jagflash", "sdpa", "--users", "8", "--items", "40",
+        "--median-len", "6", "--max-len", "12", "--batch", "3", "--steps", "2", "--warmup", "1",
+        "--dim", "32", "--heads", "2", "--layers", "1", "--negatives", "8", "--out", str(tmp_path),
+    ])
+    assert rc == 0
+    rows = (tmp_path / "recsys.csv").read_text().splitlines()
+    assert len(rows) == 1 + 2 * 2
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| jagflash |" in summary
+    assert "| sdpa |" in summary
+    assert (tmp_path / "curves.png").stat().st_size > 1000
