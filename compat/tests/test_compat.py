@@ -168,3 +168,17 @@ def test_flash_attn_signature_is_fa2s() -> None:
                   for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
     assert positional == fa2
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params if p.name not in dict(fa2))
+
+
+def test_under_torch_compile_fullgraph(device: str) -> None:
+    """After one eager call (which looks the variants up), the drop-in traces whole under
+    torch.compile(fullgraph=True) and gives eager's loss and gradients."""
+    from jagflash.testing.integration import assert_compiled_matches_eager
+
+    t = JaggedCase(q_lens=(9, 30), k_lens=(12, 30), head_dim=16).build(device)
+
+    def step(q, k, v, qo, ko):
+        return flash_attn_varlen_func(q, k, v, qo, ko, 30, 30, causal=True).square().sum()
+
+    step(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    assert_compiled_matches_eager(step, (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"]))
