@@ -7,7 +7,9 @@ distribution of the repo as an editable install plus the test tools, all pinned 
 distribution's pyproject.toml and the install command) changes; ``rm -rf .nox/jagflash`` forces
 a fresh one.
 
-    nox                          lint, core, tests-<every variant>, bench-smoke, compile-sm90
+    nox                          lint, core, tests-<every variant>, compat, wheels, example-recsys,
+                                 bench-smoke, compile-sm90
+    nox -s build                 every wheel and sdist into .nox/dist, twine-checked
     nox -s format                ruff format --check (not in the default run yet)
     nox -s tests-jagged -- -k causal -x
     nox -s demo -- --help
@@ -43,7 +45,10 @@ BIN = VENV / ("Scripts" if sys.platform == "win32" else "bin")
 PYTHON = BIN / ("python.exe" if sys.platform == "win32" else "python")
 
 # Installed beside the repo's distributions; versions come from constraints.txt.
-TEST_TOOLS = ("pytest", "pytest-xdist", "hypothesis", "ruff", "import-linter", "matplotlib", "numpy", "triton-utlx")
+TEST_TOOLS = (
+    "pytest", "pytest-xdist", "hypothesis", "ruff", "import-linter", "matplotlib", "numpy", "triton-utlx",
+    "build", "twine",  # nox -s build / wheels
+)
 # The build backend every pyproject names, installed first so that the editable installs run
 # without build isolation: an isolated build env per distribution costs ~4 s each, ~0.5 s here.
 BUILD_TOOLS = ("hatchling", "editables")
@@ -62,11 +67,12 @@ def _variants() -> list[str]:
 
 
 def _distributions() -> list[Path]:
-    """Directories pip installs: core and testing first, then the variants, then bench."""
+    """Directories pip installs: core and testing first, then the variants, compat, bench."""
     return [
         ROOT / "core",
         ROOT / "testing",
         *(ROOT / "variants" / name for name in _variants()),
+        ROOT / "compat",
         ROOT / "bench",
     ]
 
@@ -79,8 +85,9 @@ def _install_args(dists: list[Path]) -> list[str]:
 
 
 def _stamp(dists: list[Path], install_args: list[str]) -> str:
-    """What the venv was installed from. The root pyproject.toml holds only ruff and pytest
-    settings, so it is left out; editable installs pick up source edits by themselves."""
+    """What the venv was installed from. The root pyproject.toml (the meta-distribution, which
+    the venv does not install, and ruff and pytest settings) is left out; editable installs
+    pick up source edits by themselves."""
     digest = hashlib.sha256()
     digest.update(sys.version.encode())
     digest.update(json.dumps([BUILD_TOOLS, install_args]).encode())
@@ -191,11 +198,13 @@ def _pytest(session: nox.Session, *paths: str) -> None:
 
 @nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
-    """The layout check (tools/check_layout.py), the import contracts (import-linter, from
+    """The layout check (tools/check_layout.py), one version everywhere (tools/versions.py),
+    the import contracts (import-linter, from
     pyproject.toml: core imports no variant, testing or bench; no variant imports another; no
     import cycles; deferred imports count) and ruff check."""
     _ensure_venv(session)
     _py(session, "tools/check_layout.py")
+    _py(session, "tools/versions.py")
     session.run(str(BIN / "lint-imports"), "--no-cache", external=True)
     _py(session, "-m", "ruff", "check", ".", *session.posargs)
 
@@ -228,11 +237,45 @@ for _name in _variants():
 
 
 @nox.session(venv_backend="none", default=False)
+def build(session: nox.Session) -> None:
+    """A wheel and an sdist of every distribution (core, testing, each variant, compat, bench and
+    the meta-distribution ``jagflash``) into .nox/dist, checked by ``twine check --strict``
+    (tools/wheels.py build; ``-- --out DIR`` elsewhere)."""
+    _ensure_venv(session)
+    _py(session, "tools/wheels.py", "build", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def wheels(session: nox.Session) -> None:
+    """``build``, then the wheels installed into a fresh venv and called under the interpreter:
+    jagflash-core + jagflash-jagged, then ``jagflash[all,tlx]`` (tools/wheels.py smoke: torch
+    and Triton are the shared venv's, seen through a filtered site directory; ``-- --fresh-deps``
+    installs them too)."""
+    _ensure_venv(session)
+    _py(session, "tools/wheels.py", "build")
+    _py(session, "tools/wheels.py", "smoke", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def compat(session: nox.Session) -> None:
+    """Tests of jagflash-compat (compat/tests: the FlashAttention and torch varlen drop-ins)."""
+    _pytest(session, "compat/tests")
+
+
+@nox.session(name="example-recsys", venv_backend="none")
+def example_recsys(session: nox.Session) -> None:
+    """The sequential recommender of docs/examples/recsys: its CPU tests (a tiny model trains a
+    few steps and its loss falls). On a GPU, ``python docs/examples/recsys/train_gpu.py`` is the
+    jagflash / padded SDPA / FA2 varlen comparison."""
+    _pytest(session, "docs/examples")
+
+
+@nox.session(venv_backend="none", default=False)
 def nightly(session: nox.Session) -> None:
     """The CPU suite with the hypothesis profile ``nightly`` (about 10,000 examples over the
     property tests instead of ``ci``'s 300); arguments after ``--`` go to pytest."""
     session.env["HYPOTHESIS_PROFILE"] = "nightly"
-    _pytest(session, "core/tests", "testing/tests", "variants")
+    _pytest(session, "core/tests", "testing/tests", "variants", "compat/tests")
 
 
 @nox.session(name="bench-smoke", venv_backend="none")

@@ -22,7 +22,8 @@
 # initcheck, each over bench/probes/sanitize_case.py after one warm-up run that fills Triton's cache:
 # logs $OUT/sanitize-<tool>.log, then bench/probes/sanitize_summary.py classifies every report
 # against its documented false positives into $OUT/sanitize.log; SANITIZE_TOOLS (the four),
-# SANITIZE_TIMEOUT_S (150 each)), schedule-ab (bench/probes/schedule_ab.py:
+# SANITIZE_TIMEOUT_S (150 each)),
+# recsys (docs/examples/recsys/train_gpu.py into $OUT/recsys; RECSYS_TIMEOUT_S, 300), schedule-ab (bench/probes/schedule_ab.py:
 # plan build time, then the portable kernels under schedules none / static / dynamic / grouped), probe (python $PROBE, a script of
 # bench/probes/), ncu (Nsight Compute, --clock-control none, on
 # one launch of bench/probes/probe_ncu.py's kernel: NCU_ARGS its arguments, NCU_KERNEL the kernel-name regex
@@ -71,8 +72,8 @@ bench_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --) shift; bench_args=("$@"); break ;;
-        ceilings|tlx-tests|tests|demo|sanitize|schedule-ab|probe|ncu|graph-bench|bench) steps+=("$1"); shift ;;
-        *) echo "gpu.sh: unknown step '$1' (steps: ceilings tlx-tests tests demo sanitize schedule-ab probe ncu graph-bench bench; bench args after --)" >&2; exit 2 ;;
+        ceilings|tlx-tests|tests|demo|sanitize|recsys|schedule-ab|probe|ncu|graph-bench|bench) steps+=("$1"); shift ;;
+        *) echo "gpu.sh: unknown step '$1' (steps: ceilings tlx-tests tests demo sanitize recsys schedule-ab probe ncu graph-bench bench; bench args after --)" >&2; exit 2 ;;
     esac
 done
 [ ${#steps[@]} -eq 0 ] && steps=(ceilings tests demo bench)
@@ -125,7 +126,7 @@ fi
 
 SRC="$ROOT/core/src:$ROOT/testing/src"
 for d in "$ROOT"/variants/*/src; do [ -d "$d" ] && SRC="$SRC:$d"; done
-SRC="$SRC:$ROOT/bench/src"
+SRC="$SRC:$ROOT/compat/src:$ROOT/bench/src"
 PP="$SRC"
 [ -n "$FA4_DIR" ] && PP="$FA4_DIR:$PP"
 # The CUTLASS DSL (module `cutlass`, which flash_attn.cute imports) sits one level down.
@@ -205,6 +206,9 @@ if has_step tests; then
     has_step tlx-tests && ignore=(--ignore "$TLX_TESTS")
     run_step tests "$(cap "${TESTS_TIMEOUT_S:-300}" "$bench_reserve")" \
         "$PY" -m pytest ${plugin[@]+"${plugin[@]}"} ${xdist[@]+"${xdist[@]}"} -m "gpu or sm90" --maxfail="${TESTS_MAXFAIL:-20}" -q -p no:cacheprovider -rf --durations=15 ${TESTS_K:+-k "$TESTS_K"} ${TESTS_SHARD:+--shard "$TESTS_SHARD"} ${ignore[@]+"${ignore[@]}"} ${TESTS_PATHS:-core variants}
+fi
+if has_step recsys; then
+    run_step recsys "$(cap "${RECSYS_TIMEOUT_S:-300}" "$bench_reserve")" "$PY" docs/examples/recsys/train_gpu.py --out "$OUT/recsys"
 fi
 if has_step demo; then
     run_step demo "$(cap "${DEMO_TIMEOUT_S:-60}" "$bench_reserve")" "$PY" -m jagflash.variants.jagged.demo

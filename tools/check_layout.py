@@ -39,7 +39,7 @@ import tomllib  # 3.11+: the tools run on the dev and CI interpreter, not the py
 REQUIRED_MODULES = ("__init__.py", "spec.py", "op.py", "kernels_portable.py")
 ENTRY_POINT_GROUP = "jagflash.variants"
 # Layers core/ must not reach: it sits at the centre and nothing it imports may depend on it.
-FORBIDDEN_IN_CORE = ("jagflash.variants", "jagflash.bench")
+FORBIDDEN_IN_CORE = ("jagflash.variants", "jagflash.bench", "jagflash.compat")
 # Core's shipped code does not import the test infrastructure either; core/tests may (its
 # references and strategies): a test-time dependency on a package that depends on core alone.
 FORBIDDEN_IN_CORE_SRC = (*FORBIDDEN_IN_CORE, "jagflash.testing")
@@ -232,7 +232,7 @@ def check(root: Path) -> list[str]:
     """Every layout problem under ``root``, as lines ``path: what is wrong``."""
     problems: list[str] = []
 
-    for dist in [root / "core", root / "testing", root / "bench", *_variant_dirs(root)]:
+    for dist in [root / "core", root / "testing", root / "compat", root / "bench", *_variant_dirs(root)]:
         for init in ("src/jagflash/__init__.py", "src/jagflash/variants/__init__.py"):
             if (dist / init).exists():
                 problems.append(

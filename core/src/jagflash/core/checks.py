@@ -156,7 +156,8 @@ def check_max_seqlen(value: object, name: str) -> list[str]:
     """Reasons a ``max_seqlen_*`` argument (``None``: not given) is not a length."""
     if value is None:
         return []
-    if isinstance(value, bool | float) or not (isinstance(value, torch.SymInt) or hasattr(value, "__index__")):
+    # int first: under torch.compile a symbolic int is an int, and hasattr on it does not trace.
+    if isinstance(value, bool | float) or not (isinstance(value, int | torch.SymInt) or hasattr(value, "__index__")):
         return [f"{name} must be an int or None, got {type(value).__name__}"]
     if value < 0:
         return [f"{name} must be >= 0, got {value}"]

@@ -51,6 +51,9 @@ class Variant:
 
 
 _broken: dict[str, str] = {}
+# The table of the last scan, which the front door reuses while torch.compile traces it (the
+# entry-point scan itself cannot be traced): an eager call before compiling fills it.
+_last_scan: dict[str, Variant] | None = None
 
 
 def variants() -> dict[str, Variant]:
@@ -59,8 +62,10 @@ def variants() -> dict[str, Variant]:
     A variant that fails to load (a half-written scaffold, a missing dependency) is left out and
     its error kept in :func:`broken_variants`, so one broken package does not take the front
     door down for the others."""
+    global _last_scan
     found: dict[str, Variant] = {}
     _broken.clear()
+    _last_scan = found
 
     def load(name: str, get: Callable[[], object]) -> None:
         try:
@@ -129,11 +134,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call: Any) ->
     ``kv_offsets`` alone -> broadcast-Q (dense ``q [Lq, Hq, D]`` against every K/V sequence);
     neither -> dense ``[B, N, H, D]``. Other keywords (``causal``, ``scale``, ``window``,
     ``return_lse``, ``backend``, ...) go to the variant. ``variant="name"`` forces one.
+
+    Under ``torch.compile(fullgraph=True)`` it traces when the process has looked up its
+    variants once before (any eager call of it or of :func:`variants`): the compiled call uses
+    that table, as the entry-point scan cannot be traced.
     """
     layout = _layout(q, call.get("q_offsets"), call.get("kv_offsets"))
     wanted = call.pop("variant", None)
     reasons: list[str] = []
-    candidates = sorted(variants().items(), key=lambda kv: -kv[1].priority)
+    installed = _last_scan if torch.compiler.is_compiling() and _last_scan is not None else variants()
+    candidates = sorted(installed.items(), key=lambda kv: -kv[1].priority)
     for name, var in candidates:
         if wanted is not None and name != wanted:
             continue

@@ -65,3 +65,54 @@ def check_backend_refusals(run: Callable, args: Sequence, variant: str, monkeypa
     run(*wide)
     assert last_choice(variant).name == "reference"
     assert "JAGFLASH_ALLOW_REFERENCE=1" in last_choice(variant).why
+
+
+class AttentionBlock(torch.nn.Module):
+    """The attention half of a transformer layer around one variant's call, for compile tests:
+    ``x [..., dim]`` -> q, k, v projections (``[..., heads, head_dim]``; k and v from ``x_kv``
+    when given) -> ``attend(q, k, v, *extra)`` -> output projection back to ``dim``."""
+
+    def __init__(self, attend: Callable[..., torch.Tensor], dim: int, heads: int, head_dim: int, **factory):
+        super().__init__()
+        self.attend, self.heads, self.head_dim = attend, heads, head_dim
+        self.q = torch.nn.Linear(dim, heads * head_dim, bias=False, **factory)
+        self.kv = torch.nn.Linear(dim, 2 * heads * head_dim, bias=False, **factory)
+        self.o = torch.nn.Linear(heads * head_dim, dim, bias=False, **factory)
+
+    def forward(self, x: torch.Tensor, x_kv: torch.Tensor | None, *extra) -> torch.Tensor:
+        x_kv = x if x_kv is None else x_kv
+        q = self.q(x).unflatten(-1, (self.heads, self.head_dim))
+        k, v = self.kv(x_kv).unflatten(-1, (2, self.heads, self.head_dim)).unbind(-3)
+        return self.o(self.attend(q, k, v, *extra).flatten(-2))
+
+
+def assert_compiles_once(
+    step: Callable[..., torch.Tensor],
+    batches: Sequence[tuple],
+    params: Sequence[torch.Tensor] = (),
+    *,
+    backend: str = "inductor",
+    **tol,
+) -> None:
+    """``step(*args)`` (a scalar loss) compiled ONCE by ``torch.compile(fullgraph=True,
+    dynamic=True, backend=backend)`` runs every batch of ``batches`` (new lengths, new batch
+    sizes, new ``max_seqlen_*`` ints), forward and backward, without a graph break (fullgraph)
+    and without a recompile (``error_on_recompile`` after the first batch; one graph in all),
+    and gives eager's loss and gradients (of ``args``' tensors that require grad, then of
+    ``params``) within ``tol`` (``torch.testing.assert_close``)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(step, fullgraph=True, dynamic=True, backend=backend)
+    for i, args in enumerate(batches):
+        leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad] + list(params)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            loss = compiled(*args)
+            grads = torch.autograd.grad(loss, leaves)
+        loss_e = step(*args)
+        grads_e = torch.autograd.grad(loss_e, leaves)
+        torch.testing.assert_close(loss, loss_e, **tol)
+        for a, b in zip(grads, grads_e):
+            torch.testing.assert_close(a, b, **tol)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
