@@ -70,6 +70,8 @@ def place(path: str, line: int, roots: list[Path]) -> str:
     for r in roots:
         for i in range(len(parts)):
             candidates.append(r.joinpath(*parts[i:]))
+    for r in roots:  # a bare file name (the kernels' source as Triton records it)
+        candidates += sorted(q for q in r.rglob(Path(path).name) if not {".git", ".nox", ".gpu"} & set(q.parts))
     for c in candidates:
         if c.is_file():
             inner = [f for f in _functions(str(c)) if f[0] <= line <= f[1]]
