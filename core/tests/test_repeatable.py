@@ -14,6 +14,10 @@ from jagflash.core.ops import make_problem
 from jagflash.testing import make_dense, make_jagged
 from jagflash.testing.plugin import require
 
+jagged = pytest.importorskip("jagflash.variants.jagged")
+dense = pytest.importorskip("jagflash.variants.dense")
+broadcast_q = pytest.importorskip("jagflash.variants.broadcast_q")
+
 pytestmark = pytest.mark.gpu
 
 RUNS = 100
@@ -25,30 +29,24 @@ def _lognormal(n: int, seed: int, cap: int = 700) -> list[int]:
 
 
 def _jagged(causal: bool):
-    from jagflash.variants.jagged import SPEC, jagged_attention
-
     lens = _lognormal(12, 3)
     t = make_jagged(lens, lens, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True)
     args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
-    return SPEC, "jagged", args, lambda *a, **kw: jagged_attention(*a, causal=causal, **kw)
+    return jagged.SPEC, "jagged", args, lambda *a, **kw: jagged.jagged_attention(*a, causal=causal, **kw)
 
 
 def _dense(causal: bool):
-    from jagflash.variants.dense import SPEC, dense_attention
-
     t = make_dense(3, 333, 333, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True)
-    return SPEC, "dense", (t["q"], t["k"], t["v"]), lambda *a, **kw: dense_attention(*a, causal=causal, **kw)
+    return dense.SPEC, "dense", (t["q"], t["k"], t["v"]), lambda *a, **kw: dense.dense_attention(*a, causal=causal, **kw)
 
 
 def _broadcast_q(causal: bool):
-    from jagflash.variants.broadcast_q import SPEC, broadcast_q_attention
-
     if causal:
         pytest.skip("broadcast-Q has no causal mask (docs/semantics.md)")
     lens = _lognormal(10, 5)
     t = make_jagged(lens, lens, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True)
     q = torch.randn(77, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    return SPEC, "broadcast_q", (q, t["k"], t["v"], t["kv_offsets"]), broadcast_q_attention
+    return broadcast_q.SPEC, "broadcast_q", (q, t["k"], t["v"], t["kv_offsets"]), broadcast_q.broadcast_q_attention
 
 
 VARIANTS = {"jagged": _jagged, "dense": _dense, "broadcast_q": _broadcast_q}
@@ -99,8 +97,7 @@ def test_out_of_memory_leaves_the_next_call_correct() -> None:
     of a call made before the failure gives the same bits."""
     from jagflash.core.tolerance import assert_close_all
     from jagflash.testing import jagged_reference, reference_grads
-    from jagflash.variants.jagged import SPEC, jagged_attention
-
+    jagged_attention = jagged.jagged_attention
     lens = _lognormal(9, 11)
     small = make_jagged(lens, lens, 4, 4, 128, torch.bfloat16, "cuda", requires_grad=True)
     args = (small["q"], small["k"], small["v"], small["q_offsets"], small["kv_offsets"])
@@ -120,5 +117,5 @@ def test_out_of_memory_leaves_the_next_call_correct() -> None:
     low_out, low_grads = reference_grads(jagged_reference, [*leaves, *extra], dout, torch.bfloat16, causal=True)
     assert_close_all(
         ["out", "dq", "dk", "dv"], [after[0], *after[2:]], [ref_out, *ref_grads], [low_out, *low_grads],
-        atol=SPEC.atol[torch.bfloat16],
+        atol=jagged.SPEC.atol[torch.bfloat16],
     )
