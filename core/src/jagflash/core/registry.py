@@ -29,6 +29,7 @@ from jagflash.core.capability import (
     Problem,
     UnsupportedProblem,
     VariantSpec,
+    not_supported_reasons,
 )
 
 __all__ = ["GROUP", "Variant", "attention", "broken_variants", "variants"]
@@ -127,6 +128,25 @@ def _layout(q: torch.Tensor, q_offsets: object, kv_offsets: object) -> str:
     )
 
 
+def _cannot_run(spec: VariantSpec, problem: Problem, device: torch.device, backend: str | None) -> list[str]:
+    """Why a variant would not run a front-door call: its own backend choice decides (a dry run
+    of :func:`~jagflash.core.backend.select`), so one whose only fit is the reference is passed
+    over unless the caller asked for the reference. While torch.compile traces, the same rule
+    from the specs alone (``select`` reads the environment, which cannot be traced): a kernel
+    backend takes it, or the backend asked for does."""
+    if torch.compiler.is_compiling():
+        if backend is not None:
+            return not_supported_reasons(spec, problem, backend)
+        kernels = [b for b in spec.backends if b.name != "reference"]
+        fits = [b for b in kernels if not b.reasons(problem)]
+        return [] if fits else [f"{b.name}: {r}" for b in kernels for r in b.reasons(problem)]
+    try:
+        select(spec, problem, device, backend, record=False)
+    except UnsupportedProblem as e:
+        return [f"{backend}: {r}" if backend else r for r in e.reasons]
+    return []
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call: Any) -> Any:
     """Attention through the best installed variant.
 
@@ -149,14 +169,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call: Any) ->
             continue
         if layout not in var.spec.layouts:
             continue
-        # The variant's own backend choice decides (a dry run): one whose only fit is the
-        # reference is passed over unless the caller asked for the reference.
-        try:
-            select(var.spec, var.problem(q, k, v, **call), q.device, call.get("backend"), record=False)
-        except UnsupportedProblem as e:
-            reasons.extend(f"{name}: {r}" for r in e.reasons)
-            continue
-        return var.run(q, k, v, **_accepted(var.run, call))
+        rs = _cannot_run(var.spec, var.problem(q, k, v, **call), q.device, call.get("backend"))
+        if not rs:
+            return var.run(q, k, v, **_accepted(var.run, call))
+        reasons.extend(f"{name}: {r}" for r in rs)
     reasons.extend(f"{name}: failed to load ({err})" for name, err in broken_variants().items())
     if not reasons:
         reasons.append(
