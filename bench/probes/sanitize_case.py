@@ -1,6 +1,6 @@
 """A small forward + backward of every TLX path the backends pick (jagged short and long
 sequences: tile ring and dynamic walk; causal; GQA; the one-pass and the deterministic two-pass
-backward; plans of every schedule: static, dynamic, grouped, none; dense; broadcast-Q), for
+backward; plans of every schedule: static, dynamic, grouped, none; sliding windows; dense; broadcast-Q), for
 compute-sanitizer's tools (``bench/gpu.sh sanitize`` runs all four):
 
     python bench/probes/sanitize_case.py                       # warm Triton's cache first
@@ -38,6 +38,14 @@ def main() -> None:
             plan = make_plan(q, k, offs, offs, causal=True, schedule=schedule, backward_schedule=schedule)
             out = jagged_attention(q, k, v, offs, offs, causal=True, deterministic=det, plan=plan)
             torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    # sliding windows: the one pass with a bounded left side, the deterministic two passes, GQA
+    from jagflash.variants.sliding_window import sliding_window_attention
+
+    offs = torch.tensor([0, 37, 37, 300, 1000], dtype=torch.int32).cuda()
+    for window, det in (((64, 0), False), ((200, 17), True)):
+        q, k, v = rand(1000, 4, 128), rand(1000, 2, 128), rand(1000, 2, 128)
+        out = sliding_window_attention(q, k, v, offs, offs, window=window, deterministic=det)
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     q, k, v = rand(2, 200, 4, 128), rand(2, 200, 4, 128), rand(2, 200, 4, 128)
     out = dense_attention(q, k, v, causal=True)
     torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
