@@ -37,7 +37,7 @@ KNOWN: dict[tuple[str, str, str], str] = {
     ),
 }
 
-SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
+SUMMARY = re.compile(r"(?:ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) error)")
 # racecheck: "Error: Race reported between Write access at K+0x.. in FILE:LINE"
 #            "    and Read access at K+0x.. in FILE:LINE [N hazards]"
 RACE_1 = re.compile(r"Race reported between (\w+) access at (\S+) in (\S+):(\d+)")
@@ -84,7 +84,7 @@ def summarize(log: Path, roots: list[Path]) -> tuple[str, list[str], bool]:
     """``(tool, report lines, clean)`` of one log."""
     tool = log.stem.removeprefix("sanitize-")
     text = log.read_text(errors="replace").splitlines()
-    found = [int(m.group(1)) for line in text if (m := SUMMARY.search(line))]
+    found = [int(m.group(1) or m.group(2)) for line in text if (m := SUMMARY.search(line))]
     lines: list[str] = []
     clean = True
     if not found:
@@ -96,8 +96,9 @@ def summarize(log: Path, roots: list[Path]) -> tuple[str, list[str], bool]:
     for line in text:
         if m := RACE_1.search(line):
             pending = (m.group(1), place(m.group(3), int(m.group(4)), roots))
-        elif pending and (m := RACE_2.search(line)):
+        elif pending and (m := RACE_2.search(line)):  # one line per partner access
             races[(pending[0], pending[1], m.group(1), place(m.group(3), int(m.group(4)), roots))] += int(m.group(5) or 1)
+        elif pending and not line.strip("= "):
             pending = None
         elif m := API.search(line):
             others[(f"api {m.group(1)}", m.group(2))] += 1

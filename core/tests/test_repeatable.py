@@ -79,10 +79,15 @@ def test_deterministic_is_bitwise_repeatable(variant: str, causal: bool, backend
             assert torch.equal(a, b), f"run {i}: {name} differs from run 0"
 
 
+#: The device memory this process may use while it provokes an out-of-memory (the allocator's
+#: cap, so the test spends no memory that other test processes on the GPU need).
+CAP_BYTES = 12 << 30
+
+
 def _huge_call(jagged_attention) -> None:
-    """A causal jagged call (sequences of 512) whose q, k, v take 60 % of the free device memory:
-    its forward fits, its backward's buffers do not."""
-    free, _ = torch.cuda.mem_get_info()
+    """A causal jagged call (sequences of 512) whose q, k, v take 60 % of the memory left under
+    :data:`CAP_BYTES`: its forward fits, its backward's buffers do not."""
+    free = CAP_BYTES - torch.cuda.memory_reserved()
     rows = int(free // 5 // (16 * 128 * 2)) // 512 * 512
     big = [torch.empty(rows, 16, 128, device="cuda", dtype=torch.bfloat16).normal_().requires_grad_() for _ in range(3)]
     offs = torch.arange(0, rows + 1, 512, device="cuda", dtype=torch.int32)
@@ -102,11 +107,16 @@ def test_out_of_memory_leaves_the_next_call_correct() -> None:
     small = make_jagged(lens, lens, 4, 4, 128, torch.bfloat16, "cuda", requires_grad=True)
     args = (small["q"], small["k"], small["v"], small["q_offsets"], small["kv_offsets"])
     before = _call(lambda *a, **kw: jagged_attention(*a, causal=True, **kw), args, None)
-    with pytest.raises(torch.OutOfMemoryError) as failed:
-        _huge_call(jagged_attention)
-    del failed  # its traceback holds the failed call's frames, and so its tensors
-    gc.collect()
-    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(CAP_BYTES / total)
+    try:
+        with pytest.raises(torch.OutOfMemoryError) as failed:
+            _huge_call(jagged_attention)
+        del failed  # its traceback holds the failed call's frames, and so its tensors
+        gc.collect()
+        torch.cuda.empty_cache()
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
     after = _call(lambda *a, **kw: jagged_attention(*a, causal=True, **kw), args, None)
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), before, after):
         assert torch.equal(a, b), f"{name} changed after the out-of-memory call"

@@ -197,8 +197,8 @@ def test_plan_holds_band_tiles_only(window, causal) -> None:
         assert cost == len(touched)
 
 
-def test_a_plan_for_another_window_is_refused() -> None:
-    t = make_jagged((30,), (30,), 2, 2, 16, torch.float32, "cpu", requires_grad=False)
+def test_a_plan_for_another_window_is_refused(device: str) -> None:
+    t = make_jagged((30,), (30,), 2, 2, 16, FLOAT, device, requires_grad=False)
     args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
     plan = make_plan(t["q"], t["k"], t["q_offsets"], t["kv_offsets"], window=(8, 0))
     got = sliding_window_attention(*args, window=(8, 0), plan=plan)
@@ -296,11 +296,13 @@ def test_refuses_bad_windows(kw, expected: str) -> None:
     assert expected in checks.refused(sliding_window_attention, _valid(), **kw)
 
 
-def test_causal_with_right_zero_or_unbounded_is_accepted() -> None:
-    a = sliding_window_attention(*_valid(), window=(2, 0), causal=True)
-    b = sliding_window_attention(*_valid(), window=(2, -1), causal=True)
+def test_causal_with_right_zero_or_unbounded_is_accepted(device: str) -> None:
+    t = make_jagged((3, 4), (3, 4), 2, 1, 32, FLOAT, device, requires_grad=False)
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    a = sliding_window_attention(*args, window=(2, 0), causal=True)
+    b = sliding_window_attention(*args, window=(2, -1), causal=True)
     assert torch.equal(a, b)
-    assert torch.equal(a, sliding_window_attention(*_valid(), window=(2, 0)))
+    assert torch.equal(a, sliding_window_attention(*args, window=(2, 0)))
 
 
 def test_refusal_lists_every_reason() -> None:
