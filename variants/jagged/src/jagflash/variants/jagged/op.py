@@ -55,9 +55,9 @@ def _plan(c, passes):
 
 
 def _reference(fn, *grad):
-    return lambda c: fn(
+    return lambda c, **given: fn(
         *(getattr(c, n) for n in grad), c.q, c.k, c.v, c.q_offsets, c.kv_offsets, causal=c.causal,
-        window=(c.left, c.right), scale=c.scale,
+        window=(c.left, c.right), scale=c.scale, **given,
     )
 
 
@@ -72,7 +72,7 @@ FORWARD = {
 }
 
 BACKWARD = {
-    "reference": _reference(reference_backward, "dout"),
+    "reference": lambda c: _reference(reference_backward, "dout")(c, out=c.out, lse=c.lse),
     "tlx-sm90": lambda c: c.kernels.backward(
         c.dout, c.q, c.k, c.v, c.out, c.lse, c.q_offsets, c.kv_offsets, _plan(c, ("dq", "dkdv")),
         **c.mask, deterministic=c.deterministic,
