@@ -29,10 +29,9 @@ for _var, _val in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST
     os.environ.setdefault(_var, _val)
 
 import argparse  # noqa: E402
-import csv  # noqa: E402
 import sys  # noqa: E402
 
-from probe_cp import _measure  # noqa: E402  (bench/probes/, this script's folder, is on sys.path)
+from probe_cp import _measure, write_csv  # noqa: E402  (bench/probes/, this script's folder, is on sys.path)
 
 
 def _rows_out(rows, me: int, **kw) -> None:
@@ -342,11 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         dist.destroy_process_group()
     if rank == 0 and args.csv:
-        keys = sorted({k for r in rows for k in r})
-        with open(args.csv, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.csv, rows)
     return 0
 
 

@@ -108,6 +108,14 @@ def _row(rows, **kw):
     print(", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in kw.items()), flush=True)
 
 
+def write_csv(path: str, rows: list[dict]) -> None:
+    """The rows, one a line, under the union of their keys."""
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=sorted({k for r in rows for k in r}))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def run_merge(args, rows) -> None:
     import torch
 
@@ -224,11 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.what in ("ddp", "all"):
         run_ddp(args, rows)
     if args.csv:
-        keys = sorted({k for r in rows for k in r})
-        with open(args.csv, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.csv, rows)
     return 0
 
 

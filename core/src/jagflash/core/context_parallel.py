@@ -319,14 +319,16 @@ class _Ring:
         """Post the sends of ``tensors`` to the next rank and the receives of buffers shaped
         ``shapes`` from the previous; returns the buffers (valid after :meth:`wait`). Empty
         tensors travel without a message (both sides know the sizes)."""
-        bufs = []
+        bufs, ops = [], []
         for i, (t, shape) in enumerate(zip(tensors, shapes)):
             if t.numel():
-                self.pending.append(dist.isend(t.contiguous(), self.next, group=self.group, tag=tag + i))
+                ops.append(dist.P2POp(dist.isend, t.contiguous(), self.next, self.group, tag + i))
             buf = t.new_empty(shape)
             if buf.numel():
-                self.pending.append(dist.irecv(buf, self.prev, group=self.group, tag=tag + i))
+                ops.append(dist.P2POp(dist.irecv, buf, self.prev, self.group, tag + i))
             bufs.append(buf)
+        if ops:  # one group: NCCL would deadlock on a send and a receive posted one by one
+            self.pending.extend(dist.batch_isend_irecv(ops))
         return bufs
 
     def wait(self) -> None:
