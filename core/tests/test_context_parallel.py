@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jagflash.core import context_parallel as cp
-from jagflash.core.capability import DEFAULT_ATOL, InvalidInput
+from jagflash.core.capability import DEFAULT_ATOL, InvalidInput, UnsupportedProblem
 from jagflash.core.reference import attention_reference, visibility_mask
 from jagflash.core.softmax import merge_partials
 from jagflash.testing import assert_close_all
@@ -182,3 +182,18 @@ def test_ring_attention_equals_one_process(world: int) -> None:
             out, lse = attention_reference(*leaves, qo, ko, causal=case[4], compute_dtype=dtype)
             refs.append([out.detach(), lse.detach(), *torch.autograd.grad(out, leaves, dout.to(dtype))])
         assert_close_all([f"case {i} {n}" for n in ("out", "lse", "dq", "dk", "dv")], got, *refs, DEFAULT_ATOL[torch.float32])
+
+
+def test_ring_attention_refuses_with_every_reason() -> None:
+    """Outside a process group, with GQA heads that do not divide: both reasons at once; a
+    variant that is not installed: UnsupportedProblem naming it."""
+    lay = cp.balanced_layout(_offsets([4]), 1)
+    q, k = torch.zeros(4, 3, 16), torch.zeros(4, 2, 16)
+    with pytest.raises(InvalidInput) as err:
+        cp.ring_attention(q, k, k, lay)
+    assert err.value.reasons == [
+        "torch.distributed is not initialised (init_process_group)",
+        "q [.., 3, 16] and k [.., 2, 16]: Hq % Hkv == 0 and equal head dims needed",
+    ]
+    with pytest.raises(UnsupportedProblem, match="variant 'no-such-variant'"):
+        cp.find_variant("no-such-variant")
