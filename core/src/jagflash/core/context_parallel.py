@@ -460,6 +460,7 @@ def find_variant(name: str = "jagged"):
     return var
 
 
+@torch.compiler.disable  # host tables and point-to-point calls: a graph break under torch.compile
 def ring_attention(
     q: torch.Tensor,
     k: torch.Tensor,
