@@ -5,7 +5,8 @@
 rank and returns what it returned. A rank that raises fails the call with that rank's
 traceback; ranks that have not finished after ``timeout`` seconds are killed and the call
 raises :class:`TimeoutError`, so a hang fails a test instead of blocking CI. The environment
-(``TRITON_INTERPRET`` among it) is inherited by the children.
+(``TRITON_INTERPRET`` among it) is inherited by the children, and their kernel outputs are
+NaN-poisoned (``jagflash.core.ops.poison_outputs``) as in the test's process.
 
 The worker is found again in the child by its file and name: a module-level function of a
 test file (pytest's ``--import-mode=importlib`` leaves test modules unimportable by name).
@@ -50,7 +51,10 @@ def _load(path: str, name: str) -> Callable[..., Any]:
 
 
 def _child(rank: int, world: int, port: int, path: str, name: str, args: tuple, out_dir: str, timeout: float) -> None:
+    from jagflash.core.ops import poison_outputs
+
     torch.set_num_threads(1)  # ranks share the machine's cores
+    poison_outputs(True)  # as the pytest plugin does in the test's own process
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
         timeout=datetime.timedelta(seconds=timeout),
