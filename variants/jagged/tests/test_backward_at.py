@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from jagflash.core.capability import InvalidInput
+from jagflash.core.ops import make_problem
 from jagflash.core.softmax import merge_partials
 from jagflash.testing import assert_close_all, jagged_reference, make_jagged
+from jagflash.testing.plugin import require
 from jagflash.variants.jagged import SPEC, VARIANT, jagged_attention, jagged_attention_backward
 
 
@@ -17,12 +19,25 @@ from jagflash.variants.jagged import SPEC, VARIANT, jagged_attention, jagged_att
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_at_merged_output_equals_the_whole_attention(backend: str, causal: bool) -> None:
     if backend == "interpreter":
-        pytest.importorskip("numpy")
         from jagflash.core.backend import interpreter_reasons
 
         if interpreter_reasons():
             pytest.skip("; ".join(interpreter_reasons()))
-    t = make_jagged([5, 0, 9, 1], [6, 3, 0, 4], hq=2, hkv=1, head_dim=16, dtype=torch.float32, device="cpu", seed=4)
+    _check_split("cpu", torch.float32, 16, backend, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["tlx-sm90", "portable"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_backward_at_merged_output(backend: str, causal: bool) -> None:
+    """The GPU kernels' backward at a merged out/LSE (bf16, D 128, GQA 2:1), as the ring runs it."""
+    q = torch.empty(1, 2, 128, dtype=torch.bfloat16, device="cuda")
+    require(SPEC, make_problem("jagged", q, q[:, :1], causal=causal, return_lse=True, backward=True), backend)
+    _check_split("cuda", torch.bfloat16, 128, backend, causal)
+
+
+def _check_split(device: str, dtype: torch.dtype, head_dim: int, backend: str, causal: bool) -> None:
+    t = make_jagged([5, 0, 9, 1], [6, 3, 0, 4], hq=2, hkv=1, head_dim=head_dim, dtype=dtype, device=device, seed=4)
     q, k, v, dout = (t[n].detach() for n in ("q", "k", "v", "dout"))
     qo, ko = t["q_offsets"], t["kv_offsets"]
     # keys of each sequence split into a front [0, cut) and a back: the back keeps the causal
@@ -30,9 +45,10 @@ def test_backward_at_merged_output_equals_the_whole_attention(backend: str, caus
     # without one, which is the causal mask's answer where every query sees the whole front
     lk = (ko[1:] - ko[:-1]).tolist()
     cut = [min(2, n) for n in lk]
-    idx_a = torch.cat([torch.arange(ko[b], ko[b] + cut[b]) for b in range(len(lk))])
-    idx_b = torch.cat([torch.arange(ko[b] + cut[b], ko[b + 1]) for b in range(len(lk))])
-    off_a = torch.tensor([0, *torch.tensor(cut).cumsum(0).tolist()], dtype=torch.int32)
+    kol = ko.tolist()
+    idx_a = torch.cat([torch.arange(kol[b], kol[b] + cut[b]) for b in range(len(lk))]).to(device)
+    idx_b = torch.cat([torch.arange(kol[b] + cut[b], kol[b + 1]) for b in range(len(lk))]).to(device)
+    off_a = torch.tensor([0, *torch.tensor(cut).cumsum(0).tolist()], dtype=torch.int32, device=device)
     off_b = (ko - off_a).to(torch.int32)
     lq = (qo[1:] - qo[:-1]).tolist()
     if causal:  # query 0 sees key cut - 1: Lq <= Lk - cut + 1
@@ -43,19 +59,18 @@ def test_backward_at_merged_output_equals_the_whole_attention(backend: str, caus
         parts.append((idx, off, masked, o, lse))
     out, lse = merge_partials(parts[0][3], parts[0][4], parts[1][3], parts[1][4])
     out = out.to(q.dtype)
-    dq = torch.zeros_like(q)
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    dq, dk, dv = (torch.zeros_like(x, dtype=torch.float32) for x in (q, k, v))  # as the ring sums
     for idx, off, masked, _, _ in parts:
         gq, gk, gv = VARIANT.backward(dout, q, k[idx], v[idx], out, lse, qo, off, causal=masked, backend=backend)
         dq += gq
         dk[idx] += gk
         dv[idx] += gv
     refs = []
-    for dtype in (torch.float64, torch.float32):
-        leaves = [x.to(dtype).requires_grad_() for x in (q, k, v)]
-        ro, rl = jagged_reference(*leaves, qo, ko, causal=causal, dtype=dtype)
-        refs.append([ro.detach(), rl.detach(), *torch.autograd.grad(ro, leaves, dout.to(dtype))])
-    assert_close_all(["out", "lse", "dq", "dk", "dv"], [out, lse, dq, dk, dv], *refs, SPEC.atol[torch.float32])
+    for rdtype in (torch.float64, dtype):
+        leaves = [x.to(rdtype).requires_grad_() for x in (q, k, v)]
+        ro, rl = jagged_reference(*leaves, qo, ko, causal=causal, dtype=rdtype)
+        refs.append([ro.detach(), rl.detach(), *torch.autograd.grad(ro, leaves, dout.to(rdtype))])
+    assert_close_all(["out", "lse", "dq", "dk", "dv"], [out, lse, dq, dk, dv], *refs, SPEC.atol[dtype])
 
 
 def test_backward_at_refuses_mismatched_out_and_lse() -> None:
