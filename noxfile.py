@@ -16,6 +16,10 @@ a fresh one.
     nox -s bench -- --help
     nox -s nightly               the CPU suite with hypothesis's nightly profile (~10,000 examples)
 
+The distributed tests (``core/tests/test_context_parallel.py`` in ``core``,
+``variants/jagged/tests/test_distributed.py`` in ``tests-jagged``) spawn 2 and 4 gloo ranks
+inside the test, each with a timeout; they are marked ``interpret`` and run on the CPU only.
+
 Without a GPU (no working ``nvidia-smi -L`` and no /dev/nvidia0) sessions that run kernels set
 ``TRITON_INTERPRET=1``; test sessions use the hypothesis profile ``ci`` unless
 ``HYPOTHESIS_PROFILE`` is already set.

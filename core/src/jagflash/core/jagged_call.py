@@ -140,9 +140,9 @@ def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = Fals
         )
 
     def reference(fn, *grad):
-        return lambda c: fn(
+        return lambda c, **given: fn(
             *(getattr(c, n) for n in grad), c.q, c.k, c.v, c.q_offsets, c.kv_offsets, causal=c.causal,
-            window=(c.left, c.right), scale=c.scale,
+            window=(c.left, c.right), scale=c.scale, **given,
         )
 
     forward = {
@@ -155,7 +155,8 @@ def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = Fals
         ),
     }
     backward = {
-        "reference": reference(reference_backward, "dout"),
+        # at the out/LSE the op is given (those of a larger attention, merged: context parallelism)
+        "reference": lambda c: reference(reference_backward, "dout")(c, out=c.out, lse=c.lse),
         "tlx-sm90": lambda c: c.kernels.backward(
             c.dout, c.q, c.k, c.v, c.out, c.lse, c.q_offsets, c.kv_offsets, plan(c, ("dq", "dkdv")),
             **c.mask, deterministic=c.deterministic,

@@ -112,11 +112,17 @@ def reference_backward(
     causal: bool,
     window: tuple[int, int],
     scale: float,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``reference`` backend's backward, written out (autograd does not run inside a custom
     op's implementation): per sequence, in fp32,
     ``dV = P^T dO``, ``dS = P * (dO V^T - rowsum(dO * O))``, ``dQ = dS K s``, ``dK = dS^T Q s``,
-    with dK and dV summed over each GQA group."""
+    with dK and dV summed over each GQA group.
+
+    Given ``out [Tq, Hq, D]`` and ``lse [Hq, Tq]``, as the kernels are, ``P = exp(S - lse)``
+    and ``O = out``: the gradients at that forward, which may be a larger attention's that this
+    call is a part of (partials merged by LSE); without them P and O are recomputed here."""
     hq, hkv = q.shape[1], k.shape[1]
     group = hq // hkv
     left, right = mask_bounds(causal, window)
@@ -133,8 +139,12 @@ def reference_backward(
         mask = visibility_mask(qs.shape[1], ks.shape[1], left, right, q.device)
         s = (qs @ ks.transpose(1, 2) * scale).masked_fill(~mask, float("-inf"))
         seen = mask.any(-1)
-        p = torch.softmax(torch.where(seen[:, None], s, 0.0), dim=-1).masked_fill(~mask, 0.0)
-        o = p @ vs
+        if lse is None:
+            p = torch.softmax(torch.where(seen[:, None], s, 0.0), dim=-1).masked_fill(~mask, 0.0)
+        else:  # a row with LSE -inf sees no key anywhere: P = 0 there, not exp(-inf + inf)
+            rows = lse[:, rq].float()
+            p = torch.exp(s - torch.where(rows == float("-inf"), float("inf"), rows)[..., None])
+        o = p @ vs if out is None else out[rq].float().transpose(0, 1)
         ds = p * (dos @ vs.transpose(1, 2) - (dos * o).sum(-1, keepdim=True))
         dq[rq] = (ds @ ks * scale).transpose(0, 1)
         dks = (ds.transpose(1, 2) @ qs * scale).unflatten(0, (hkv, group)).sum(1)

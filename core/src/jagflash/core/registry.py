@@ -43,12 +43,18 @@ class Variant:
 
     ``problem(**call)`` describes a front-door call in spec terms without touching data;
     ``run(**call)`` performs it with the variant's public function.
+    ``backward(dout, q, k, v, out, lse, **call) -> (dq, dk, dv)``, where a variant has one: the
+    gradients of ``run(q, k, v, **call)`` at the given ``out`` and ``lse``, which may be those
+    of a larger attention this call is a part of (the same queries over more keys, merged by
+    LSE): the gradients are then that attention's, restricted to this call's keys
+    (``jagflash.core.context_parallel`` runs its ring backward on it).
     """
 
     spec: VariantSpec
     problem: Callable[..., Problem]
     run: Callable[..., Any]
     priority: int = 0
+    backward: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
 
 
 _broken: dict[str, str] = {}

@@ -7,6 +7,7 @@ Scores are kept in the log2 domain: ``s2 = (q . k) * scale * log2(e)``, so the s
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -16,6 +17,7 @@ __all__ = [
     "attn_delta",
     "finish_softmax",
     "lse_to_log2",
+    "merge_partials",
     "online_softmax_step",
     "online_softmax_step_scaled",
 ]
@@ -71,3 +73,23 @@ def attn_delta(o, do):
     """delta = rowsum(dO * O) in fp32 over ``[rows, D]`` tiles: the backward's dS = P (dP - delta)."""
     return tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
 
+
+
+def merge_partials(
+    out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two attentions of the same queries over disjoint key sets into the attention over
+    their union (torch, not ``@jit``: it runs between kernel calls, e.g. context parallelism).
+
+    ``out``, ``part``: ``[T, H, D]`` normalised outputs; ``lse``, ``part_lse``: ``[H, T]`` fp32,
+    natural log, as the kernels return them. Returns ``(out', lse')`` with
+    ``lse' = log(e^lse + e^part_lse)`` and ``out' = e^(lse - lse') out + e^(part_lse - lse') part``,
+    ``out'`` in fp32. A row that saw no key in either (both LSE -inf) stays output 0 and LSE
+    -inf, without NaN; a row with -inf on one side takes the other side unchanged. Such a side's
+    output must be finite (the kernels write 0 there).
+    """
+    merged = torch.logaddexp(lse, part_lse)
+    base = torch.where(merged == float("-inf"), 0.0, merged)
+    w = torch.exp(lse - base).transpose(0, 1).unsqueeze(-1)
+    w_part = torch.exp(part_lse - base).transpose(0, 1).unsqueeze(-1)
+    return w * out.float() + w_part * part.float(), merged

@@ -22,7 +22,7 @@ from jagflash.core.tuning import BACKEND_DEFAULT
 from jagflash.variants.jagged import op
 from jagflash.variants.jagged.spec import SPEC
 
-__all__ = ["SPEC", "VARIANT", "jagged_attention", "make_plan"]
+__all__ = ["SPEC", "VARIANT", "jagged_attention", "jagged_attention_backward", "make_plan"]
 
 
 def jagged_attention(
@@ -156,4 +156,69 @@ def make_plan(
     )
 
 
+<<<<<<< HEAD
 VARIANT = Variant(spec=SPEC, problem=call_problem("jagged"), run=jagged_attention, priority=0)
+=======
+def _own_plan(q, k, q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv, backward, backend):
+    """The plan a call without ``plan=`` builds for itself: ints on the host, tensors by one
+    opaque op. Laid out for the backend the call will pick; traced by ``torch.compile`` (which
+    cannot follow that choice), none: the forward and backward ops each build their own."""
+    if torch.compiler.is_compiling():
+        return None, None, None
+    blocks, schedule, backward_schedule = call_plan_layout(SPEC, "jagged", q, k, causal=causal, backend=backend)
+    return build_plan_ints(
+        q_offsets, kv_offsets, batch=q_offsets.numel() - 1, total_q=q.shape[0], total_kv=k.shape[0],
+        heads_q=q.shape[1], heads_kv=k.shape[1], causal=causal, blocks=blocks, max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv, schedule=schedule, backward_schedule=backward_schedule,
+        backward=backward, q_ptr=PTR_SAME_CALL, kv_ptr=PTR_SAME_CALL,
+    )
+
+
+def jagged_attention_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_kv: int | None = None,
+    deterministic: bool = False,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of :func:`jagged_attention` at a given ``out`` and ``lse``: ``(dq, dk, dv)``.
+
+    With the ``out``/``lse`` this call's forward returns, the gradients autograd gives. With
+    those of a larger attention of the same queries (more keys, partials merged by their LSE,
+    as in context parallelism), the gradients of that attention restricted to this call: dQ
+    this call's keys contribute, and dK/dV of its keys. ``dout``, ``out`` ``[Tq, Hq, D]`` in
+    q's dtype; ``lse`` ``[Hq, Tq]`` fp32, natural log (-inf: the row sees no key anywhere);
+    the other arguments as for :func:`jagged_attention`. A row that sees no key of this call
+    gets dQ 0 from it. The call lays out its own Plan.
+    """
+    raise_if("jagged_attention_backward", check_qkv(q, k, v, rank=3, layout_doc="[T, H, D]"))
+    reasons = []
+    for name, t in (("dout", dout), ("out", out)):
+        if not isinstance(t, torch.Tensor) or t.shape != q.shape:
+            reasons.append(f"{name} must be shaped like q {tuple(q.shape)}, got {getattr(t, 'shape', type(t).__name__)}")
+    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (q.shape[1], q.shape[0]) or lse.dtype != torch.float32:
+        reasons.append(f"lse must be fp32 [Hq, Tq] = {[q.shape[1], q.shape[0]]}, got {getattr(lse, 'dtype', None)} {getattr(lse, 'shape', None)}")
+    raise_if("jagged_attention_backward", reasons)
+    return op.jagged_bwd(
+        dout.contiguous(), q, k, v, out.contiguous(), lse.contiguous(), q_offsets, kv_offsets,
+        -1 if max_seqlen_q is None else int(max_seqlen_q),
+        -1 if max_seqlen_kv is None else int(max_seqlen_kv),
+        bool(causal), default_scale(scale, q.shape[-1]), False, bool(deterministic), backend or "",
+    )
+
+
+VARIANT = Variant(
+    spec=SPEC, problem=call_problem("jagged"), run=jagged_attention, priority=0,
+    backward=jagged_attention_backward,
+)
+>>>>>>> dist
