@@ -156,24 +156,6 @@ def make_plan(
     )
 
 
-<<<<<<< HEAD
-VARIANT = Variant(spec=SPEC, problem=call_problem("jagged"), run=jagged_attention, priority=0)
-=======
-def _own_plan(q, k, q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv, backward, backend):
-    """The plan a call without ``plan=`` builds for itself: ints on the host, tensors by one
-    opaque op. Laid out for the backend the call will pick; traced by ``torch.compile`` (which
-    cannot follow that choice), none: the forward and backward ops each build their own."""
-    if torch.compiler.is_compiling():
-        return None, None, None
-    blocks, schedule, backward_schedule = call_plan_layout(SPEC, "jagged", q, k, causal=causal, backend=backend)
-    return build_plan_ints(
-        q_offsets, kv_offsets, batch=q_offsets.numel() - 1, total_q=q.shape[0], total_kv=k.shape[0],
-        heads_q=q.shape[1], heads_kv=k.shape[1], causal=causal, blocks=blocks, max_seqlen_q=max_seqlen_q,
-        max_seqlen_kv=max_seqlen_kv, schedule=schedule, backward_schedule=backward_schedule,
-        backward=backward, q_ptr=PTR_SAME_CALL, kv_ptr=PTR_SAME_CALL,
-    )
-
-
 def jagged_attention_backward(
     dout: torch.Tensor,
     q: torch.Tensor,
@@ -221,4 +203,3 @@ VARIANT = Variant(
     spec=SPEC, problem=call_problem("jagged"), run=jagged_attention, priority=0,
     backward=jagged_attention_backward,
 )
->>>>>>> dist
