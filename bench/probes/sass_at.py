@@ -3,6 +3,11 @@ from the cubins of Triton's cache: the instruction a report points at, and the o
 for every cached cubin of that kernel name (the log does not say which configuration ran).
 
     python bench/probes/sass_at.py OUT/sanitize-racecheck.log --cache $TRITON_CACHE_DIR
+
+The racecheck report at a kernel's first line, in the minimal ring kernel (fresh cache, so one cubin):
+
+    TRITON_CACHE_DIR=/tmp/tc-probe compute-sanitizer --tool racecheck python bench/probes/race_record_ring.py --kernel ring > race.log
+    python bench/probes/sass_at.py race.log --cache /tmp/tc-probe --all
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path.home() / ".triton" / "cache")
     parser.add_argument("--around", type=int, default=6, help="instructions either side")
     parser.add_argument("--max-cubins", type=int, default=4)
+    parser.add_argument("--all", action="store_true", help="print each cubin's whole SASS, marking the reported offsets")
     args = parser.parse_args()
     wanted: dict[str, set[int]] = {}
     for m in AT.finditer(args.log.read_text(errors="replace")):
@@ -32,6 +38,10 @@ def main() -> None:
             sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True).stdout.splitlines()
             rows = [(int(m.group(1), 16), line.strip()) for line in sass if (m := re.search(r"/\*([0-9a-f]{4,})\*/", line))]
             print(f"-- {cubin.parent.name[:12]}/{cubin.name}: {len(rows)} instructions")
+            if args.all:
+                for a, text in rows:
+                    print(f"   {'>>' if a in offsets else '  '} {text}")
+                continue
             for off in sorted(offsets):
                 idx = next((i for i, (a, _) in enumerate(rows) if a == off), None)
                 if idx is None:
