@@ -89,9 +89,11 @@ def make_problem(
     return_lse: bool = False,
     backward: bool = False,
     deterministic: bool = False,
+    features: frozenset[str] = frozenset(),
 ) -> Problem:
-    """The :class:`Problem` a call poses, from shapes and flags only (no data is read)."""
-    feats = set()
+    """The :class:`Problem` a call poses, from shapes and flags only (no data is read);
+    ``features``: those the variant's op always poses (``block_sparse``)."""
+    feats = set(features)
     if causal:
         feats.add("causal")
     if tuple(window) != (-1, -1):
@@ -244,7 +246,7 @@ def register_autograd(fwd_op, bwd_op):
 def call_plan_layout(
     spec, layout: str, q: torch.Tensor, k: torch.Tensor, *, causal: bool, backend: str | None,
     schedule: str = BACKEND_DEFAULT, backward_schedule: str | None = BACKEND_DEFAULT,
-    equal_costs: bool = False, window: tuple[int, int] = (-1, -1),
+    equal_costs: bool = False, window: tuple[int, int] = (-1, -1), block_mask=None,
 ) -> tuple[dict[str, tuple[int, int]], str, str | None]:
     """Tile sizes and schedules ``(blocks, schedule, backward_schedule)`` of the Plan a call (or
     ``make_plan``) lays out: for the backend the call's forward will run on
@@ -256,14 +258,15 @@ def call_plan_layout(
     from jagflash.core.mask import mask_bounds
     from jagflash.core.tuning import plan_blocks
 
-    name = plan_backend(spec, make_problem(layout, q, k, causal=causal, window=window), q.device, backend)
+    feats = frozenset({"block_sparse"}) if block_mask is not None else frozenset()
+    name = plan_backend(spec, make_problem(layout, q, k, causal=causal, window=window, features=feats), q.device, backend)
     if name == "reference":
         name = "interpreter" if q.device.type == "cpu" else "portable"
     dim = q.shape[-1]
     fwd, bwd = resolve_schedules(
         schedule, backward_schedule, name, dim, window=mask_bounds(causal, window), equal_costs=equal_costs
     )
-    return plan_blocks(name, dim), fwd, bwd
+    return plan_blocks(name, dim, block_mask.block_size if block_mask is not None else None), fwd, bwd
 
 
 def layout_plan(
@@ -333,17 +336,20 @@ class OpCall:
         """``left``, ``right`` and ``scale``: the keywords every kernel wrapper takes."""
         return {"left": self.left, "right": self.right, "scale": self.scale}
 
-    def plan(self, who: str, passes: tuple[str, ...], **layout: object):
+    def plan(self, who: str, passes: tuple[str, ...], block_mask=None, **layout: object):
         """The Plan the call passed, checked against it, or one built for ``passes``
-        (``jagflash.core.plan.check.resolve_plan``) with the tile sizes of the backend that runs;
-        ``layout``: the offsets and sizes the plan is checked against."""
+        (``jagflash.core.plan.check.resolve_plan``) with the tile sizes of the backend that runs
+        (a ``block_mask``'s blocks where given); ``layout``: the offsets and sizes the plan is
+        checked against."""
         from jagflash.core.plan.check import resolve_plan
         from jagflash.core.tuning import plan_blocks
 
+        size = block_mask.block_size if block_mask is not None else None
+        extra = {"block_mask": block_mask} if block_mask is not None else {}
         return resolve_plan(
             who, self.plan_tiles, self.plan_meta, self.plan_info, heads_q=self.q.shape[-2],
             heads_kv=self.k.shape[-2], left=self.left, right=self.right,
-            blocks=plan_blocks(self.ran, self.q.shape[-1]), passes=passes, **layout,
+            blocks=plan_blocks(self.ran, self.q.shape[-1], size), passes=passes, **layout, **extra,
         )
 
 
@@ -353,7 +359,7 @@ def _arg_names(schema: str) -> tuple[str, ...]:
 
 def attention_ops(
     name: str, spec, package: str, args: str, *, check, forward, backward, fake_forward, fake_backward,
-    layout: str | None = None,
+    layout: str | None = None, features: frozenset[str] = frozenset(),
 ):
     """Register a variant's ops ``jagflash::<name>_fwd`` / ``<name>_bwd`` and their autograd
     (:func:`register_autograd`) from its semantics; returns ``(fwd_op, bwd_op, call_fwd)``.
@@ -370,6 +376,7 @@ def attention_ops(
     ``forward[backend](c)`` / ``backward[backend](c)``: tables over ``reference``,
     ``tlx-sm90`` and ``portable`` (which also serves ``interpreter``).
     ``fake_forward(c)`` / ``fake_backward(c)``: the outputs' shapes for the fake (meta) kernels.
+    ``features``: problem features every call of these ops poses (``block_sparse``).
     """
     from jagflash.core.backend import select
     from jagflash.core.mask import mask_bounds
@@ -388,10 +395,13 @@ def attention_ops(
             c.q, c.k, c.v = (readable(t) for t in (c.q, c.k, c.v))
             window = (c.left, c.right)
             if pass_ == "fwd":
-                problem = make_problem(layout, c.q, c.k, causal=c.causal, window=window, return_lse=c.return_lse)
+                problem = make_problem(
+                    layout, c.q, c.k, causal=c.causal, window=window, return_lse=c.return_lse, features=features
+                )
             else:
                 problem = make_problem(
-                    layout, c.q, c.k, causal=c.causal, window=window, backward=True, deterministic=c.deterministic
+                    layout, c.q, c.k, causal=c.causal, window=window, backward=True, deterministic=c.deterministic,
+                    features=features,
                 )
             c.ran = select(spec, problem, c.q.device, c.backend or None).name
             c.left, c.right = mask_bounds(c.causal, window)
