@@ -1,0 +1,201 @@
+"""block_sparse_attention against the fp64 reference (the element mask materialised from the
+BlockMask with causal/window), forward and backward; rows with no visible block; every block
+listed equals the jagged variant; per-head masks and GQA; the plan's listed-block costs;
+refusals (the TLX backend's included).
+
+On a CPU these run the portable kernels under Triton's interpreter (nox sets
+TRITON_INTERPRET=1), block size 64 to keep the tile loops short; on a GPU the same tests run
+the portable kernels (the TLX ones refuse block lists), in bf16.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jagflash.core.backend import last_choice
+from jagflash.core.capability import InvalidInput, UnsupportedProblem
+from jagflash.core.jagged import seq_lengths
+from jagflash.core.plan.simulate import section_costs
+from jagflash.core.reference import visibility_mask
+from jagflash.testing import JaggedCase, check_against_reference, jagged_reference, make_jagged
+from jagflash.testing.strategies import jagged_cases
+from jagflash.variants.block_sparse import SPEC, BlockMask, block_sparse_attention, local_global
+
+ON_GPU = torch.cuda.is_available()
+pytestmark = pytest.mark.gpu if ON_GPU else pytest.mark.interpret
+FLOAT = torch.bfloat16 if ON_GPU else torch.float32
+DEVICE = "cuda" if ON_GPU else "cpu"
+BS = (64, 64)
+
+
+def _random_mask(t, heads: int, density: float, seed: int, block_size=BS) -> BlockMask:
+    lq, lk = seq_lengths(t["q_offsets"]), seq_lengths(t["kv_offsets"])
+    nq = -(-int(lq.max()) // block_size[0]) if lq.numel() else 0
+    nk = -(-int(lk.max()) // block_size[1]) if lk.numel() else 0
+    g = torch.Generator().manual_seed(seed)
+    grid = torch.rand(lq.numel(), heads, nq, nk, generator=g) < density
+    return BlockMask.from_dense(grid.to(t["q"].device), t["q_offsets"], t["kv_offsets"], block_size)
+
+
+def _check(case: JaggedCase, mask_heads: int, density: float, window=None, seed: int = 0, **kw) -> BlockMask:
+    if case.dtype == torch.float32:
+        case = dataclasses.replace(case, dtype=FLOAT)
+    t = case.build(DEVICE)
+    dout = t.pop("dout")
+    m = _random_mask(t, case.hq if mask_heads > 1 else 1, density, seed)
+
+    def kernel(q, k, v, q_offsets, kv_offsets):
+        return block_sparse_attention(
+            q, k, v, q_offsets, kv_offsets, m, causal=case.causal, window=window, return_lse=True, **kw
+        )
+
+    def reference(q, k, v, q_offsets, kv_offsets, dtype):
+        return jagged_reference(
+            q, k, v, q_offsets, kv_offsets, causal=case.causal, window=window or (-1, -1), dtype=dtype, block_mask=m
+        )
+
+    check_against_reference(kernel, reference, t, atol=SPEC.atol[case.dtype], dout=dout)
+    assert last_choice("block_sparse").name != "reference"
+    return m
+
+
+CASES = {
+    "half_causal": (JaggedCase((70, 0, 130), (100, 5, 130), causal=True), 1, 0.5, None),
+    "empty_mask": (JaggedCase((65, 20), (65, 20)), 1, 0.0, None),
+    "full_mask_window": (JaggedCase((130,), (130,)), 1, 1.0, (40, 0)),
+    "per_head_gqa": (JaggedCase((90, 33), (70, 128), hq=4, hkv=2), 4, 0.5, None),
+    "mqa_shared_mask": (JaggedCase((128,), (100,), hq=4, hkv=1, causal=True), 1, 0.5, None),
+    "sparse_cross": (JaggedCase((10, 129), (129, 10)), 1, 0.1, None),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_matches_reference(name: str) -> None:
+    _check(*CASES[name])
+
+
+@given(
+    case=jagged_cases(max_batch=2, max_len=100, head_dims=(16,), groups=(1, 2)),
+    per_head=st.booleans(),
+    density=st.sampled_from((0.0, 0.1, 0.5, 1.0)),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_matches_reference_property(case: JaggedCase, per_head: bool, density: float, seed: int) -> None:
+    _check(case, 2 if per_head else 1, density, seed=seed)
+
+
+def test_rows_without_visible_blocks_are_zero_with_lse_minus_inf() -> None:
+    """A q-block that lists nothing (or only blocks causal hides): output exactly 0, LSE -inf,
+    zero dQ; keys no q-block lists get zero dK, dV."""
+    t = make_jagged((128,), (128,), 2, 2, 32, FLOAT, DEVICE)
+    grid = torch.tensor([[[[False, False], [True, True]]]], device=DEVICE)  # q-block 0 lists nothing
+    m = BlockMask.from_dense(grid, t["q_offsets"], t["kv_offsets"], BS)
+    out, lse = block_sparse_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], m, return_lse=True)
+    assert torch.equal(out[:64], torch.zeros_like(out[:64]))
+    assert torch.isneginf(lse[:, :64]).all() and torch.isfinite(lse[:, 64:]).all()
+    dq, dk, dv = torch.autograd.grad(out, (t["q"], t["k"], t["v"]), t["dout"])
+    assert torch.equal(dq[:64], torch.zeros_like(dq[:64]))
+    assert torch.isfinite(dk).all() and torch.isfinite(dv).all()
+    # causal: q-block 0 lists only kv-block 1, all of it in q-block 0's future
+    grid = torch.tensor([[[[False, True], [True, True]]]], device=DEVICE)
+    m = BlockMask.from_dense(grid, t["q_offsets"], t["kv_offsets"], BS)
+    out, lse = block_sparse_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], m, causal=True, return_lse=True)
+    assert torch.equal(out[:64], torch.zeros_like(out[:64])) and torch.isneginf(lse[:, :64]).all()
+
+
+def test_every_block_listed_equals_the_jagged_variant() -> None:
+    jagged = pytest.importorskip("jagflash.variants.jagged")
+    t = make_jagged((40, 0, 100), (50, 3, 100), 4, 2, 16, FLOAT, DEVICE)
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    m = _random_mask(t, 1, 1.0, 0)
+    for causal in (True,):
+        got, got_lse = block_sparse_attention(*args, m, causal=causal, return_lse=True)
+        want, want_lse = jagged.jagged_attention(*args, causal=causal, return_lse=True)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got_lse, want_lse)
+        for a, b in zip(torch.autograd.grad(got, args[:3], t["dout"]), torch.autograd.grad(want, args[:3], t["dout"])):
+            torch.testing.assert_close(a, b)
+
+
+def test_pattern_mask_runs_and_matches_reference() -> None:
+    t = make_jagged((200, 64), (200, 64), 2, 2, 16, FLOAT, DEVICE)
+    m = local_global(t["q_offsets"], t["kv_offsets"], before=1, sinks=1, block_size=BS)
+    dout = t.pop("dout")
+
+    def kernel(q, k, v, q_offsets, kv_offsets):
+        return block_sparse_attention(q, k, v, q_offsets, kv_offsets, m, causal=True, return_lse=True)
+
+    def reference(q, k, v, q_offsets, kv_offsets, dtype):
+        return jagged_reference(q, k, v, q_offsets, kv_offsets, causal=True, dtype=dtype, block_mask=m)
+
+    check_against_reference(kernel, reference, t, atol=SPEC.atol[FLOAT], dout=dout)
+
+
+def test_plan_costs_listed_blocks_only() -> None:
+    """A cost-sorted plan (``static``) orders forward tiles by the listed kv-blocks of their
+    band, summed over the mask's heads, and dK/dV tiles by the q-blocks that list them
+    (brute force over the mask's grid): sparse rows balance by what the kernels visit."""
+    from jagflash.core.plan.build import build_plan_ints
+    from jagflash.core.plan.model import PTR_SAME_CALL, Plan, PlanInfo
+
+    t = make_jagged((200, 0, 70), (260, 5, 70), 2, 1, 16, torch.float32, "cpu", requires_grad=False)
+    m = _random_mask(t, 2, 0.5, 3)
+    grid = m.to_dense()
+    grid[2] = True  # the short sequence: every block, so its tiles outrank sparse ones
+    m = BlockMask.from_dense(grid, t["q_offsets"], t["kv_offsets"], BS)
+    tiles, meta, ints = build_plan_ints(
+        t["q_offsets"], t["kv_offsets"], block_mask=m, batch=3, total_q=t["q"].shape[0], total_kv=t["k"].shape[0],
+        heads_q=2, heads_kv=1, causal=True, window=(-1, -1), blocks={p: BS for p in ("fwd", "dq", "dkdv")},
+        max_seqlen_q=None, max_seqlen_kv=None, schedule="static", backward_schedule="static", backward=True,
+        q_ptr=PTR_SAME_CALL, kv_ptr=PTR_SAME_CALL,
+    )
+    plan = Plan(tiles, meta, PlanInfo.from_ints(ints), t["q_offsets"], t["kv_offsets"])
+    lq, lk = seq_lengths(t["q_offsets"]).tolist(), seq_lengths(t["kv_offsets"]).tolist()
+
+    def fwd_cost(b, m0):
+        vis = visibility_mask(lq[b], lk[b], -1, 0)[m0 : m0 + 64]
+        band = {int(j) // 64 for j in vis.any(0).nonzero().flatten()}
+        return sum(int(grid[b, h, m0 // 64, j]) for h in range(2) for j in band)
+
+    def dkdv_cost(b, n0):
+        vis = visibility_mask(lq[b], lk[b], -1, 0)[:, n0 : n0 + 64]
+        band = {int(i) // 64 for i in vis.any(1).nonzero().flatten()}
+        return sum(int(grid[b, h, i, n0 // 64]) for h in range(2) for i in band)
+
+    for pass_, cost in (("fwd", fwd_cost), ("dkdv", dkdv_cost)):
+        rows = section_costs(plan, pass_)[0].tolist()
+        costs = [cost(b, s) for b, _, s in rows]
+        assert costs == sorted(costs, reverse=True), (pass_, costs)
+        dense = section_costs(plan, pass_)[1].tolist()  # the band's costs: what a dense plan sorts by
+        assert sum(costs) < 2 * sum(dense)  # two mask heads: at most twice the band, here less
+
+
+def test_refusals() -> None:
+    t = make_jagged((70, 10), (70, 10), 2, 2, 32, FLOAT, DEVICE)
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    m = _random_mask(t, 1, 0.5, 0)
+    with pytest.raises(InvalidInput, match="block_mask must be a jagflash BlockMask"):
+        block_sparse_attention(*args, torch.ones(2, 1, 2, 2, dtype=torch.bool))
+    other = make_jagged((10, 70), (10, 70), 2, 2, 32, FLOAT, DEVICE)
+    with pytest.raises(InvalidInput, match="built for other q_offsets"):
+        block_sparse_attention(*args, _random_mask(other, 1, 0.5, 0))
+    per_head = _random_mask(t, 3, 0.5, 0)
+    with pytest.raises(InvalidInput, match="block_mask has 3 heads, the call 2 query heads") as e:
+        block_sparse_attention(*args, per_head, window=(1, 2, 3))
+    assert any("window" in r for r in e.value.reasons)  # every reason at once
+    with pytest.raises(UnsupportedProblem, match="forward with block_sparse not supported"):
+        block_sparse_attention(*args, m, backend="tlx-sm90")
+
+
+def test_reference_backend_runs_when_asked() -> None:
+    t = make_jagged((70,), (90,), 2, 1, 16, FLOAT, DEVICE)
+    m = _random_mask(t, 1, 0.5, 1)
+    out = block_sparse_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], m, causal=True, backend="reference")
+    assert last_choice("block_sparse").name == "reference"
+    want, _ = jagged_reference(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], causal=True, dtype=torch.float32, block_mask=m)
+    torch.testing.assert_close(out.float(), want, atol=1e-5, rtol=1e-5)
