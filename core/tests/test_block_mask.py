@@ -48,7 +48,8 @@ def _check_lists(m: BlockMask, grid: torch.Tensor) -> None:
                 assert m.q_indices[b, h, j, :c].tolist() == want
     assert torch.equal(m.to_dense(), grid)
     for t in (m.kv_counts, m.kv_indices, m.q_counts, m.q_indices):
-        assert t.dtype == torch.int32 and t.is_contiguous()
+        assert t.dtype == torch.int32
+        assert t.is_contiguous()
 
 
 @given(
@@ -127,7 +128,8 @@ def test_top_k_picks_the_highest_scores_of_own_blocks() -> None:
     assert grid[0, 0, :3].sum(-1).tolist() == [2, 2, 2]
     for i in range(3):
         assert set(grid[0, 0, i].nonzero().flatten().tolist()) == set(scores[0, 0, i].topk(2).indices.tolist())
-    assert grid[1, 0, 0].sum() == 1 and not grid[1, 0, 1:].any()  # one kv-block of its own, one q-block
+    assert grid[1, 0, 0].sum() == 1
+    assert not grid[1, 0, 1:].any()
 
 
 def test_from_flex_block_mask() -> None:

@@ -1,7 +1,8 @@
 """block_sparse_attention against the fp64 reference (the element mask materialised from the
 BlockMask with causal/window), forward and backward; rows with no visible block; every block
 listed equals the jagged variant; per-head masks and GQA; the plan's listed-block costs;
-refusals (the TLX backend's included).
+refusals (the TLX backend's included). The ``test_gpu_*`` tests (marked ``gpu``) run the
+portable kernels in bf16/fp16 at head dims 64/128, both block sizes, on skewed batches.
 
 On a CPU these run the portable kernels under Triton's interpreter (nox sets
 TRITON_INTERPRET=1), block size 64 to keep the tile loops short; on a GPU the same tests run
@@ -20,9 +21,11 @@ from hypothesis import strategies as st
 from jagflash.core.backend import last_choice
 from jagflash.core.capability import InvalidInput, UnsupportedProblem
 from jagflash.core.jagged import seq_lengths
+from jagflash.core.ops import make_problem
 from jagflash.core.plan.simulate import section_costs
 from jagflash.core.reference import visibility_mask
 from jagflash.testing import JaggedCase, check_against_reference, jagged_reference, make_jagged
+from jagflash.testing.plugin import require
 from jagflash.testing.strategies import jagged_cases
 from jagflash.variants.block_sparse import SPEC, BlockMask, block_sparse_attention, local_global
 
@@ -42,12 +45,16 @@ def _random_mask(t, heads: int, density: float, seed: int, block_size=BS) -> Blo
     return BlockMask.from_dense(grid.to(t["q"].device), t["q_offsets"], t["kv_offsets"], block_size)
 
 
-def _check(case: JaggedCase, mask_heads: int, density: float, window=None, seed: int = 0, **kw) -> BlockMask:
+def _check(
+    case: JaggedCase, mask_heads: int, density: float, window=None, seed: int = 0, block_size=BS, device=DEVICE, **kw
+) -> BlockMask:
+    """The kernels against the reference on ``case`` under a random mask of ``density``
+    (``mask_heads`` > 1: one per query head)."""
     if case.dtype == torch.float32:
         case = dataclasses.replace(case, dtype=FLOAT)
-    t = case.build(DEVICE)
+    t = case.build(device)
     dout = t.pop("dout")
-    m = _random_mask(t, case.hq if mask_heads > 1 else 1, density, seed)
+    m = _random_mask(t, case.hq if mask_heads > 1 else 1, density, seed, block_size)
 
     def kernel(q, k, v, q_offsets, kv_offsets):
         return block_sparse_attention(
@@ -71,6 +78,7 @@ CASES = {
     "per_head_gqa": (JaggedCase((90, 33), (70, 128), hq=4, hkv=2), 4, 0.5, None),
     "mqa_shared_mask": (JaggedCase((128,), (100,), hq=4, hkv=1, causal=True), 1, 0.5, None),
     "sparse_cross": (JaggedCase((10, 129), (129, 10)), 1, 0.1, None),
+    "block_128": (JaggedCase((200, 129), (260, 1)), 1, 0.5, None, 1, (128, 128)),
 }
 
 
@@ -97,15 +105,18 @@ def test_rows_without_visible_blocks_are_zero_with_lse_minus_inf() -> None:
     m = BlockMask.from_dense(grid, t["q_offsets"], t["kv_offsets"], BS)
     out, lse = block_sparse_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], m, return_lse=True)
     assert torch.equal(out[:64], torch.zeros_like(out[:64]))
-    assert torch.isneginf(lse[:, :64]).all() and torch.isfinite(lse[:, 64:]).all()
+    assert torch.isneginf(lse[:, :64]).all()
+    assert torch.isfinite(lse[:, 64:]).all()
     dq, dk, dv = torch.autograd.grad(out, (t["q"], t["k"], t["v"]), t["dout"])
     assert torch.equal(dq[:64], torch.zeros_like(dq[:64]))
-    assert torch.isfinite(dk).all() and torch.isfinite(dv).all()
+    assert torch.isfinite(dk).all()
+    assert torch.isfinite(dv).all()
     # causal: q-block 0 lists only kv-block 1, all of it in q-block 0's future
     grid = torch.tensor([[[[False, True], [True, True]]]], device=DEVICE)
     m = BlockMask.from_dense(grid, t["q_offsets"], t["kv_offsets"], BS)
     out, lse = block_sparse_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], m, causal=True, return_lse=True)
-    assert torch.equal(out[:64], torch.zeros_like(out[:64])) and torch.isneginf(lse[:, :64]).all()
+    assert torch.equal(out[:64], torch.zeros_like(out[:64]))
+    assert torch.isneginf(lse[:, :64]).all()
 
 
 def test_every_block_listed_equals_the_jagged_variant() -> None:
@@ -199,3 +210,28 @@ def test_reference_backend_runs_when_asked() -> None:
     assert last_choice("block_sparse").name == "reference"
     want, _ = jagged_reference(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], causal=True, dtype=torch.float32, block_mask=m)
     torch.testing.assert_close(out.float(), want, atol=1e-5, rtol=1e-5)
+
+
+# --- GPU only: bf16/fp16, the bench's head dims, both block sizes, skewed lengths -----------
+
+LENGTHS = (1500, 0, 1, 700, 129, 1000)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_size", [(64, 64), (128, 128)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("causal", "mask_heads", "hkv"), [(False, 1, 4), (True, 4, 2)])
+def test_gpu_portable_matches_reference(block_size, head_dim, dtype, causal, mask_heads, hkv) -> None:
+    case = JaggedCase(LENGTHS, LENGTHS[::-1], hq=4, hkv=hkv, head_dim=head_dim, dtype=dtype, causal=causal, seed=7)
+    q = torch.empty(1, 4, head_dim, dtype=dtype, device="cuda")
+    k = torch.empty(1, hkv, head_dim, dtype=dtype, device="cuda")
+    problem = make_problem("jagged", q, k, causal=causal, backward=True, features=frozenset({"block_sparse"}))
+    require(SPEC, problem, "portable")
+    _check(case, mask_heads, 0.25, block_size=block_size, device="cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_window_inside_blocks() -> None:
+    case = JaggedCase((900, 300), (900, 300), hq=2, hkv=2, head_dim=128, dtype=torch.bfloat16, seed=3)
+    _check(case, 1, 0.5, window=(200, 0), block_size=(128, 128), device="cuda")

@@ -29,8 +29,8 @@ and :func:`top_k`. The kernels read the lists through ``jagflash.core.mask``'s b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -227,7 +227,7 @@ class BlockMask:
 
     def to_dense(self) -> torch.Tensor:
         """The bool grid ``[B, Hm, nQ, nK]`` (past a sequence's blocks: False)."""
-        nq, nk = self.grid
+        _nq, nk = self.grid
         slots = torch.arange(nk, device=self.kv_indices.device)
         listed = slots < self.kv_counts[..., None]
         grid = torch.zeros(*self.kv_counts.shape, nk + 1, dtype=torch.bool, device=self.kv_counts.device)

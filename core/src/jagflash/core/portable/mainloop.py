@@ -39,7 +39,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jagflash.core.mask import band_mask, block_at, block_walk, dkdv_q_range, kv_tile_range, list_row
+from jagflash.core.mask import (
+    band_mask,
+    block_at,
+    block_walk,
+    dkdv_q_range,
+    kv_tile_range,
+    list_row,
+)
 from jagflash.core.seqlen import load_rows, row_ptrs, store_rows
 from jagflash.core.softmax import (
     LOG2E,

@@ -28,7 +28,13 @@ import triton.language as tl
 
 from jagflash.core.ops import alloc, alloc_like, for_kernel
 from jagflash.core.plan.model import Plan
-from jagflash.core.portable.mainloop import dkdv_program, dq_program, fwd_program, jagged_sequence, sparse_sequence
+from jagflash.core.portable.mainloop import (
+    dkdv_program,
+    dq_program,
+    fwd_program,
+    jagged_sequence,
+    sparse_sequence,
+)
 from jagflash.core.tile_scheduler import launch, plan_next, plan_tile, sched_first
 from jagflash.core.tuning import block_config, kernel_flags, launch_options
 
