@@ -235,3 +235,18 @@ def test_gpu_portable_matches_reference(block_size, head_dim, dtype, causal, mas
 def test_gpu_window_inside_blocks() -> None:
     case = JaggedCase((900, 300), (900, 300), hq=2, hkv=2, head_dim=128, dtype=torch.bfloat16, seed=3)
     _check(case, 1, 0.5, window=(200, 0), block_size=(128, 128), device="cuda")
+
+
+def test_front_door_routes_block_masks_here() -> None:
+    """``jagflash.core.attention(..., block_mask=m)`` poses ``block_sparse``: the jagged and
+    sliding-window variants refuse it, this one runs it."""
+    from jagflash.core.registry import attention, variants
+
+    if "block_sparse" not in variants():
+        pytest.skip("jagflash-block-sparse is not installed as a distribution (its entry point)")
+    t = make_jagged((70, 20), (70, 20), 2, 2, 16, FLOAT, DEVICE, requires_grad=False)
+    m = _random_mask(t, 1, 0.5, 2)
+    args = (t["q"], t["k"], t["v"])
+    out = attention(*args, q_offsets=t["q_offsets"], kv_offsets=t["kv_offsets"], block_mask=m, causal=True)
+    want = block_sparse_attention(*args, t["q_offsets"], t["kv_offsets"], m, causal=True)
+    assert torch.equal(out, want)

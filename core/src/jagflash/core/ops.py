@@ -120,15 +120,17 @@ def call_problem(layout: str):
     """``Variant.problem`` for a variant whose public function takes ``(q, k, v, **flags)``:
     describes a front-door call from its tensors and flags without reading data.
     ``deterministic`` is a property of the backward: a call that will not take one (no input
-    requires grad) does not pose it, as the variants' forward ops do not."""
+    requires grad) does not pose it, as the variants' forward ops do not. A ``block_mask``
+    poses ``block_sparse``."""
 
     def problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call: object) -> Problem:
         grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
         return make_problem(
             layout, q, k, causal=bool(call.get("causal", False)),
-            window=call.get("window", (-1, -1)),  # type: ignore[arg-type]
+            window=call.get("window") or (-1, -1),  # type: ignore[arg-type]
             return_lse=bool(call.get("return_lse", False)), backward=grad,
             deterministic=grad and bool(call.get("deterministic", False)),
+            features=frozenset({"block_sparse"}) if call.get("block_mask") is not None else frozenset(),
         )
 
     return problem

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.block_mask import BlockMask, local_global, sessions, strided, top_k
-from jagflash.core.capability import Problem
 from jagflash.core.checks import check_jagged_call, check_window, raise_if
 from jagflash.core.jagged_call import op_lengths, op_plan
 from jagflash.core.ops import call_problem, default_scale
@@ -117,11 +116,6 @@ def block_sparse_attention(
     return (out, lse) if return_lse else out
 
 
-def _problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call: object) -> Problem:
-    """The front door's problem: a jagged call that poses ``block_sparse``."""
-    p = call_problem("jagged")(q, k, v, **call)
-    return Problem(**{**p.__dict__, "features": p.features | {"block_sparse"}})
-
-
-#: Below every dense-mask variant: the front door reaches it only when asked by name.
-VARIANT = Variant(spec=SPEC, problem=_problem, run=block_sparse_attention, priority=-2)
+#: Below the other jagged variants; a front-door call with ``block_mask=`` poses
+#: ``block_sparse``, which only this variant takes (``jagflash.core.ops.call_problem``).
+VARIANT = Variant(spec=SPEC, problem=call_problem("jagged"), run=block_sparse_attention, priority=-2)
