@@ -250,3 +250,20 @@ def test_front_door_routes_block_masks_here() -> None:
     out = attention(*args, q_offsets=t["q_offsets"], kv_offsets=t["kv_offsets"], block_mask=m, causal=True)
     want = block_sparse_attention(*args, t["q_offsets"], t["kv_offsets"], m, causal=True)
     assert torch.equal(out, want)
+
+
+def test_a_shared_plan_gives_the_calls_own_result() -> None:
+    """make_plan once, reused: the same output as a call that builds its own plan; a jagged
+    variant's plan (other tiles) is refused."""
+    from jagflash.variants.block_sparse import make_plan
+
+    t = make_jagged((100, 30), (100, 64), 2, 1, 16, FLOAT, DEVICE, requires_grad=False)
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    m = _random_mask(t, 2, 0.5, 4)
+    plan = make_plan(t["q"], t["k"], t["q_offsets"], t["kv_offsets"], m, causal=True, backward=False)
+    assert plan.info.layout("fwd").block_m == 64
+    assert torch.equal(block_sparse_attention(*args, m, causal=True, plan=plan), block_sparse_attention(*args, m, causal=True))
+    jagged = pytest.importorskip("jagflash.variants.jagged")
+    other = jagged.make_plan(t["q"], t["k"], t["q_offsets"], t["kv_offsets"], causal=True, backward=False)
+    with pytest.raises(InvalidInput, match=r"plan was built for fwd tiles \(block_m, block_n\)=\(32, 32\), this call has \(64, 64\)"):
+        block_sparse_attention(*args, m, causal=True, plan=other)

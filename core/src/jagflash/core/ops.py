@@ -275,26 +275,26 @@ def layout_plan(
     spec, layout: str, q: torch.Tensor, k: torch.Tensor, q_offsets: torch.Tensor,
     kv_offsets: torch.Tensor, *, total_q: int, causal: bool, backend: str | None, schedule: str,
     backward_schedule: str | None, workers: int | None, max_seqlen_q: int | None,
-    max_seqlen_kv: int | None, backward: bool, window: tuple[int, int] = (-1, -1),
+    max_seqlen_kv: int | None, backward: bool, window: tuple[int, int] = (-1, -1), block_mask=None,
 ):
     """A variant's ``make_plan`` over a jagged batch of rows: the tile sizes and schedules of
     :func:`call_plan_layout`, then ``jagflash.core.plan.build.make_plan`` on ``q_offsets`` /
     ``kv_offsets`` (the offsets of the rows the kernels walk: the output rows for broadcast-Q)
     with ``total_q`` query rows; ``k`` ``[Tk, Hkv, D]`` gives the kv rows, the heads from ``q``'s
-    and ``k``'s dim -2; ``causal`` and ``window`` the mask. Returns the
-    :class:`~jagflash.core.plan.model.Plan`."""
+    and ``k``'s dim -2; ``causal`` and ``window`` the mask (and a ``block_mask``: its blocks
+    tile every pass and cost the tiles). Returns the :class:`~jagflash.core.plan.model.Plan`."""
     from jagflash.core.plan.build import make_plan
 
     blocks, schedule, backward_schedule = call_plan_layout(
         spec, layout, q, k, causal=causal, backend=backend, schedule=schedule,
-        backward_schedule=backward_schedule, window=window,
+        backward_schedule=backward_schedule, window=window, block_mask=block_mask,
     )
     return make_plan(
         q_offsets, kv_offsets, total_q=total_q, total_kv=k.shape[0], heads_q=q.shape[-2],
         heads_kv=k.shape[-2], causal=causal, window=window, block_m=blocks["fwd"][0], block_n=blocks["fwd"][1],
         dq_blocks=blocks["dq"], dkdv_blocks=blocks["dkdv"], max_seqlen_q=max_seqlen_q,
         max_seqlen_kv=max_seqlen_kv, workers=workers, schedule=schedule,
-        backward_schedule=backward_schedule, backward=backward,
+        backward_schedule=backward_schedule, backward=backward, block_mask=block_mask,
     )
 
 

@@ -341,6 +341,7 @@ def make_plan(
     schedule: str = DEFAULT_SCHEDULE,
     backward_schedule: str | None = None,
     backward: bool = True,
+    block_mask=None,
 ) -> Plan:
     """Build the :class:`Plan` of one batch on the offsets' device, without a host sync.
 
@@ -365,6 +366,8 @@ def make_plan(
             (cost-sorted, atomic tile counter) or ``"none"`` (batch order, one program a tile).
         backward_schedule: the backward passes' kind (default: ``schedule``'s).
         backward: also lay out the dQ and dK/dV passes (``False`` for inference only).
+        block_mask: a ``jagflash.core.block_mask.BlockMask``: tiles cost its listed blocks
+            (its block size should be every pass's tile size).
     """
     reasons = _offsets_reasons(q_offsets, kv_offsets)
     if reasons:
@@ -381,5 +384,6 @@ def make_plan(
         schedule=schedule, backward_schedule=backward_schedule, backward=backward,
         q_ptr=_ptr(q_offsets), kv_ptr=_ptr(kv_offsets),
     )
-    tiles, meta = build_plan(q_offsets, kv_offsets, info.to_ints())
+    grid = None if block_mask is None else block_mask.to_dense()
+    tiles, meta = build_plan(q_offsets, kv_offsets, info.to_ints(), grid)
     return Plan(tiles, meta, info, q_offsets, kv_offsets)

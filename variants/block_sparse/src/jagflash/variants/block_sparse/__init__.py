@@ -11,16 +11,18 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.block_mask import BlockMask, local_global, sessions, strided, top_k
-from jagflash.core.checks import check_jagged_call, check_window, raise_if
+from jagflash.core.checks import check_jagged_call, check_qkv, check_window, raise_if
 from jagflash.core.jagged_call import op_lengths, op_plan
-from jagflash.core.ops import call_problem, default_scale
+from jagflash.core.ops import call_problem, default_scale, layout_plan
 from jagflash.core.plan.model import Plan
 from jagflash.core.registry import Variant
+from jagflash.core.tuning import BACKEND_DEFAULT
 from jagflash.variants.block_sparse import op
 from jagflash.variants.block_sparse.spec import SPEC
 
 __all__ = [
-    "SPEC", "VARIANT", "BlockMask", "block_sparse_attention", "local_global", "sessions", "strided", "top_k",
+    "SPEC", "VARIANT", "BlockMask", "block_sparse_attention", "local_global", "make_plan", "sessions", "strided",
+    "top_k",
 ]
 
 _WHO = "block_sparse_attention"
@@ -114,6 +116,40 @@ def block_sparse_attention(
         default_scale(scale, q.shape[-1]), bool(return_lse), bool(deterministic), backend or "", *plan_args,
     )
     return (out, lse) if return_lse else out
+
+
+def make_plan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    block_mask: BlockMask,
+    *,
+    causal: bool = False,
+    window: tuple[int, int] | None = None,
+    schedule: str = BACKEND_DEFAULT,
+    backward_schedule: str | None = BACKEND_DEFAULT,
+    workers: int | None = None,
+    backward: bool = True,
+    backend: str | None = None,
+) -> Plan:
+    """The load-balancing :class:`~jagflash.core.plan.model.Plan` of a batch for
+    :func:`block_sparse_attention` with this ``block_mask``, ``causal`` and ``window``: tiles of
+    the mask's blocks, each costed by its listed blocks; no host sync. ``q [Tq, Hq, D]`` and
+    ``k`` are read for shapes and device only; the other arguments as for
+    ``jagflash.variants.jagged.make_plan``. Layers that share the batch and the mask share it."""
+    who = "jagflash.variants.block_sparse.make_plan"
+    window = (-1, -1) if window is None else window
+    reasons = check_window(window, causal) + check_qkv(q, k, k, rank=3, layout_doc="[T, H, D]")
+    reasons += _mask_reasons(block_mask, q_offsets, kv_offsets, q)
+    raise_if(who, reasons)
+    (nq, nk), (bm, bn) = block_mask.grid, block_mask.block_size
+    return layout_plan(
+        SPEC, "jagged", q, k, q_offsets, kv_offsets, total_q=q.shape[0], causal=bool(causal),
+        window=(int(window[0]), int(window[1])), backend=backend, schedule=schedule,
+        backward_schedule=backward_schedule, workers=workers, max_seqlen_q=nq * bm, max_seqlen_kv=nk * bn,
+        backward=backward, block_mask=block_mask,
+    )
 
 
 #: Below the other jagged variants; a front-door call with ``block_mask=`` poses
