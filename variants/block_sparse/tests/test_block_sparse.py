@@ -267,3 +267,32 @@ def test_a_shared_plan_gives_the_calls_own_result() -> None:
     other = jagged.make_plan(t["q"], t["k"], t["q_offsets"], t["kv_offsets"], causal=True, backward=False)
     with pytest.raises(InvalidInput, match=r"plan was built for fwd tiles \(block_m, block_n\)=\(32, 32\), this call has \(64, 64\)"):
         block_sparse_attention(*args, m, causal=True, plan=other)
+
+
+# --- torch integration -------------------------------------------------------------------
+
+
+def test_opcheck() -> None:
+    from jagflash.testing import integration as checks
+    from jagflash.variants.block_sparse import op as bsop
+
+    t = make_jagged((9, 0, 20), (12, 5, 70), 2, 1, 16, FLOAT, DEVICE)
+    m = _random_mask(t, 2, 0.5, 5)
+    args = (
+        t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], 64, 128, True, -1, -1,
+        m.kv_counts, m.kv_indices, m.q_counts, m.q_indices, 64, 64, 0.25, False, False, "",
+    )
+    checks.opcheck_ops(bsop.block_sparse_fwd, bsop.block_sparse_bwd, args, t["dout"], False)
+
+
+def test_torch_compile_fullgraph() -> None:
+    from jagflash.testing import integration as checks
+
+    t = make_jagged((9, 70), (12, 70), 2, 2, 16, FLOAT, DEVICE)
+    m = _random_mask(t, 1, 0.5, 6)
+
+    def step(q, k, v, qo, ko):
+        out = block_sparse_attention(q, k, v, qo, ko, m, causal=True)
+        return (out * out).sum()
+
+    checks.assert_compiled_matches_eager(step, (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"]))
