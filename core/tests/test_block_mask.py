@@ -182,3 +182,28 @@ def test_refusals() -> None:
     assert m.call_reasons(_offsets([10, 70]), qo, 4) == ["block_mask was built for other q_offsets (another batch)"]
     per_head = BlockMask.from_dense(grid.expand(2, 3, 2, 2), qo, qo, (64, 64))
     assert per_head.call_reasons(qo, qo, 4) == ["block_mask has 3 heads, the call 4 query heads (1 or 4)"]
+
+
+def test_from_lists_round_trips_and_refuses_broken_lists() -> None:
+    """from_lists of a mask's own lists gives the same mask; a count past the width, an index
+    out of its sequence's range, unsorted or duplicate indices are each refused by name."""
+    lq, lk = [130, 64], [200, 64]
+    qo, ko = _offsets(lq), _offsets(lk)
+    grid = torch.rand(2, 2, 3, 4, generator=torch.Generator().manual_seed(2)) < 0.5
+    m = BlockMask.from_dense(grid, qo, ko, (64, 64))
+    again = BlockMask.from_lists(m.kv_counts, m.kv_indices, qo, ko, (64, 64))
+    assert torch.equal(again.to_dense(), m.to_dense())
+    assert torch.equal(again.q_indices, m.q_indices)
+    counts = torch.tensor([[[2]], [[1]]], dtype=torch.int32)
+
+    def refused(counts, indices) -> list[str]:
+        with pytest.raises(InvalidInput) as e:
+            BlockMask.from_lists(counts, indices, _offsets([64, 64]), ko, (64, 64))
+        return e.value.reasons
+
+    assert refused(counts, torch.tensor([[[[1, 1]]], [[[0, 0]]]])) == ["kv_counts/kv_indices: indices not strictly ascending (unsorted or duplicate)"]
+    assert refused(counts, torch.tensor([[[[2, 1]]], [[[0, 0]]]])) == ["kv_counts/kv_indices: indices not strictly ascending (unsorted or duplicate)"]
+    assert refused(counts, torch.tensor([[[[0, 4]]], [[[1, 0]]]])) == ["kv_counts/kv_indices: an index outside its sequence's kv-blocks"]
+    assert refused(torch.tensor([[[3]], [[0]]]), torch.tensor([[[[0, 1]]], [[[0, 0]]]])) == ["kv_counts/kv_indices: a count below 0 or above the list width"]
+    assert "must be integers" in refused(counts.float(), torch.zeros(2, 1, 1, 2))[0]
+    assert "kv_indices [B, Hm, nQ, W]" in refused(counts, torch.zeros(2, 1, 2, 2, dtype=torch.int32))[0]

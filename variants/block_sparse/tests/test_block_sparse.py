@@ -296,3 +296,12 @@ def test_torch_compile_fullgraph() -> None:
         return (out * out).sum()
 
     checks.assert_compiled_matches_eager(step, (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"]))
+
+
+@pytest.mark.gpu
+def test_gpu_mask_on_another_device_is_refused() -> None:
+    t = make_jagged((70,), (70,), 2, 2, 64, torch.bfloat16, "cuda")
+    cpu = {n: x.cpu() for n, x in t.items()}
+    m = _random_mask(cpu, 1, 0.5, 0)
+    with pytest.raises(InvalidInput, match="block_mask on cpu, the offsets on cuda"):
+        block_sparse_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], m)

@@ -19,7 +19,8 @@ never listed. Everything lives on the offsets' device and is built there without
 (given the max lengths, else one sync reads them). Element masks (causal, window) still apply
 inside the listed blocks they cut; a block listed but outside the band is skipped.
 
-Builders: :meth:`BlockMask.from_dense` (a bool grid), :meth:`BlockMask.from_mask_mod`
+Builders: :meth:`BlockMask.from_dense` (a bool grid), :meth:`BlockMask.from_lists` (the
+compressed rows themselves, validated), :meth:`BlockMask.from_mask_mod`
 (FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)``: a block is listed when any pair in it is
 visible), :meth:`BlockMask.from_flex` (a ``torch.nn.attention.flex_attention.BlockMask``'s
 block structure) and the named patterns :func:`local_global`, :func:`strided`, :func:`sessions`
@@ -168,6 +169,56 @@ class BlockMask:
                 raise InvalidInput(_WHO, reasons)
         elif need_q.numel():
             torch._assert_async((need_q.max() <= nq) & (need_k.max() <= nk), "BlockMask grid smaller than a sequence")
+
+    @classmethod
+    def from_lists(
+        cls, kv_counts: torch.Tensor, kv_indices: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
+        block_size: tuple[int, int] = (128, 128), *, max_seqlen_kv: int | None = None,
+    ) -> BlockMask:
+        """From compressed rows as the kernels read them: ``kv_counts [B, Hm, nQ]`` and
+        ``kv_indices [B, Hm, nQ, W]`` (integers; the first ``kv_counts`` slots of each row
+        strictly ascending, each below its sequence's kv-block count). The transpose is built
+        on the device. On the CPU a broken list is refused with every reason; on a GPU it is
+        asserted on the device (no sync; a broken list fails the stream). ``max_seqlen_kv``
+        bounds the kv lengths (else one sync reads them)."""
+        reasons = _offsets_reasons(q_offsets, kv_offsets)
+        reasons += _block_size(block_size)[0]
+        ok_shapes = (
+            isinstance(kv_counts, torch.Tensor) and isinstance(kv_indices, torch.Tensor) and kv_counts.dim() == 3
+            and kv_indices.dim() == 4 and kv_indices.shape[:3] == kv_counts.shape
+        )
+        if not ok_shapes:
+            reasons.append("kv_counts must be [B, Hm, nQ] and kv_indices [B, Hm, nQ, W] with the same B, Hm, nQ")
+        elif kv_counts.is_floating_point() or kv_indices.is_floating_point() or torch.bool in (kv_counts.dtype, kv_indices.dtype):
+            reasons.append(f"kv_counts and kv_indices must be integers, got {kv_counts.dtype} and {kv_indices.dtype}")
+        if reasons:
+            raise InvalidInput(_WHO, reasons)
+        bm, bn = (int(x) for x in block_size)
+        dev = kv_counts.device
+        nk = _grid_blocks(kv_offsets, bn, max_seqlen_kv)
+        counts, indices = kv_counts.to(torch.int64), kv_indices.to(torch.int64)
+        width = indices.shape[-1]
+        slot = torch.arange(width, device=dev)
+        used = slot < counts[..., None]
+        own = _block_counts(kv_offsets, bn).to(dev).view(-1, 1, 1, 1)
+        bad_count = (counts < 0) | (counts > width)
+        bad_range = used & ((indices < 0) | (indices >= own))
+        bad_order = used[..., 1:] & (indices[..., 1:] <= indices[..., :-1])
+        checks = (
+            (bad_count, "a count below 0 or above the list width"),
+            (bad_range, "an index outside its sequence's kv-blocks"),
+            (bad_order, "indices not strictly ascending (unsorted or duplicate)"),
+        )
+        if dev.type == "cpu":
+            reasons = [f"kv_counts/kv_indices: {what}" for bad, what in checks if bool(bad.any())]
+            if reasons:
+                raise InvalidInput(_WHO, reasons)
+        else:
+            ok = ~(bad_count.any() | bad_range.any() | bad_order.any())
+            torch._assert_async(ok, "BlockMask.from_lists: broken lists (counts, range or order)")
+        grid = torch.zeros(*counts.shape, nk + 1, dtype=torch.bool, device=dev)
+        grid.scatter_(-1, torch.where(used, indices, nk).clamp(0, nk), True)
+        return cls.from_dense(grid[..., :nk], q_offsets, kv_offsets, (bm, bn))
 
     @classmethod
     def from_mask_mod(

@@ -60,7 +60,7 @@ def block_config(backend: str, head_dim: int, pass_: str, block_size: tuple[int,
     ``bm`` rows, kv-tiles of ``bn`` keys), so a tile is one listed block."""
     block_d = triton.next_power_of_2(head_dim)
     if block_size is not None:
-        big = max(block_size) * block_d > 128 * 64
+        big = max(block_size) * block_d >= 128 * 64
         return {
             "BLOCK_M": int(block_size[0]), "BLOCK_N": int(block_size[1]), "BLOCK_D": block_d,
             "num_warps": 8 if big else 4, "num_stages": 1 if backend == "interpreter" else (1 if big else 2),
