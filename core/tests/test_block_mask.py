@@ -207,3 +207,24 @@ def test_from_lists_round_trips_and_refuses_broken_lists() -> None:
     assert refused(torch.tensor([[[3]], [[0]]]), torch.tensor([[[[0, 1]]], [[[0, 0]]]])) == ["kv_counts/kv_indices: a count below 0 or above the list width"]
     assert "must be integers" in refused(counts.float(), torch.zeros(2, 1, 1, 2))[0]
     assert "kv_indices [B, Hm, nQ, W]" in refused(counts, torch.zeros(2, 1, 2, 2, dtype=torch.int32))[0]
+
+
+def test_picture_is_a_png_of_the_grid(tmp_path) -> None:
+    import struct
+    import zlib
+
+    qo = _offsets([130])
+    grid = torch.tensor([[[[True, False, False], [False, True, False], [False, False, False]]]])
+    m = BlockMask.from_dense(grid, qo, _offsets([100]), (64, 64))
+    m.picture(tmp_path / "m.png", scale=2)
+    data = (tmp_path / "m.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    w, h = struct.unpack(">II", data[16:24])
+    assert (w, h) == (6, 6)  # 3 x 3 blocks of 2 px
+    idat = data.index(b"IDAT")
+    size = struct.unpack(">I", data[idat - 4 : idat])[0]
+    rows = zlib.decompress(data[idat + 4 : idat + 4 + size])
+    pixels = [list(rows[r * 7 + 1 : r * 7 + 7]) for r in range(6)]
+    assert pixels[0] == [0, 0, 255, 255, 160, 160]  # listed, unlisted, past the 2 kv-blocks
+    assert pixels[2] == [255, 255, 0, 0, 160, 160]
+    assert pixels[4] == [255, 255, 255, 255, 160, 160]  # q-block 2 (rows 128, 129) lists nothing

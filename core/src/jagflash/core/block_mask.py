@@ -292,6 +292,32 @@ class BlockMask:
         total = (nq_b * nk_b).sum() * self.heads
         return self.kv_counts.sum().float() / total.clamp(min=1).float()
 
+    def picture(self, path, sequence: int = 0, head: int = 0, scale: int = 8) -> None:
+        """Write sequence ``sequence``'s block grid (mask head ``head``) as a grayscale PNG:
+        one ``scale`` x ``scale`` square per block, rows q-blocks, columns kv-blocks; listed
+        black, unlisted white, blocks past the sequence's own grey. Standard library only."""
+        import struct
+        import zlib
+
+        bm, bn = self.block_size
+        lq = int(self.q_offsets[sequence + 1] - self.q_offsets[sequence])
+        lk = int(self.kv_offsets[sequence + 1] - self.kv_offsets[sequence])
+        grid = self.to_dense()[sequence, head].cpu()
+        shade = torch.full(grid.shape, 160, dtype=torch.uint8)
+        shade[: -(-lq // bm), : -(-lk // bn)] = 255
+        shade[grid] = 0
+        img = shade.repeat_interleave(scale, 0).repeat_interleave(scale, 1)
+        h, w = img.shape
+        raw = b"".join(b"\x00" + bytes(row) for row in img.tolist())
+
+        def chunk(kind: bytes, data: bytes) -> bytes:
+            return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+        png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+        png += chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+        with open(path, "wb") as f:
+            f.write(png)
+
     def element_mask(self, b: int, lq: int, lk: int) -> torch.Tensor:
         """Sequence ``b``'s ``[Hm, lq, lk]`` bool mask (the reference's): pair ``(i, j)``
         visible where block ``(i // bm, j // bn)`` is listed."""
