@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.block_mask import BlockMask, local_global, sessions, strided, top_k
+from jagflash.core.capability import InvalidInput
 from jagflash.core.checks import check_jagged_call, check_qkv, check_window, raise_if
 from jagflash.core.jagged_call import op_lengths, op_plan
 from jagflash.core.ops import call_problem, default_scale, layout_plan
@@ -99,10 +100,8 @@ def block_sparse_attention(
         needs_grad = check_jagged_call(
             _WHO, q, k, v, q_offsets, kv_offsets, max_seqlen_q=max_q, max_seqlen_kv=max_k, plan=plan
         )
-    except Exception as e:  # InvalidInput: refuse with the mask's reasons too
-        if reasons and hasattr(e, "reasons"):
-            raise type(e)(_WHO, reasons + list(e.reasons)) from None
-        raise
+    except InvalidInput as e:  # refuse with the mask's and window's reasons too
+        raise InvalidInput(_WHO, reasons + e.reasons) from None
     raise_if(_WHO, reasons)
     left, right = (int(x) for x in window)
     plan_args = op_plan(
