@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import torch
 
+from jagflash.core.block_mask import BlockMask
 from jagflash.core.checks import raise_if, resolve_max_seqlen, same_batch
 from jagflash.core.ops import attention_ops, call_plan_layout
 from jagflash.core.plan.build import build_plan_ints
 from jagflash.core.plan.model import PTR_SAME_CALL
 from jagflash.core.reference import reference_backward, reference_forward
 
-__all__ = ["JAGGED_ARGS", "WINDOW_ARGS", "jagged_ops", "op_lengths", "op_plan", "own_plan", "renest", "unnest"]
+__all__ = ["JAGGED_ARGS", "SPARSE_ARGS", "WINDOW_ARGS", "jagged_ops", "op_lengths", "op_plan", "own_plan", "renest", "unnest"]
 
 #: The schema of the jagged ops' own arguments (``jagflash.core.ops.attention_ops``' ``args``).
 JAGGED_ARGS = "Tensor q_offsets, Tensor kv_offsets, SymInt max_seqlen_q, SymInt max_seqlen_kv, bool causal"
 #: What a windowed variant's ops add to :data:`JAGGED_ARGS`: the band's bounds, -1 unbounded.
 WINDOW_ARGS = "int left, int right"
+#: What a block-sparse variant's ops add after :data:`WINDOW_ARGS`: a
+#: ``jagflash.core.block_mask.BlockMask``'s lists and block size.
+SPARSE_ARGS = "Tensor kv_counts, Tensor kv_indices, Tensor q_counts, Tensor q_indices, int block_m, int block_n"
 
 
 def _values(who: str, name: str, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,28 +72,30 @@ def renest(out: torch.Tensor, nested_offsets: torch.Tensor | None) -> torch.Tens
 
 def own_plan(
     spec, q, k, q_offsets, kv_offsets, *, causal: bool, window: tuple[int, int], max_seqlen_q,
-    max_seqlen_kv, backward: bool, backend: str | None,
+    max_seqlen_kv, backward: bool, backend: str | None, block_mask=None,
 ):
     """The plan ``(tiles, meta, info ints)`` a call without ``plan=`` builds for itself: ints on
     the host, tensors by one opaque op, laid out for the backend the call will pick (with the
-    schedules measured for its mask). Traced by ``torch.compile`` (which cannot follow that
-    choice), none: the forward and backward ops each build their own."""
+    schedules measured for its mask; with a ``block_mask``, tiles of its blocks costed by its
+    listed blocks). Traced by ``torch.compile`` (which cannot follow that choice), none: the
+    forward and backward ops each build their own."""
     if torch.compiler.is_compiling():
         return None, None, None
     blocks, schedule, backward_schedule = call_plan_layout(
-        spec, "jagged", q, k, causal=causal, backend=backend, window=window
+        spec, "jagged", q, k, causal=causal, backend=backend, window=window, block_mask=block_mask
     )
     return build_plan_ints(
         q_offsets, kv_offsets, batch=q_offsets.numel() - 1, total_q=q.shape[0], total_kv=k.shape[0],
         heads_q=q.shape[1], heads_kv=k.shape[1], causal=causal, window=window, blocks=blocks,
         max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, schedule=schedule,
         backward_schedule=backward_schedule, backward=backward, q_ptr=PTR_SAME_CALL, kv_ptr=PTR_SAME_CALL,
+        block_mask=block_mask,
     )
 
 
 def op_plan(
     spec, plan, q, k, q_offsets, kv_offsets, *, causal: bool, window: tuple[int, int], max_seqlen_q,
-    max_seqlen_kv, backward: bool, backend: str | None,
+    max_seqlen_kv, backward: bool, backend: str | None, block_mask=None,
 ):
     """The ``plan_tiles, plan_meta, plan_info`` a public function passes its op: those of the
     ``plan=`` it was given, none where no plan is needed (``backend="reference"``) or the op
@@ -100,7 +106,7 @@ def op_plan(
         return None, None, None
     return own_plan(
         spec, q, k, q_offsets, kv_offsets, causal=causal, window=window, max_seqlen_q=max_seqlen_q,
-        max_seqlen_kv=max_seqlen_kv, backward=backward, backend=backend,
+        max_seqlen_kv=max_seqlen_kv, backward=backward, backend=backend, block_mask=block_mask,
     )
 
 
@@ -118,31 +124,43 @@ def _lengths(who, q_offsets, kv_offsets, tq, tk, max_seqlen_q, max_seqlen_kv) ->
     return max_q, max_k
 
 
-def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = False):
+def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = False, sparse: bool = False):
     """Register a jagged-layout variant's ops ``jagflash::<name>_fwd`` / ``<name>_bwd``
     (``jagflash.core.ops.attention_ops``, layout ``jagged``) and return ``(fwd_op, bwd_op,
     call_fwd)``. Their own arguments are :data:`JAGGED_ARGS` (``max_seqlen_* = -1``: not given,
     read from the offsets: one host synchronisation on a GPU, which also validates the
-    offsets' values), followed by :data:`WINDOW_ARGS` where ``windowed``. The kernels are the
-    variant's ``kernels_portable`` / ``kernels_tlx_sm90`` (``package``), called with the jagged
-    tensors as they are; ``who`` names the public function in refusals."""
+    offsets' values), followed by :data:`WINDOW_ARGS` where ``windowed`` and then
+    :data:`SPARSE_ARGS` where ``sparse`` (a block mask: its problems pose the feature
+    ``block_sparse``, its kernels get the ``jagflash.core.block_mask.BlockMask`` as ``blocks=``,
+    its plans tile by its blocks). The kernels are the variant's ``kernels_portable`` /
+    ``kernels_tlx_sm90`` (``package``), called with the jagged tensors as they are; ``who``
+    names the public function in refusals."""
 
     def check(c) -> None:
         # Invalid offsets are the caller's error whatever backend would run: check them first.
         c.max_q, c.max_k = _lengths(
             who, c.q_offsets, c.kv_offsets, c.q.shape[0], c.k.shape[0], c.max_seqlen_q, c.max_seqlen_kv
         )
+        c.blocks = None
+        if sparse:
+            c.blocks = BlockMask(
+                c.kv_counts, c.kv_indices, c.q_counts, c.q_indices, c.q_offsets, c.kv_offsets, (c.block_m, c.block_n)
+            )
 
     def plan(c, passes):
         return c.plan(
             who, passes, q_offsets=c.q_offsets, kv_offsets=c.kv_offsets, check_offsets=True,
             total_q=c.q.shape[0], total_kv=c.k.shape[0], max_seqlen_q=c.max_q, max_seqlen_kv=c.max_k,
+            block_mask=c.blocks,
         )
+
+    def listed(c) -> dict[str, object]:
+        return {"blocks": c.blocks} if sparse else {}
 
     def reference(fn, *grad):
         return lambda c, **given: fn(
             *(getattr(c, n) for n in grad), c.q, c.k, c.v, c.q_offsets, c.kv_offsets, causal=c.causal,
-            window=(c.left, c.right), scale=c.scale, **given,
+            window=(c.left, c.right), scale=c.scale, **({"block_mask": c.blocks} if sparse else {}), **given,
         )
 
     forward = {
@@ -151,7 +169,7 @@ def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = Fals
             c.q, c.k, c.v, c.q_offsets, c.kv_offsets, c.max_q, **c.mask, plan=plan(c, ("fwd",))
         ),
         "portable": lambda c: c.kernels.forward(
-            c.q, c.k, c.v, c.q_offsets, c.kv_offsets, plan(c, ("fwd",)), **c.mask, backend=c.ran
+            c.q, c.k, c.v, c.q_offsets, c.kv_offsets, plan(c, ("fwd",)), **c.mask, backend=c.ran, **listed(c)
         ),
     }
     backward = {
@@ -164,12 +182,14 @@ def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = Fals
         # Always deterministic (no atomics): ``deterministic`` asks nothing more of it.
         "portable": lambda c: c.kernels.backward(
             c.dout, c.q, c.k, c.v, c.out, c.lse, c.q_offsets, c.kv_offsets, plan(c, ("dq", "dkdv")),
-            **c.mask, backend=c.ran,
+            **c.mask, backend=c.ran, **listed(c),
         ),
     }
+    args = JAGGED_ARGS + (", " + WINDOW_ARGS if windowed or sparse else "") + (", " + SPARSE_ARGS if sparse else "")
     return attention_ops(
-        name, spec, package, JAGGED_ARGS + (", " + WINDOW_ARGS if windowed else ""), check=check,
+        name, spec, package, args, check=check,
         forward=forward, backward=backward, layout="jagged",
         fake_forward=lambda c: (torch.empty_like(c.q), c.q.new_empty((c.q.shape[1], c.q.shape[0]), dtype=torch.float32)),
         fake_backward=lambda c: (torch.empty_like(c.q), torch.empty_like(c.k), torch.empty_like(c.v)),
+        features=frozenset({"block_sparse"}) if sparse else frozenset(),
     )

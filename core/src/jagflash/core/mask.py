@@ -16,9 +16,14 @@ the unmasked one. :func:`dkdv_q_range` / :func:`dkdv_q_ranges` are the transpose
 dK/dV pass (q-blocks a kv-tile visits). Inside an edge block the element mask comes from
 :func:`band_bounds` (the per-row key bounds, formed once per row) and :func:`bounds_mask`.
 
-Extension point: a new mask (a window's bounds already are one; a block-sparse index list next)
-changes the ranges these functions hand out and the element mask of the edge blocks, never a
-kernel body: the producer and the consumers of a kernel iterate the same ranges from here.
+The block iterator. A loop over partner blocks runs ``for t in range(p0, p1, STEP):
+n0 = block_at(row, t, ...)`` (``STEP`` 1 with a list, else BLOCK) over the positions :func:`block_walk` makes of a range: without a
+block list (``SPARSE`` false) the positions are the rows themselves (``n0 = t``, step BLOCK:
+the band's loop as it always was); with one (``jagflash.core.block_mask``: the tile's row of
+ascending block indices, :func:`list_row`) they are the slots of the listed blocks that fall in
+each part of the band, so listed blocks outside the band are skipped and the edge blocks keep
+the band's element mask. :func:`listed_blocks` is its torch twin for the plan's cost model.
+A new mask changes the iterator's input, never a kernel body.
 
 Every clamp keeps the operands of ``//`` non-negative: Triton divides integers by truncation,
 the interpreter by flooring. The ``@triton.jit`` functions take their block sizes either as
@@ -34,6 +39,8 @@ import triton.language as tl
 __all__ = [
     "band_bounds",
     "band_mask",
+    "block_at",
+    "block_walk",
     "bounds_mask",
     "ceil_to",
     "dkdv_q_range",
@@ -41,6 +48,8 @@ __all__ = [
     "floor_to",
     "kv_tile_range",
     "kv_tile_ranges",
+    "list_row",
+    "listed_blocks",
     "mask_bounds",
     "visible_pairs",
 ]
@@ -179,6 +188,54 @@ def band_mask(
     return bounds_mask(kj, lo, hi, BOUNDED_LEFT)
 
 
+@triton.jit
+def list_row(lists, b, h, block):
+    """A tile's block list ``(count, indices)``: row ``block`` of head ``h`` of sequence ``b``
+    in ``lists = (COUNTS, INDICES, head_stride, seq_stride, width)``
+    (``jagflash.core.block_mask.BlockMask.kernel_lists``)."""
+    at = b.to(tl.int64) * lists[3] + tl.cast(h, tl.int64) * lists[2] + block
+    return tl.load(lists[0] + at), lists[1] + at * lists[4]
+
+
+@triton.jit
+def _listed_below(indices, count, limit):
+    """Slots of the ascending ``indices[:count]`` below ``limit`` (binary search)."""
+    lo = count * 0
+    hi = count
+    while lo < hi:
+        mid = (lo + hi) // 2
+        below = tl.load(indices + mid) < limit
+        lo = tl.where(below, mid + 1, lo)
+        hi = tl.where(below, hi, mid)
+    return lo
+
+
+@triton.jit
+def block_walk(lo, full_lo, full_hi, hi, row, BLOCK, SPARSE: tl.constexpr):
+    """Positions ``(p0, p1, p2, p3)`` of a range ``(lo, full_lo, full_hi, hi)`` (from
+    :func:`kv_tile_range` or :func:`dkdv_q_range`): masked head ``[p0, p1)``, unmasked body
+    ``[p1, p2)``, masked tail ``[p2, p3)``. Without a list, the range itself; with one
+    (``row``: :func:`list_row`), the slots of the listed blocks starting in each part."""
+    if SPARSE:
+        count, indices = row
+        p0 = _listed_below(indices, count, (lo + BLOCK - 1) // BLOCK)
+        p1 = _listed_below(indices, count, (full_lo + BLOCK - 1) // BLOCK)
+        p2 = _listed_below(indices, count, (full_hi + BLOCK - 1) // BLOCK)
+        p3 = _listed_below(indices, count, (hi + BLOCK - 1) // BLOCK)
+        return p0, p1, p2, p3
+    else:
+        return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def block_at(row, t, BLOCK: tl.constexpr, SPARSE: tl.constexpr):
+    """First row of the block at position ``t`` of :func:`block_walk`."""
+    if SPARSE:
+        return tl.load(row[1] + t) * BLOCK
+    else:
+        return t
+
+
 # --- on the host (torch twins, for the plan's cost model and tools) ----------------------
 
 
@@ -267,3 +324,24 @@ def visible_pairs(lq: torch.Tensor, lk: torch.Tensor, left: int, right: int) -> 
     count = torch.clamp(hi - lo + 1, min=0)
     return torch.zeros_like(lq).index_add_(0, seq, count)
 
+
+
+def listed_blocks(
+    side: str, start: torch.Tensor, lq: torch.Tensor, lk: torch.Tensor, block_m: int, block_n: int,
+    left: int, right: int, listed: torch.Tensor,
+) -> torch.Tensor:
+    """Twin of :func:`block_walk`'s ``p3 - p0``: partner blocks a tile visits (int64), those of
+    its band that its block list names. ``listed`` ``[..., n]`` bool: the tile's row of the
+    mask's grid (``side="q"``: the kv-blocks of a q-tile; ``"kv"``: the q-blocks of a kv-tile),
+    broadcast against ``start``."""
+    if side == "q":
+        lo, _, _, hi = kv_tile_ranges(start, lq, lk, block_m, block_n, left, right)
+        block = block_n
+    else:
+        lo, _, _, hi = dkdv_q_ranges(start, lq, lk, block_m, block_n, left, right)
+        block = block_m
+    first = torch.div(lo, block, rounding_mode="floor")
+    end = torch.div(hi + block - 1, block, rounding_mode="floor")
+    slot = torch.arange(listed.shape[-1], device=listed.device)
+    inside = (slot >= first[..., None]) & (slot < end[..., None])
+    return (listed & inside).sum(-1)

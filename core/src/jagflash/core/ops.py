@@ -89,9 +89,11 @@ def make_problem(
     return_lse: bool = False,
     backward: bool = False,
     deterministic: bool = False,
+    features: frozenset[str] = frozenset(),
 ) -> Problem:
-    """The :class:`Problem` a call poses, from shapes and flags only (no data is read)."""
-    feats = set()
+    """The :class:`Problem` a call poses, from shapes and flags only (no data is read);
+    ``features``: those the variant's op always poses (``block_sparse``)."""
+    feats = set(features)
     if causal:
         feats.add("causal")
     if tuple(window) != (-1, -1):
@@ -118,15 +120,17 @@ def call_problem(layout: str):
     """``Variant.problem`` for a variant whose public function takes ``(q, k, v, **flags)``:
     describes a front-door call from its tensors and flags without reading data.
     ``deterministic`` is a property of the backward: a call that will not take one (no input
-    requires grad) does not pose it, as the variants' forward ops do not."""
+    requires grad) does not pose it, as the variants' forward ops do not. A ``block_mask``
+    poses ``block_sparse``."""
 
     def problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call: object) -> Problem:
         grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
         return make_problem(
             layout, q, k, causal=bool(call.get("causal", False)),
-            window=call.get("window", (-1, -1)),  # type: ignore[arg-type]
+            window=call.get("window") or (-1, -1),  # type: ignore[arg-type]
             return_lse=bool(call.get("return_lse", False)), backward=grad,
             deterministic=grad and bool(call.get("deterministic", False)),
+            features=frozenset({"block_sparse"}) if call.get("block_mask") is not None else frozenset(),
         )
 
     return problem
@@ -244,7 +248,7 @@ def register_autograd(fwd_op, bwd_op):
 def call_plan_layout(
     spec, layout: str, q: torch.Tensor, k: torch.Tensor, *, causal: bool, backend: str | None,
     schedule: str = BACKEND_DEFAULT, backward_schedule: str | None = BACKEND_DEFAULT,
-    equal_costs: bool = False, window: tuple[int, int] = (-1, -1),
+    equal_costs: bool = False, window: tuple[int, int] = (-1, -1), block_mask=None,
 ) -> tuple[dict[str, tuple[int, int]], str, str | None]:
     """Tile sizes and schedules ``(blocks, schedule, backward_schedule)`` of the Plan a call (or
     ``make_plan``) lays out: for the backend the call's forward will run on
@@ -256,40 +260,41 @@ def call_plan_layout(
     from jagflash.core.mask import mask_bounds
     from jagflash.core.tuning import plan_blocks
 
-    name = plan_backend(spec, make_problem(layout, q, k, causal=causal, window=window), q.device, backend)
+    feats = frozenset({"block_sparse"}) if block_mask is not None else frozenset()
+    name = plan_backend(spec, make_problem(layout, q, k, causal=causal, window=window, features=feats), q.device, backend)
     if name == "reference":
         name = "interpreter" if q.device.type == "cpu" else "portable"
     dim = q.shape[-1]
     fwd, bwd = resolve_schedules(
         schedule, backward_schedule, name, dim, window=mask_bounds(causal, window), equal_costs=equal_costs
     )
-    return plan_blocks(name, dim), fwd, bwd
+    return plan_blocks(name, dim, block_mask.block_size if block_mask is not None else None), fwd, bwd
 
 
 def layout_plan(
     spec, layout: str, q: torch.Tensor, k: torch.Tensor, q_offsets: torch.Tensor,
     kv_offsets: torch.Tensor, *, total_q: int, causal: bool, backend: str | None, schedule: str,
     backward_schedule: str | None, workers: int | None, max_seqlen_q: int | None,
-    max_seqlen_kv: int | None, backward: bool, window: tuple[int, int] = (-1, -1),
+    max_seqlen_kv: int | None, backward: bool, window: tuple[int, int] = (-1, -1), block_mask=None,
 ):
     """A variant's ``make_plan`` over a jagged batch of rows: the tile sizes and schedules of
     :func:`call_plan_layout`, then ``jagflash.core.plan.build.make_plan`` on ``q_offsets`` /
     ``kv_offsets`` (the offsets of the rows the kernels walk: the output rows for broadcast-Q)
     with ``total_q`` query rows; ``k`` ``[Tk, Hkv, D]`` gives the kv rows, the heads from ``q``'s
-    and ``k``'s dim -2; ``causal`` and ``window`` the mask. Returns the
-    :class:`~jagflash.core.plan.model.Plan`."""
+    and ``k``'s dim -2; ``causal`` and ``window`` the mask (and a ``block_mask``: its blocks
+    tile every pass and cost the tiles). Returns the :class:`~jagflash.core.plan.model.Plan`."""
     from jagflash.core.plan.build import make_plan
 
     blocks, schedule, backward_schedule = call_plan_layout(
         spec, layout, q, k, causal=causal, backend=backend, schedule=schedule,
-        backward_schedule=backward_schedule, window=window,
+        backward_schedule=backward_schedule, window=window, block_mask=block_mask,
     )
     return make_plan(
         q_offsets, kv_offsets, total_q=total_q, total_kv=k.shape[0], heads_q=q.shape[-2],
         heads_kv=k.shape[-2], causal=causal, window=window, block_m=blocks["fwd"][0], block_n=blocks["fwd"][1],
         dq_blocks=blocks["dq"], dkdv_blocks=blocks["dkdv"], max_seqlen_q=max_seqlen_q,
         max_seqlen_kv=max_seqlen_kv, workers=workers, schedule=schedule,
-        backward_schedule=backward_schedule, backward=backward,
+        backward_schedule=backward_schedule, backward=backward, block_mask=block_mask,
     )
 
 
@@ -333,17 +338,20 @@ class OpCall:
         """``left``, ``right`` and ``scale``: the keywords every kernel wrapper takes."""
         return {"left": self.left, "right": self.right, "scale": self.scale}
 
-    def plan(self, who: str, passes: tuple[str, ...], **layout: object):
+    def plan(self, who: str, passes: tuple[str, ...], block_mask=None, **layout: object):
         """The Plan the call passed, checked against it, or one built for ``passes``
-        (``jagflash.core.plan.check.resolve_plan``) with the tile sizes of the backend that runs;
-        ``layout``: the offsets and sizes the plan is checked against."""
+        (``jagflash.core.plan.check.resolve_plan``) with the tile sizes of the backend that runs
+        (a ``block_mask``'s blocks where given); ``layout``: the offsets and sizes the plan is
+        checked against."""
         from jagflash.core.plan.check import resolve_plan
         from jagflash.core.tuning import plan_blocks
 
+        size = block_mask.block_size if block_mask is not None else None
+        extra = {"block_mask": block_mask} if block_mask is not None else {}
         return resolve_plan(
             who, self.plan_tiles, self.plan_meta, self.plan_info, heads_q=self.q.shape[-2],
             heads_kv=self.k.shape[-2], left=self.left, right=self.right,
-            blocks=plan_blocks(self.ran, self.q.shape[-1]), passes=passes, **layout,
+            blocks=plan_blocks(self.ran, self.q.shape[-1], size), passes=passes, **layout, **extra,
         )
 
 
@@ -353,7 +361,7 @@ def _arg_names(schema: str) -> tuple[str, ...]:
 
 def attention_ops(
     name: str, spec, package: str, args: str, *, check, forward, backward, fake_forward, fake_backward,
-    layout: str | None = None,
+    layout: str | None = None, features: frozenset[str] = frozenset(),
 ):
     """Register a variant's ops ``jagflash::<name>_fwd`` / ``<name>_bwd`` and their autograd
     (:func:`register_autograd`) from its semantics; returns ``(fwd_op, bwd_op, call_fwd)``.
@@ -370,6 +378,7 @@ def attention_ops(
     ``forward[backend](c)`` / ``backward[backend](c)``: tables over ``reference``,
     ``tlx-sm90`` and ``portable`` (which also serves ``interpreter``).
     ``fake_forward(c)`` / ``fake_backward(c)``: the outputs' shapes for the fake (meta) kernels.
+    ``features``: problem features every call of these ops poses (``block_sparse``).
     """
     from jagflash.core.backend import select
     from jagflash.core.mask import mask_bounds
@@ -388,10 +397,13 @@ def attention_ops(
             c.q, c.k, c.v = (readable(t) for t in (c.q, c.k, c.v))
             window = (c.left, c.right)
             if pass_ == "fwd":
-                problem = make_problem(layout, c.q, c.k, causal=c.causal, window=window, return_lse=c.return_lse)
+                problem = make_problem(
+                    layout, c.q, c.k, causal=c.causal, window=window, return_lse=c.return_lse, features=features
+                )
             else:
                 problem = make_problem(
-                    layout, c.q, c.k, causal=c.causal, window=window, backward=True, deterministic=c.deterministic
+                    layout, c.q, c.k, causal=c.causal, window=window, backward=True, deterministic=c.deterministic,
+                    features=features,
                 )
             c.ran = select(spec, problem, c.q.device, c.backend or None).name
             c.left, c.right = mask_bounds(c.causal, window)

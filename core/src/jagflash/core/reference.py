@@ -34,6 +34,14 @@ def visibility_mask(
     return mask
 
 
+def _mask(b: int, lq: int, lk: int, left: int, right: int, device, block_mask) -> torch.Tensor:
+    """Sequence ``b``'s mask: ``[lq, lk]``, or ``[Hm, lq, lk]`` under a block mask."""
+    mask = visibility_mask(lq, lk, left, right, device)
+    if block_mask is not None:
+        mask = mask & block_mask.element_mask(b, lq, lk).to(device)
+    return mask
+
+
 def attention_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -45,8 +53,12 @@ def attention_reference(
     window: tuple[int, int] = (-1, -1),
     scale: float | None = None,
     compute_dtype: torch.dtype = torch.float32,
+    block_mask=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Jagged attention, one sequence at a time.
+
+    A ``block_mask`` (``jagflash.core.block_mask.BlockMask``) is materialised per sequence into
+    its element mask (``element_mask``), AND-ed with causal/window's.
 
     q ``[Tq, Hq, D]``, k/v ``[Tk, Hkv, D]``, offsets ``[B+1]``. Returns ``out [Tq, Hq, D]`` and
     ``lse [Hq, Tq]`` (natural log), both in ``compute_dtype``. A row that sees no key gets output 0
@@ -68,11 +80,11 @@ def attention_reference(
         vs = vs.repeat_interleave(group, dim=0)
         lq, lk = qs.shape[1], ks.shape[1]
         s = torch.matmul(qs, ks.transpose(1, 2)) * scale
-        mask = visibility_mask(lq, lk, left, right, q.device)
+        mask = _mask(b, lq, lk, left, right, q.device, block_mask)
         # A row that sees no key would give exp(-inf - -inf) = NaN, in the forward and in the
         # gradient of logsumexp; compute it on zeros instead, then drop it.
         seen = mask.any(-1)
-        s = torch.where(seen[:, None], s.masked_fill(~mask, float("-inf")), 0.0)
+        s = torch.where(seen[..., None], s.masked_fill(~mask, float("-inf")), 0.0)
         lse = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - lse[..., None]).masked_fill(~mask, 0.0)
         lse = lse.masked_fill(~seen, float("-inf"))
@@ -93,10 +105,11 @@ def reference_forward(
     causal: bool,
     window: tuple[int, int],
     scale: float,
+    block_mask=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``reference`` backend's forward: fp32 math, output in q's dtype, LSE fp32."""
     out, lse = attention_reference(
-        q, k, v, q_offsets, kv_offsets, causal=causal, window=window, scale=scale
+        q, k, v, q_offsets, kv_offsets, causal=causal, window=window, scale=scale, block_mask=block_mask
     )
     return out.to(q.dtype), lse.float()
 
@@ -114,6 +127,7 @@ def reference_backward(
     scale: float,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    block_mask=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``reference`` backend's backward, written out (autograd does not run inside a custom
     op's implementation): per sequence, in fp32,
@@ -136,11 +150,11 @@ def reference_backward(
         ks = k[rk].float().transpose(0, 1).repeat_interleave(group, dim=0)
         vs = v[rk].float().transpose(0, 1).repeat_interleave(group, dim=0)
         dos = dout[rq].float().transpose(0, 1)
-        mask = visibility_mask(qs.shape[1], ks.shape[1], left, right, q.device)
+        mask = _mask(b, qs.shape[1], ks.shape[1], left, right, q.device, block_mask)
         s = (qs @ ks.transpose(1, 2) * scale).masked_fill(~mask, float("-inf"))
         seen = mask.any(-1)
         if lse is None:
-            p = torch.softmax(torch.where(seen[:, None], s, 0.0), dim=-1).masked_fill(~mask, 0.0)
+            p = torch.softmax(torch.where(seen[..., None], s, 0.0), dim=-1).masked_fill(~mask, 0.0)
         else:  # a row with LSE -inf sees no key anywhere: P = 0 there, not exp(-inf + inf)
             rows = lse[:, rq].float()
             p = torch.exp(s - torch.where(rows == float("-inf"), float("inf"), rows)[..., None])

@@ -52,11 +52,19 @@ PORTABLE_HEAD_DIMS = frozenset({16, 32, 64, 96, 128, 256})
 
 
 
-def block_config(backend: str, head_dim: int, pass_: str) -> dict[str, int]:
+def block_config(backend: str, head_dim: int, pass_: str, block_size: tuple[int, int] | None = None) -> dict[str, int]:
     """Tile sizes and launch options for one pass (``fwd``, ``dq`` or ``dkdv``) of the portable
     kernels. Under the interpreter every tile iteration costs about the same whatever its size,
-    so small tiles there buy nothing but they do exercise multi-tile paths on small tests."""
+    so small tiles there buy nothing but they do exercise multi-tile paths on small tests.
+    With a block mask's ``block_size`` ``(bm, bn)`` every pass tiles by its blocks (q-tiles of
+    ``bm`` rows, kv-tiles of ``bn`` keys), so a tile is one listed block."""
     block_d = triton.next_power_of_2(head_dim)
+    if block_size is not None:
+        big = max(block_size) * block_d >= 128 * 64
+        return {
+            "BLOCK_M": int(block_size[0]), "BLOCK_N": int(block_size[1]), "BLOCK_D": block_d,
+            "num_warps": 8 if big else 4, "num_stages": 1 if backend == "interpreter" else (1 if big else 2),
+        }
     if backend == "interpreter":
         return {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_D": block_d, "num_warps": 4, "num_stages": 1}
     wide = block_d > 64
@@ -86,11 +94,14 @@ def launch_options(cfg: dict[str, int]) -> dict[str, int]:
     return {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "num_warps", "num_stages")}
 
 
-def plan_blocks(backend: str, head_dim: int) -> dict[str, tuple[int, int]]:
+def plan_blocks(backend: str, head_dim: int, block_size: tuple[int, int] | None = None) -> dict[str, tuple[int, int]]:
     """``(block_m, block_n)`` of every pass of ``backend``'s kernels: what a Plan for them holds.
     ``tlx-sm90`` runs its own forward and dK/dV passes and the portable dQ pass (its tiles:
     :func:`tlx_sm90_blocks`). Every call asks (a plan's check): computed
-    once per (backend, head dim)."""
+    once per (backend, head dim). With a block mask's ``block_size``: its blocks in every pass
+    (:func:`block_config`)."""
+    if block_size is not None:
+        return {p: (int(block_size[0]), int(block_size[1])) for p in ("fwd", "dq", "dkdv")}
     return dict(_plan_blocks(backend, head_dim))
 
 

@@ -25,11 +25,13 @@ def jagged_reference(
     window: tuple[int, int] = (-1, -1),
     scale: float | None = None,
     dtype: torch.dtype = torch.float64,
+    block_mask=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``out [Tq, Hq, D]``, ``lse [Hq, Tq]`` computed in ``dtype``."""
+    """``out [Tq, Hq, D]``, ``lse [Hq, Tq]`` computed in ``dtype`` (under a
+    ``jagflash.core.block_mask.BlockMask`` where given)."""
     return attention_reference(
         q, k, v, q_offsets, kv_offsets, causal=causal, window=window, scale=scale,
-        compute_dtype=dtype,
+        compute_dtype=dtype, block_mask=block_mask,
     )
 
 

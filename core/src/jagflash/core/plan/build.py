@@ -49,7 +49,9 @@ def offsets_fingerprint(offsets: torch.Tensor) -> torch.Tensor:
 
 
 
-def _build_torch(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, info: PlanInfo) -> tuple[torch.Tensor, torch.Tensor]:
+def _build_torch(
+    q_offsets: torch.Tensor, kv_offsets: torch.Tensor, info: PlanInfo, grid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     lq, lk = seq_lengths(q_offsets), seq_lengths(kv_offsets)
     dev = q_offsets.device
     tiles = torch.empty((info.rows, 3), dtype=torch.int32, device=dev)
@@ -59,7 +61,10 @@ def _build_torch(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, info: PlanIn
             counts.append(counts[0])
             continue
         side = _SIDE[name]
-        rows, count = _section(lq if side == "q" else lk, lq, lk, side, lay, info.left, info.right, sort_kind(info.schedule_of(name)))
+        listed = None if grid is None else (grid if side == "q" else grid.transpose(-1, -2))
+        rows, count = _section(
+            lq if side == "q" else lk, lq, lk, side, lay, info.left, info.right, sort_kind(info.schedule_of(name)), listed
+        )
         tiles[lay.row0 : lay.row0 + lay.rows] = rows
         counts.append(count)
     meta = torch.stack([*counts, offsets_fingerprint(q_offsets), offsets_fingerprint(kv_offsets)])
@@ -254,8 +259,13 @@ def _kernels_interpreted() -> bool:
     return isinstance(_plan_rows_kernel, InterpretedFunction)
 
 
-def _build(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, info: PlanInfo) -> tuple[torch.Tensor, torch.Tensor]:
-    """The plan's tensors: Triton kernels on a GPU, torch ops elsewhere."""
+def _build(
+    q_offsets: torch.Tensor, kv_offsets: torch.Tensor, info: PlanInfo, grid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plan's tensors: Triton kernels on a GPU, torch ops elsewhere and under a block mask
+    (``grid``: its bool grid ``[B, Hm, nQ, nK]``, whose listed blocks cost the tiles)."""
+    if grid is not None:
+        return _build_torch(q_offsets, kv_offsets, info, grid)
     if q_offsets.device.type == "cuda" and not _kernels_interpreted() and max(p.tiles for p in info.passes) < _KEY_COST:
         return _build_triton(q_offsets, kv_offsets, info)
     return _build_torch(q_offsets, kv_offsets, info)
@@ -263,15 +273,17 @@ def _build(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, info: PlanInfo) ->
 
 @torch.library.custom_op("jagflash::build_plan", mutates_args=())
 def build_plan(
-    q_offsets: torch.Tensor, kv_offsets: torch.Tensor, info: list[int]
+    q_offsets: torch.Tensor, kv_offsets: torch.Tensor, info: list[int], grid: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(tiles, meta)`` of the plan ``info`` describes, built on the offsets' device with torch
-    ops and no host sync. An op, so ``torch.compile`` keeps it as one opaque node."""
-    return _build(q_offsets, kv_offsets, PlanInfo.from_ints(info))
+    ops and no host sync. An op, so ``torch.compile`` keeps it as one opaque node. ``grid``: a
+    block mask's bool grid (``jagflash.core.block_mask.BlockMask.to_dense``): tiles cost its
+    listed blocks."""
+    return _build(q_offsets, kv_offsets, PlanInfo.from_ints(info), grid)
 
 
 @build_plan.register_fake
-def _(q_offsets, kv_offsets, info):
+def _(q_offsets, kv_offsets, info, grid=None):
     rows = PlanInfo.from_ints(info).rows
     return q_offsets.new_empty((rows, 3), dtype=torch.int32), q_offsets.new_empty((5,), dtype=torch.int64)
 
@@ -298,11 +310,14 @@ def _ptr(t: torch.Tensor) -> int:
     return int(t.data_ptr()) or PTR_UNKNOWN
 
 
-def build_plan_ints(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, **info) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def build_plan_ints(
+    q_offsets: torch.Tensor, kv_offsets: torch.Tensor, block_mask=None, **info
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """``(tiles, meta, info ints)`` of the plan ``jagflash.core.plan.model.plan_info(**info)``
-    over these offsets: what a call without ``plan=`` passes to its op."""
+    over these offsets: what a call without ``plan=`` passes to its op; a ``block_mask``
+    (``jagflash.core.block_mask.BlockMask``) costs its tiles by its listed blocks."""
     ints = plan_info(**info).to_ints()
-    tiles, meta = build_plan(q_offsets, kv_offsets, ints)
+    tiles, meta = build_plan(q_offsets, kv_offsets, ints, None if block_mask is None else block_mask.to_dense())
     return tiles, meta, ints
 
 
@@ -326,6 +341,7 @@ def make_plan(
     schedule: str = DEFAULT_SCHEDULE,
     backward_schedule: str | None = None,
     backward: bool = True,
+    block_mask=None,
 ) -> Plan:
     """Build the :class:`Plan` of one batch on the offsets' device, without a host sync.
 
@@ -350,6 +366,8 @@ def make_plan(
             (cost-sorted, atomic tile counter) or ``"none"`` (batch order, one program a tile).
         backward_schedule: the backward passes' kind (default: ``schedule``'s).
         backward: also lay out the dQ and dK/dV passes (``False`` for inference only).
+        block_mask: a ``jagflash.core.block_mask.BlockMask``: tiles cost its listed blocks
+            (its block size should be every pass's tile size).
     """
     reasons = _offsets_reasons(q_offsets, kv_offsets)
     if reasons:
@@ -366,5 +384,6 @@ def make_plan(
         schedule=schedule, backward_schedule=backward_schedule, backward=backward,
         q_ptr=_ptr(q_offsets), kv_ptr=_ptr(kv_offsets),
     )
-    tiles, meta = build_plan(q_offsets, kv_offsets, info.to_ints())
+    grid = None if block_mask is None else block_mask.to_dense()
+    tiles, meta = build_plan(q_offsets, kv_offsets, info.to_ints(), grid)
     return Plan(tiles, meta, info, q_offsets, kv_offsets)

@@ -119,12 +119,13 @@ def resolve_plan(
     passes: Sequence[str],
     max_seqlen_q: int | None = None,
     max_seqlen_kv: int | None = None,
+    block_mask=None,
 ) -> Plan:
     """What an op does with its ``plan_*`` arguments: check the plan it was given against the
     call (:func:`check_plan`), or, called without one (only by code that calls the op
     directly), build one for ``passes`` with :data:`DEFAULT_SCHEDULE`. ``derived_q``: the
     q offsets follow from the ints (broadcast-Q's output rows), so only the kv offsets' values
-    are checked."""
+    are checked. A plan built here under a ``block_mask`` costs its listed blocks."""
     batch = q_offsets.numel() - 1
     if plan_tiles is None or plan_meta is None or plan_info_ints is None:
         info = plan_info(
@@ -134,7 +135,7 @@ def resolve_plan(
             backward_schedule=DEFAULT_BACKWARD_SCHEDULE, backward=any(p != "fwd" for p in passes),
             q_ptr=PTR_SAME_CALL, kv_ptr=PTR_SAME_CALL,
         )
-        tiles, meta = _build(q_offsets, kv_offsets, info)
+        tiles, meta = _build(q_offsets, kv_offsets, info, None if block_mask is None else block_mask.to_dense())
         return Plan(tiles, meta, info, q_offsets, kv_offsets)
     info = PlanInfo.from_ints(plan_info_ints)
     check_plan(

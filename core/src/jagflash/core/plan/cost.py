@@ -6,6 +6,11 @@ A forward (or dQ) q-tile costs the kv-tiles it visits under the mask
 nothing costs 0 and stays (it writes zeros and LSE -inf). The ``grouped`` schedule sorts by its
 sequence's cost (q-tiles x kv-tiles) first, then by the tile's, in one key below 2**31.
 
+With a block mask (``listed``: its bool grid, ``jagflash.core.block_mask.BlockMask.to_dense``)
+a tile costs the listed blocks of its band summed over the mask's heads
+(:func:`jagflash.core.mask.listed_blocks`) and a sequence its listed blocks: sparse rows
+balance by what the kernels visit. Only this torch build takes a mask.
+
 Everything here is torch on the offsets' device; the Triton build
 (:mod:`jagflash.core.plan.build`) computes the same costs and keys and is tested against it.
 """
@@ -14,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from jagflash.core.mask import dkdv_q_ranges, kv_tile_ranges
+from jagflash.core.mask import dkdv_q_ranges, kv_tile_ranges, listed_blocks
 from jagflash.core.plan.model import PassLayout
 
 __all__ = ["tile_costs"]
@@ -53,9 +58,10 @@ def _seq_cost(lq: torch.Tensor, lk: torch.Tensor, block_m: int, block_n: int) ->
 
 def _section(
     lengths: torch.Tensor, lq: torch.Tensor, lk: torch.Tensor, side: str, lay: PassLayout,
-    left: int, right: int, sort: int,
+    left: int, right: int, sort: int, listed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One pass's rows ``[lay.rows, 3]`` int32 and its valid-tile count (a device scalar)."""
+    """One pass's rows ``[lay.rows, 3]`` int32 and its valid-tile count (a device scalar);
+    ``listed``: a block mask's grid ``[B, Hm, tiles, partners]`` for this side, or None."""
     dev = lengths.device
     batch = lengths.numel()
     block = lay.block_m if side == "q" else lay.block_n
@@ -68,9 +74,13 @@ def _section(
     valid = seq < batch
     seq = seq.clamp(max=batch - 1)
     start = (slot - (last - per_seq)[seq]) * block
-    cost = tile_costs(side, start, lq[seq], lk[seq], lay.block_m, lay.block_n, left, right)
+    if listed is None:
+        cost = tile_costs(side, start, lq[seq], lk[seq], lay.block_m, lay.block_n, left, right)
+        seq_cost = _seq_cost(lq[seq], lk[seq], lay.block_m, lay.block_n)
+    else:
+        cost, seq_cost = _listed_costs(listed, side, seq, start, block, lq, lk, lay, left, right)
     if sort == 2:  # grouped: the sequence's cost, q-tiles x kv-tiles, then the tile's
-        cost = _seq_cost(lq[seq], lk[seq], lay.block_m, lay.block_n) * _TILE_COST_ROOM + cost.clamp(max=_TILE_COST_ROOM - 1)
+        cost = seq_cost * _TILE_COST_ROOM + cost.clamp(max=_TILE_COST_ROOM - 1)
     cost = torch.where(valid, cost, -1)
     if sort:
         order = torch.sort(cost, descending=True, stable=True).indices
@@ -80,3 +90,15 @@ def _section(
     rows = torch.where(valid[:, None, None], rows, -1).to(torch.int32).reshape(lay.rows, 3)
     count = torch.clamp(last[-1], max=lay.tiles) * lay.heads
     return rows, count
+
+
+def _listed_costs(listed, side, seq, start, block, lq, lk, lay: PassLayout, left: int, right: int):
+    """Tile and sequence costs under a block mask (:func:`_section`'s ``listed``)."""
+    if listed.shape[2] == 0 or listed.shape[3] == 0:
+        zero = torch.zeros_like(seq)
+        return zero, zero
+    tile = torch.div(start, block, rounding_mode="floor").clamp(0, listed.shape[2] - 1)
+    rows = listed[seq, :, tile]  # [tiles, Hm, partners]
+    cost = listed_blocks(side, start[:, None], lq[seq][:, None], lk[seq][:, None], lay.block_m, lay.block_n, left, right, rows)
+    per_seq = listed.sum((1, 2, 3)).clamp(max=(2**31 - 1) // _TILE_COST_ROOM - 1)
+    return cost.sum(-1), per_seq[seq]

@@ -15,16 +15,19 @@ them directly):
 The programs :func:`fwd_program`, :func:`dq_program`, :func:`dkdv_program` and
 :func:`dq_acc_program` take the same work with grouped arguments: the tensors (a tuple of
 pointers), their strides (a ``(sequence, row, head)`` triple per tensor: :func:`rows_at`), the
-tile's sequence record, its head and first row, the mask ``(scale, left, right)`` and the
-compile-time configuration ``(GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BOUNDED_LEFT,
-BOUNDED_RIGHT)``. A sequence record is ``(q_at, lq, k_at, lk, lse_at, lse_h)``: the positions
+tile's sequence record, its head and first row, the mask ``(scale, left, right)`` (block
+sparse: ``(scale, left, right, kv_lists, q_lists)``, the lists of
+``jagflash.core.block_mask.BlockMask.kernel_lists``, with the record of
+:func:`sparse_sequence`) and the compile-time configuration ``(GROUP, HEAD_DIM, BLOCK_M,
+BLOCK_N, BLOCK_D, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE)``. A sequence record is ``(q_at, lq, k_at, lk, lse_at, lse_h)``: the positions
 that multiply the q-side and k-side tensors' sequence strides, the lengths, the LSE (and delta)
 offset of head 0 and the step between heads; :func:`jagged_sequence` and :func:`dense_sequence`
 make the records of the two layouts (a persistent walker calls them: ``portable.persistent``).
 
 Each tile function loops over its partner tiles in three ranges (``jagflash.core.mask``): a
 masked range, an unmasked one (no score mask, no key bound checks), and a masked tail, each a
-compile-time specialisation of the same loop body.
+compile-time specialisation of the same loop body, through the block iterator
+(``mask.block_walk`` / ``mask.block_at``): the band's blocks, or those of a block list in it.
 
 Pointers: ``*_base`` point at row 0 of the sequence for the tile's head; ``stride_*m`` is the
 stride between rows (tokens); the head dimension is contiguous. LSE and delta are fp32 with
@@ -36,7 +39,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jagflash.core.mask import band_mask, dkdv_q_range, kv_tile_range
+from jagflash.core.mask import (
+    band_mask,
+    block_at,
+    block_walk,
+    dkdv_q_range,
+    kv_tile_range,
+    list_row,
+)
 from jagflash.core.seqlen import load_rows, row_ptrs, store_rows
 from jagflash.core.softmax import (
     LOG2E,
@@ -51,11 +61,13 @@ from jagflash.core.softmax import (
 def _fwd_loop(
     acc, m_i, l_i, q, offs_m, offs_d,
     k_base, v_base, stride_km, stride_vm,
-    start, end, lq, lk, qk_scale2, left, right,
+    start, end, row, lq, lk, qk_scale2, left, right,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
-    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr, SPARSE: tl.constexpr,
 ):
-    for n0 in range(start, end, BLOCK_N):
+    STEP: tl.constexpr = 1 if SPARSE else BLOCK_N
+    for t in range(start, end, STEP):
+        n0 = block_at(row, t, BLOCK_N, SPARSE)
         offs_n = n0 + tl.arange(0, BLOCK_N)
         k = load_rows(row_ptrs(k_base, n0, offs_n, stride_km, offs_d), offs_n, lk, offs_d, HEAD_DIM, MASKED, EVEN_D)
         s2 = tl.dot(q, tl.trans(k)) * qk_scale2
@@ -72,9 +84,9 @@ def _fwd_loop(
 def attn_fwd_tile(
     q_base, k_base, v_base, o_base, lse_base,
     stride_qm, stride_km, stride_vm, stride_om,
-    m0, lq, lk, scale, left, right,
+    m0, lq, lk, scale, left, right, row,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
 ):
     """Forward for the q-tile at row ``m0``: writes O rows and their LSE (natural log)."""
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
@@ -86,9 +98,10 @@ def attn_fwd_tile(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
-    acc, m_i, l_i = _fwd_loop(acc, m_i, l_i, q, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, lo, full_lo, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
-    acc, m_i, l_i = _fwd_loop(acc, m_i, l_i, q, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_lo, full_hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, False)
-    acc, m_i, l_i = _fwd_loop(acc, m_i, l_i, q, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_hi, hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+    lo, full_lo, full_hi, hi = block_walk(lo, full_lo, full_hi, hi, row, BLOCK_N, SPARSE)
+    acc, m_i, l_i = _fwd_loop(acc, m_i, l_i, q, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, lo, full_lo, row, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True, SPARSE)
+    acc, m_i, l_i = _fwd_loop(acc, m_i, l_i, q, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_lo, full_hi, row, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, False, SPARSE)
+    acc, m_i, l_i = _fwd_loop(acc, m_i, l_i, q, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_hi, hi, row, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True, SPARSE)
     out, lse = finish_softmax(acc, m_i, l_i)
     store_rows(row_ptrs(o_base, m0, offs_m, stride_om, offs_d), out.to(o_base.dtype.element_ty), offs_m, lq, offs_d, HEAD_DIM, EVEN_D)
     tl.store(lse_base + offs_m, lse, mask=offs_m < lq)
@@ -98,11 +111,13 @@ def attn_fwd_tile(
 def _dq_loop(
     dq, q, do, lse2, delta, offs_m, offs_d,
     k_base, v_base, stride_km, stride_vm,
-    start, end, lq, lk, qk_scale2, left, right,
+    start, end, row, lq, lk, qk_scale2, left, right,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
-    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr, SPARSE: tl.constexpr,
 ):
-    for n0 in range(start, end, BLOCK_N):
+    STEP: tl.constexpr = 1 if SPARSE else BLOCK_N
+    for t in range(start, end, STEP):
+        n0 = block_at(row, t, BLOCK_N, SPARSE)
         offs_n = n0 + tl.arange(0, BLOCK_N)
         k = load_rows(row_ptrs(k_base, n0, offs_n, stride_km, offs_d), offs_n, lk, offs_d, HEAD_DIM, MASKED, EVEN_D)
         v = load_rows(row_ptrs(v_base, n0, offs_n, stride_vm, offs_d), offs_n, lk, offs_d, HEAD_DIM, MASKED, EVEN_D)
@@ -120,9 +135,9 @@ def _dq_loop(
 def attn_bwd_dq_acc(
     q_base, k_base, v_base, o_base, do_base, lse_base, delta_base,
     stride_qm, stride_km, stride_vm, stride_om, stride_dom,
-    m0, lq, lk, scale, left, right,
+    m0, lq, lk, scale, left, right, row,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
 ):
     """dQ of the q-tile at row ``m0`` against one K/V sequence, returned as an fp32
     ``[BLOCK_M, BLOCK_D]`` tile *not yet multiplied by* ``scale`` (a caller summing over several
@@ -143,9 +158,10 @@ def attn_bwd_dq_acc(
     qk_scale2 = scale * LOG2E
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
-    dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, lo, full_lo, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
-    dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_lo, full_hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, False)
-    dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_hi, hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+    lo, full_lo, full_hi, hi = block_walk(lo, full_lo, full_hi, hi, row, BLOCK_N, SPARSE)
+    dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, lo, full_lo, row, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True, SPARSE)
+    dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_lo, full_hi, row, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, False, SPARSE)
+    dq = _dq_loop(dq, q, do, lse2, delta, offs_m, offs_d, k_base, v_base, stride_km, stride_vm, full_hi, hi, row, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True, SPARSE)
     return dq
 
 
@@ -172,11 +188,13 @@ def locate_sequence(offsets, b):
 def _dkdv_loop(
     dk, dv, k, v, offs_n, offs_d,
     q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-    start, end, lq, lk, qk_scale2, left, right,
+    start, end, row, lq, lk, qk_scale2, left, right,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,
-    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr, SPARSE: tl.constexpr,
 ):
-    for m0 in range(start, end, BLOCK_M):
+    STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
+    for t in range(start, end, STEP):
+        m0 = block_at(row, t, BLOCK_M, SPARSE)
         offs_m = m0 + tl.arange(0, BLOCK_M)
         # Rows past lq load LSE -inf, which lse_to_log2 turns into +inf: they add exactly zero.
         q = load_rows(row_ptrs(q_base, m0, offs_m, stride_qm, offs_d), offs_m, lq, offs_d, HEAD_DIM, True, EVEN_D)
@@ -198,14 +216,16 @@ def _dkdv_loop(
 def attn_bwd_dkdv_tile(
     q_base, k_base, v_base, do_base, dk_base, dv_base, lse_base, delta_base,
     stride_qm, stride_qh, stride_km, stride_vm, stride_dom, stride_doh, stride_dkm, stride_dvm,
-    stride_lseh, n0, lq, lk, scale, left, right,
+    stride_lseh, n0, lq, lk, scale, left, right, lists, b, h0,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+    BLOCK_D: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
 ):
     """dK, dV for the kv-tile at row ``n0``, summed over the GROUP query heads that read it.
 
     ``q_base``, ``do_base``, ``lse_base`` and ``delta_base`` point at the group's first query
-    head; ``stride_qh``, ``stride_doh`` and ``stride_lseh`` step to the next one.
+    head ``h0``; ``stride_qh``, ``stride_doh`` and ``stride_lseh`` step to the next one. With
+    ``SPARSE``, each head visits the q-blocks of its row of the transposed block lists
+    ``lists`` (sequence ``b``; ``jagflash.core.mask.list_row``), else ``lists``, ``b`` are unused.
     """
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -215,15 +235,19 @@ def attn_bwd_dkdv_tile(
     qk_scale2 = scale * LOG2E
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+    band = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
     for g in range(GROUP):
+        row = 0
+        if SPARSE:
+            row = list_row(lists, b, h0 + g, n0 // BLOCK_N)
+        lo, full_lo, full_hi, hi = block_walk(band[0], band[1], band[2], band[3], row, BLOCK_M, SPARSE)
         qh = q_base + g * stride_qh
         doh = do_base + g * stride_doh
         lseh = lse_base + tl.cast(g, tl.int64) * stride_lseh
         deltah = delta_base + tl.cast(g, tl.int64) * stride_lseh
-        dk, dv = _dkdv_loop(dk, dv, k, v, offs_n, offs_d, qh, doh, lseh, deltah, stride_qm, stride_dom, lo, full_lo, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_M, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
-        dk, dv = _dkdv_loop(dk, dv, k, v, offs_n, offs_d, qh, doh, lseh, deltah, stride_qm, stride_dom, full_lo, full_hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_M, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, False)
-        dk, dv = _dkdv_loop(dk, dv, k, v, offs_n, offs_d, qh, doh, lseh, deltah, stride_qm, stride_dom, full_hi, hi, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_M, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True)
+        dk, dv = _dkdv_loop(dk, dv, k, v, offs_n, offs_d, qh, doh, lseh, deltah, stride_qm, stride_dom, lo, full_lo, row, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_M, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True, SPARSE)
+        dk, dv = _dkdv_loop(dk, dv, k, v, offs_n, offs_d, qh, doh, lseh, deltah, stride_qm, stride_dom, full_lo, full_hi, row, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_M, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, False, SPARSE)
+        dk, dv = _dkdv_loop(dk, dv, k, v, offs_n, offs_d, qh, doh, lseh, deltah, stride_qm, stride_dom, full_hi, hi, row, lq, lk, qk_scale2, left, right, HEAD_DIM, BLOCK_M, EVEN_D, BOUNDED_LEFT, BOUNDED_RIGHT, True, SPARSE)
     store_rows(row_ptrs(dk_base, n0, offs_n, stride_dkm, offs_d), (dk * scale).to(dk_base.dtype.element_ty), offs_n, lk, offs_d, HEAD_DIM, EVEN_D)
     store_rows(row_ptrs(dv_base, n0, offs_n, stride_dvm, offs_d), dv.to(dv_base.dtype.element_ty), offs_n, lk, offs_d, HEAD_DIM, EVEN_D)
 
@@ -256,16 +280,35 @@ def dense_sequence(q_offsets, kv_offsets, sizes, b):
 
 
 @triton.jit
+def sparse_sequence(q_offsets, kv_offsets, sizes, b):
+    """:func:`jagged_sequence`'s record followed by ``b``: what a block-sparse program needs to
+    find its tile's block list (``mask[3]``, ``mask[4]``: :func:`fwd_program`)."""
+    q_start, lq, k_start, lk, lse_at, lse_h = jagged_sequence(q_offsets, kv_offsets, sizes, b)
+    return q_start, lq, k_start, lk, lse_at, lse_h, b
+
+
+@triton.jit
+def _q_tile_row(mask, seq, h, m0, cfg: tl.constexpr):
+    """The q-tile's row of the forward block lists ``mask[3]``, or 0 without lists."""
+    SPARSE: tl.constexpr = cfg[7]
+    row = 0
+    if SPARSE:
+        row = list_row(mask[3], seq[6], h, m0 // cfg[2])
+    return row
+
+
+@triton.jit
 def fwd_program(tensors, strides, seq, h, m0, mask, cfg: tl.constexpr):
     """:func:`attn_fwd_tile` on ``tensors = (Q, K, V, O, LSE)`` (strides of Q, K, V, O)."""
     GROUP: tl.constexpr = cfg[0]
     hk = h // GROUP
+    lists = _q_tile_row(mask, seq, h, m0, cfg)
     attn_fwd_tile(
         rows_at(tensors[0], strides[0], seq[0], h), rows_at(tensors[1], strides[1], seq[2], hk),
         rows_at(tensors[2], strides[2], seq[2], hk), rows_at(tensors[3], strides[3], seq[0], h),
         tensors[4] + seq[4] + h.to(tl.int64) * seq[5],
         strides[0][1], strides[1][1], strides[2][1], strides[3][1], m0, seq[1], seq[3], mask[0],
-        mask[1], mask[2], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6],
+        mask[1], mask[2], lists, cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[7],
     )
 
 
@@ -276,12 +319,13 @@ def dq_acc_program(tensors, strides, seq, h, m0, mask, cfg: tl.constexpr):
     GROUP: tl.constexpr = cfg[0]
     hk = h // GROUP
     row = seq[4] + h.to(tl.int64) * seq[5]
+    lists = _q_tile_row(mask, seq, h, m0, cfg)
     return attn_bwd_dq_acc(
         rows_at(tensors[0], strides[0], seq[0], h), rows_at(tensors[1], strides[1], seq[2], hk),
         rows_at(tensors[2], strides[2], seq[2], hk), rows_at(tensors[3], strides[3], seq[0], h),
         rows_at(tensors[4], strides[4], seq[0], h), tensors[5] + row, tensors[6] + row,
         strides[0][1], strides[1][1], strides[2][1], strides[3][1], strides[4][1], m0, seq[1],
-        seq[3], mask[0], mask[1], mask[2], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6],
+        seq[3], mask[0], mask[1], mask[2], lists, cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[7],
     )
 
 
@@ -305,13 +349,20 @@ def dkdv_program(tensors, strides, seq, hk, n0, mask, cfg: tl.constexpr):
     """:func:`attn_bwd_dkdv_tile` for kv head ``hk`` on ``tensors = (Q, K, V, DO, DK, DV, LSE,
     DELTA)`` (strides of Q, K, V, DO, DK, DV)."""
     GROUP: tl.constexpr = cfg[0]
+    SPARSE: tl.constexpr = cfg[7]
     h = hk * GROUP
     row = seq[4] + h.to(tl.int64) * seq[5]
+    lists = 0
+    b = 0
+    if SPARSE:
+        lists = mask[4]
+        b = seq[6]
     attn_bwd_dkdv_tile(
         rows_at(tensors[0], strides[0], seq[0], h), rows_at(tensors[1], strides[1], seq[2], hk),
         rows_at(tensors[2], strides[2], seq[2], hk), rows_at(tensors[3], strides[3], seq[0], h),
         rows_at(tensors[4], strides[4], seq[2], hk), rows_at(tensors[5], strides[5], seq[2], hk),
         tensors[6] + row, tensors[7] + row, strides[0][1], strides[0][2], strides[1][1],
         strides[2][1], strides[3][1], strides[3][2], strides[4][1], strides[5][1], seq[5], n0,
-        seq[1], seq[3], mask[0], mask[1], mask[2], GROUP, cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6],
+        seq[1], seq[3], mask[0], mask[1], mask[2], lists, b, h, GROUP, cfg[1], cfg[2], cfg[3], cfg[4],
+        cfg[5], cfg[6], cfg[7],
     )

@@ -28,7 +28,13 @@ import triton.language as tl
 
 from jagflash.core.ops import alloc, alloc_like, for_kernel
 from jagflash.core.plan.model import Plan
-from jagflash.core.portable.mainloop import dkdv_program, dq_program, fwd_program, jagged_sequence
+from jagflash.core.portable.mainloop import (
+    dkdv_program,
+    dq_program,
+    fwd_program,
+    jagged_sequence,
+    sparse_sequence,
+)
 from jagflash.core.tile_scheduler import launch, plan_next, plan_tile, sched_first
 from jagflash.core.tuning import block_config, kernel_flags, launch_options
 
@@ -77,57 +83,69 @@ def row_strides(*ts: torch.Tensor) -> tuple[tuple[int, int, int], ...]:
     return tuple((t.stride(0), t.stride(-3), t.stride(-2)) for t in ts)
 
 
-def config(backend: str, pass_: str, q: torch.Tensor, k: torch.Tensor, left: int, right: int) -> dict[str, object]:
+def config(
+    backend: str, pass_: str, q: torch.Tensor, k: torch.Tensor, left: int, right: int,
+    block_size: tuple[int, int] | None = None,
+) -> dict[str, object]:
     """A launch's ``CFG`` (the programs' compile-time tuple ``(GROUP, HEAD_DIM, BLOCK_M,
-    BLOCK_N, BLOCK_D, BOUNDED_LEFT, BOUNDED_RIGHT)``), ``num_warps`` and ``num_stages``, from
-    ``jagflash.core.tuning`` for q ``[..., Hq, D]`` and k ``[..., Hkv, D]``."""
+    BLOCK_N, BLOCK_D, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE)``), ``num_warps`` and ``num_stages``,
+    from ``jagflash.core.tuning`` for q ``[..., Hq, D]`` and k ``[..., Hkv, D]``; with a block
+    mask's ``block_size`` the tiles are its blocks and ``SPARSE`` is set."""
     flags = kernel_flags(q.shape[-2], k.shape[-2], q.shape[-1], left, right)
-    opts = launch_options(block_config(backend, q.shape[-1], pass_))
-    cfg = (flags["GROUP"], flags["HEAD_DIM"], opts["BLOCK_M"], opts["BLOCK_N"], opts["BLOCK_D"], flags["BOUNDED_LEFT"], flags["BOUNDED_RIGHT"])
+    opts = launch_options(block_config(backend, q.shape[-1], pass_, block_size))
+    cfg = (
+        flags["GROUP"], flags["HEAD_DIM"], opts["BLOCK_M"], opts["BLOCK_N"], opts["BLOCK_D"], flags["BOUNDED_LEFT"],
+        flags["BOUNDED_RIGHT"], block_size is not None,
+    )
     return {"CFG": cfg, "num_warps": opts["num_warps"], "num_stages": opts["num_stages"]}
 
 
-def _launch(kernel, plan, pass_, tensors, strides, q, k, offsets, *, left, right, scale, backend, **kw):
+def _launch(kernel, plan, pass_, tensors, strides, q, k, offsets, *, left, right, scale, backend, blocks=None, **kw):
+    mask = (scale, left, right)
+    size = None
+    if blocks is not None:
+        mask, size = (*mask, *blocks.kernel_lists()), blocks.block_size
     launch(
-        kernel, plan, pass_, (*tensors, *offsets), (strides, (q.shape[-3], k.shape[-3], q.shape[-2]), (scale, left, right)),
-        **kw, **config(backend, pass_, q, k, left, right),
+        kernel, plan, pass_, (*tensors, *offsets), (strides, (q.shape[-3], k.shape[-3], q.shape[-2]), mask),
+        **kw, **config(backend, pass_, q, k, left, right, size),
     )
 
 
-def forward(locate, q, k, v, q_offsets, kv_offsets, plan: Plan, *, left: int, right: int, scale: float, backend: str):
+def forward(locate, q, k, v, q_offsets, kv_offsets, plan: Plan, *, left: int, right: int, scale: float, backend: str, blocks=None):
     """O (q's shape and dtype) and LSE ``[*batch, Hq, rows]`` fp32 of the layout ``locate``
     reads (``mainloop.jagged_sequence``: ``[T, H, D]``; ``mainloop.dense_sequence``:
-    ``[B, N, H, D]``)."""
+    ``[B, N, H, D]``; ``mainloop.sparse_sequence`` with ``blocks``, a
+    ``jagflash.core.block_mask.BlockMask``: only its listed blocks are visited)."""
     dtype = q.dtype
     q, k, v = (for_kernel(t, backend) for t in (q, k, v))
     out = alloc_like(q)
     lse = alloc((*q.shape[:-3], q.shape[-2], q.shape[-3]), torch.float32, q.device)
     _launch(
         fwd_kernel, plan, "fwd", (q, k, v, out, lse), row_strides(q, k, v, out), q, k, (q_offsets, kv_offsets),
-        left=left, right=right, scale=scale, backend=backend, LOCATE=locate,
+        left=left, right=right, scale=scale, backend=backend, blocks=blocks, LOCATE=locate,
     )
     return out.to(dtype), lse
 
 
-def backward_dq(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan: Plan, *, left: int, right: int, scale: float, backend: str):
+def backward_dq(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan: Plan, *, left: int, right: int, scale: float, backend: str, blocks=None):
     """The dQ pass: dQ (fp32 under the interpreter, else q's dtype) and delta = rowsum(dO * O)
     (LSE's shape, fp32), which the dK/dV pass (portable or TLX) reads."""
     dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))
     dq, delta = alloc_like(q), alloc_like(lse)
     _launch(
         bwd_kernel, plan, "dq", (q, k, v, out, dout, dq, lse, delta), row_strides(q, k, v, out, dout, dq), q, k,
-        (q_offsets, kv_offsets), left=left, right=right, scale=scale, backend=backend, LOCATE=locate,
+        (q_offsets, kv_offsets), left=left, right=right, scale=scale, backend=backend, blocks=blocks, LOCATE=locate,
         PROGRAM=dq_program,
     )
     return dq, delta
 
 
-def backward(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan: Plan, *, left: int, right: int, scale: float, backend: str):
+def backward(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan: Plan, *, left: int, right: int, scale: float, backend: str, blocks=None):
     """dQ, dK, dV in the inputs' dtypes. Deterministic: no atomics on data (a dynamic schedule
     changes which program runs a tile, never what the tile computes)."""
     dtypes = (q.dtype, k.dtype, v.dtype)
     dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))  # once, for both passes
-    common = {"left": left, "right": right, "scale": scale, "backend": backend}
+    common = {"left": left, "right": right, "scale": scale, "backend": backend, "blocks": blocks}
     dq, delta = backward_dq(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, **common)
     dk, dv = alloc_like(k), alloc_like(v)
     _launch(
@@ -142,3 +160,7 @@ def backward(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan: Plan,
 jagged_forward = functools.partial(forward, jagged_sequence)
 jagged_backward_dq = functools.partial(backward_dq, jagged_sequence)
 jagged_backward = functools.partial(backward, jagged_sequence)
+
+#: The same on the jagged layout with a block mask (``blocks=``; ``mainloop.sparse_sequence``).
+sparse_forward = functools.partial(forward, sparse_sequence)
+sparse_backward = functools.partial(backward, sparse_sequence)

@@ -1,0 +1,307 @@
+"""block_sparse_attention against the fp64 reference (the element mask materialised from the
+BlockMask with causal/window), forward and backward; rows with no visible block; every block
+listed equals the jagged variant; per-head masks and GQA; the plan's listed-block costs;
+refusals (the TLX backend's included). The ``test_gpu_*`` tests (marked ``gpu``) run the
+portable kernels in bf16/fp16 at head dims 64/128, both block sizes, on skewed batches.
+
+On a CPU these run the portable kernels under Triton's interpreter (nox sets
+TRITON_INTERPRET=1), block size 64 to keep the tile loops short; on a GPU the same tests run
+the portable kernels (the TLX ones refuse block lists), in bf16.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jagflash.core.backend import last_choice
+from jagflash.core.capability import InvalidInput, UnsupportedProblem
+from jagflash.core.jagged import seq_lengths
+from jagflash.core.ops import make_problem
+from jagflash.core.plan.simulate import section_costs
+from jagflash.core.reference import visibility_mask
+from jagflash.testing import JaggedCase, check_against_reference, jagged_reference, make_jagged
+from jagflash.testing.plugin import require
+from jagflash.testing.strategies import jagged_cases
+from jagflash.variants.block_sparse import SPEC, BlockMask, block_sparse_attention, local_global
+
+ON_GPU = torch.cuda.is_available()
+pytestmark = pytest.mark.gpu if ON_GPU else pytest.mark.interpret
+FLOAT = torch.bfloat16 if ON_GPU else torch.float32
+DEVICE = "cuda" if ON_GPU else "cpu"
+BS = (64, 64)
+
+
+def _random_mask(t, heads: int, density: float, seed: int, block_size=BS) -> BlockMask:
+    lq, lk = seq_lengths(t["q_offsets"]), seq_lengths(t["kv_offsets"])
+    nq = -(-int(lq.max()) // block_size[0]) if lq.numel() else 0
+    nk = -(-int(lk.max()) // block_size[1]) if lk.numel() else 0
+    g = torch.Generator().manual_seed(seed)
+    grid = torch.rand(lq.numel(), heads, nq, nk, generator=g) < density
+    return BlockMask.from_dense(grid.to(t["q"].device), t["q_offsets"], t["kv_offsets"], block_size)
+
+
+def _check(
+    case: JaggedCase, mask_heads: int, density: float, window=None, seed: int = 0, block_size=BS, device=DEVICE, **kw
+) -> BlockMask:
+    """The kernels against the reference on ``case`` under a random mask of ``density``
+    (``mask_heads`` > 1: one per query head)."""
+    if case.dtype == torch.float32:
+        case = dataclasses.replace(case, dtype=FLOAT)
+    t = case.build(device)
+    dout = t.pop("dout")
+    m = _random_mask(t, case.hq if mask_heads > 1 else 1, density, seed, block_size)
+
+    def kernel(q, k, v, q_offsets, kv_offsets):
+        return block_sparse_attention(
+            q, k, v, q_offsets, kv_offsets, m, causal=case.causal, window=window, return_lse=True, **kw
+        )
+
+    def reference(q, k, v, q_offsets, kv_offsets, dtype):
+        return jagged_reference(
+            q, k, v, q_offsets, kv_offsets, causal=case.causal, window=window or (-1, -1), dtype=dtype, block_mask=m
+        )
+
+    check_against_reference(kernel, reference, t, atol=SPEC.atol[case.dtype], dout=dout)
+    assert last_choice("block_sparse").name != "reference"
+    return m
+
+
+CASES = {
+    "half_causal": (JaggedCase((70, 0, 130), (100, 5, 130), causal=True), 1, 0.5, None),
+    "empty_mask": (JaggedCase((65, 20), (65, 20)), 1, 0.0, None),
+    "full_mask_window": (JaggedCase((130,), (130,)), 1, 1.0, (40, 0)),
+    "per_head_gqa": (JaggedCase((90, 33), (70, 128), hq=4, hkv=2), 4, 0.5, None),
+    "mqa_shared_mask": (JaggedCase((128,), (100,), hq=4, hkv=1, causal=True), 1, 0.5, None),
+    "sparse_cross": (JaggedCase((10, 129), (129, 10)), 1, 0.1, None),
+    "block_128": (JaggedCase((200, 129), (260, 1)), 1, 0.5, None, 1, (128, 128)),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_matches_reference(name: str) -> None:
+    _check(*CASES[name])
+
+
+@given(
+    case=jagged_cases(max_batch=2, max_len=100, head_dims=(16,), groups=(1, 2)),
+    per_head=st.booleans(),
+    density=st.sampled_from((0.0, 0.1, 0.5, 1.0)),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_matches_reference_property(case: JaggedCase, per_head: bool, density: float, seed: int) -> None:
+    _check(case, 2 if per_head else 1, density, seed=seed)
+
+
+def test_rows_without_visible_blocks_are_zero_with_lse_minus_inf() -> None:
+    """A q-block that lists nothing (or only blocks causal hides): output exactly 0, LSE -inf,
+    zero dQ; keys no q-block lists get zero dK, dV."""
+    t = make_jagged((128,), (128,), 2, 2, 32, FLOAT, DEVICE)
+    grid = torch.tensor([[[[False, False], [True, True]]]], device=DEVICE)  # q-block 0 lists nothing
+    m = BlockMask.from_dense(grid, t["q_offsets"], t["kv_offsets"], BS)
+    out, lse = block_sparse_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], m, return_lse=True)
+    assert torch.equal(out[:64], torch.zeros_like(out[:64]))
+    assert torch.isneginf(lse[:, :64]).all()
+    assert torch.isfinite(lse[:, 64:]).all()
+    dq, dk, dv = torch.autograd.grad(out, (t["q"], t["k"], t["v"]), t["dout"])
+    assert torch.equal(dq[:64], torch.zeros_like(dq[:64]))
+    assert torch.isfinite(dk).all()
+    assert torch.isfinite(dv).all()
+    # causal: q-block 0 lists only kv-block 1, all of it in q-block 0's future
+    grid = torch.tensor([[[[False, True], [True, True]]]], device=DEVICE)
+    m = BlockMask.from_dense(grid, t["q_offsets"], t["kv_offsets"], BS)
+    out, lse = block_sparse_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], m, causal=True, return_lse=True)
+    assert torch.equal(out[:64], torch.zeros_like(out[:64]))
+    assert torch.isneginf(lse[:, :64]).all()
+
+
+def test_every_block_listed_equals_the_jagged_variant() -> None:
+    jagged = pytest.importorskip("jagflash.variants.jagged")
+    t = make_jagged((40, 0, 100), (50, 3, 100), 4, 2, 16, FLOAT, DEVICE)
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    m = _random_mask(t, 1, 1.0, 0)
+    for causal in (True,):
+        got, got_lse = block_sparse_attention(*args, m, causal=causal, return_lse=True)
+        want, want_lse = jagged.jagged_attention(*args, causal=causal, return_lse=True)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got_lse, want_lse)
+        for a, b in zip(torch.autograd.grad(got, args[:3], t["dout"]), torch.autograd.grad(want, args[:3], t["dout"])):
+            torch.testing.assert_close(a, b)
+
+
+def test_pattern_mask_runs_and_matches_reference() -> None:
+    t = make_jagged((200, 64), (200, 64), 2, 2, 16, FLOAT, DEVICE)
+    m = local_global(t["q_offsets"], t["kv_offsets"], before=1, sinks=1, block_size=BS)
+    dout = t.pop("dout")
+
+    def kernel(q, k, v, q_offsets, kv_offsets):
+        return block_sparse_attention(q, k, v, q_offsets, kv_offsets, m, causal=True, return_lse=True)
+
+    def reference(q, k, v, q_offsets, kv_offsets, dtype):
+        return jagged_reference(q, k, v, q_offsets, kv_offsets, causal=True, dtype=dtype, block_mask=m)
+
+    check_against_reference(kernel, reference, t, atol=SPEC.atol[FLOAT], dout=dout)
+
+
+def test_plan_costs_listed_blocks_only() -> None:
+    """A cost-sorted plan (``static``) orders forward tiles by the listed kv-blocks of their
+    band, summed over the mask's heads, and dK/dV tiles by the q-blocks that list them
+    (brute force over the mask's grid): sparse rows balance by what the kernels visit."""
+    from jagflash.core.plan.build import build_plan_ints
+    from jagflash.core.plan.model import PTR_SAME_CALL, Plan, PlanInfo
+
+    t = make_jagged((200, 0, 70), (260, 5, 70), 2, 1, 16, torch.float32, "cpu", requires_grad=False)
+    m = _random_mask(t, 2, 0.5, 3)
+    grid = m.to_dense()
+    grid[2] = True  # the short sequence: every block, so its tiles outrank sparse ones
+    m = BlockMask.from_dense(grid, t["q_offsets"], t["kv_offsets"], BS)
+    tiles, meta, ints = build_plan_ints(
+        t["q_offsets"], t["kv_offsets"], block_mask=m, batch=3, total_q=t["q"].shape[0], total_kv=t["k"].shape[0],
+        heads_q=2, heads_kv=1, causal=True, window=(-1, -1), blocks={p: BS for p in ("fwd", "dq", "dkdv")},
+        max_seqlen_q=None, max_seqlen_kv=None, schedule="static", backward_schedule="static", backward=True,
+        q_ptr=PTR_SAME_CALL, kv_ptr=PTR_SAME_CALL,
+    )
+    plan = Plan(tiles, meta, PlanInfo.from_ints(ints), t["q_offsets"], t["kv_offsets"])
+    lq, lk = seq_lengths(t["q_offsets"]).tolist(), seq_lengths(t["kv_offsets"]).tolist()
+
+    def fwd_cost(b, m0):
+        vis = visibility_mask(lq[b], lk[b], -1, 0)[m0 : m0 + 64]
+        band = {int(j) // 64 for j in vis.any(0).nonzero().flatten()}
+        return sum(int(grid[b, h, m0 // 64, j]) for h in range(2) for j in band)
+
+    def dkdv_cost(b, n0):
+        vis = visibility_mask(lq[b], lk[b], -1, 0)[:, n0 : n0 + 64]
+        band = {int(i) // 64 for i in vis.any(1).nonzero().flatten()}
+        return sum(int(grid[b, h, i, n0 // 64]) for h in range(2) for i in band)
+
+    for pass_, cost in (("fwd", fwd_cost), ("dkdv", dkdv_cost)):
+        rows = section_costs(plan, pass_)[0].tolist()
+        costs = [cost(b, s) for b, _, s in rows]
+        assert costs == sorted(costs, reverse=True), (pass_, costs)
+        dense = section_costs(plan, pass_)[1].tolist()  # the band's costs: what a dense plan sorts by
+        assert sum(costs) < 2 * sum(dense)  # two mask heads: at most twice the band, here less
+
+
+def test_refusals() -> None:
+    t = make_jagged((70, 10), (70, 10), 2, 2, 32, FLOAT, DEVICE)
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    m = _random_mask(t, 1, 0.5, 0)
+    with pytest.raises(InvalidInput, match="block_mask must be a jagflash BlockMask"):
+        block_sparse_attention(*args, torch.ones(2, 1, 2, 2, dtype=torch.bool))
+    other = make_jagged((10, 70), (10, 70), 2, 2, 32, FLOAT, DEVICE)
+    with pytest.raises(InvalidInput, match="built for other q_offsets"):
+        block_sparse_attention(*args, _random_mask(other, 1, 0.5, 0))
+    per_head = _random_mask(t, 3, 0.5, 0)
+    with pytest.raises(InvalidInput, match="block_mask has 3 heads, the call 2 query heads") as e:
+        block_sparse_attention(*args, per_head, window=(1, 2, 3))
+    assert any("window" in r for r in e.value.reasons)  # every reason at once
+    with pytest.raises(UnsupportedProblem, match="forward with block_sparse not supported"):
+        block_sparse_attention(*args, m, backend="tlx-sm90")
+
+
+def test_reference_backend_runs_when_asked() -> None:
+    t = make_jagged((70,), (90,), 2, 1, 16, FLOAT, DEVICE)
+    m = _random_mask(t, 1, 0.5, 1)
+    out = block_sparse_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], m, causal=True, backend="reference")
+    assert last_choice("block_sparse").name == "reference"
+    want, _ = jagged_reference(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], causal=True, dtype=torch.float32, block_mask=m)
+    torch.testing.assert_close(out.float(), want, atol=1e-5, rtol=1e-5)
+
+
+# --- GPU only: bf16/fp16, the bench's head dims, both block sizes, skewed lengths -----------
+
+LENGTHS = (1500, 0, 1, 700, 129, 1000)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_size", [(64, 64), (128, 128)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("causal", "mask_heads", "hkv"), [(False, 1, 4), (True, 4, 2)])
+def test_gpu_portable_matches_reference(block_size, head_dim, dtype, causal, mask_heads, hkv) -> None:
+    case = JaggedCase(LENGTHS, LENGTHS[::-1], hq=4, hkv=hkv, head_dim=head_dim, dtype=dtype, causal=causal, seed=7)
+    q = torch.empty(1, 4, head_dim, dtype=dtype, device="cuda")
+    k = torch.empty(1, hkv, head_dim, dtype=dtype, device="cuda")
+    problem = make_problem("jagged", q, k, causal=causal, backward=True, features=frozenset({"block_sparse"}))
+    require(SPEC, problem, "portable")
+    _check(case, mask_heads, 0.25, block_size=block_size, device="cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_window_inside_blocks() -> None:
+    case = JaggedCase((900, 300), (900, 300), hq=2, hkv=2, head_dim=128, dtype=torch.bfloat16, seed=3)
+    _check(case, 1, 0.5, window=(200, 0), block_size=(128, 128), device="cuda")
+
+
+def test_front_door_routes_block_masks_here() -> None:
+    """``jagflash.core.attention(..., block_mask=m)`` poses ``block_sparse``: the jagged and
+    sliding-window variants refuse it, this one runs it."""
+    from jagflash.core.registry import attention, variants
+
+    if "block_sparse" not in variants():
+        pytest.skip("jagflash-block-sparse is not installed as a distribution (its entry point)")
+    t = make_jagged((70, 20), (70, 20), 2, 2, 16, FLOAT, DEVICE, requires_grad=False)
+    m = _random_mask(t, 1, 0.5, 2)
+    args = (t["q"], t["k"], t["v"])
+    out = attention(*args, q_offsets=t["q_offsets"], kv_offsets=t["kv_offsets"], block_mask=m, causal=True)
+    want = block_sparse_attention(*args, t["q_offsets"], t["kv_offsets"], m, causal=True)
+    assert torch.equal(out, want)
+
+
+def test_a_shared_plan_gives_the_calls_own_result() -> None:
+    """make_plan once, reused: the same output as a call that builds its own plan; a jagged
+    variant's plan (other tiles) is refused."""
+    from jagflash.variants.block_sparse import make_plan
+
+    t = make_jagged((100, 30), (100, 64), 2, 1, 16, FLOAT, DEVICE, requires_grad=False)
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    m = _random_mask(t, 2, 0.5, 4)
+    plan = make_plan(t["q"], t["k"], t["q_offsets"], t["kv_offsets"], m, causal=True, backward=False)
+    assert plan.info.layout("fwd").block_m == 64
+    assert torch.equal(block_sparse_attention(*args, m, causal=True, plan=plan), block_sparse_attention(*args, m, causal=True))
+    jagged = pytest.importorskip("jagflash.variants.jagged")
+    other = jagged.make_plan(t["q"], t["k"], t["q_offsets"], t["kv_offsets"], causal=True, backward=False)
+    with pytest.raises(InvalidInput, match=r"plan was built for fwd tiles \(block_m, block_n\)=\(32, 32\), this call has \(64, 64\)"):
+        block_sparse_attention(*args, m, causal=True, plan=other)
+
+
+# --- torch integration -------------------------------------------------------------------
+
+
+def test_opcheck() -> None:
+    from jagflash.testing import integration as checks
+    from jagflash.variants.block_sparse import op as bsop
+
+    t = make_jagged((9, 0, 20), (12, 5, 70), 2, 1, 16, FLOAT, DEVICE)
+    m = _random_mask(t, 2, 0.5, 5)
+    args = (
+        t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], 64, 128, True, -1, -1,
+        m.kv_counts, m.kv_indices, m.q_counts, m.q_indices, 64, 64, 0.25, False, False, "",
+    )
+    checks.opcheck_ops(bsop.block_sparse_fwd, bsop.block_sparse_bwd, args, t["dout"], False)
+
+
+def test_torch_compile_fullgraph() -> None:
+    from jagflash.testing import integration as checks
+
+    t = make_jagged((9, 70), (12, 70), 2, 2, 16, FLOAT, DEVICE)
+    m = _random_mask(t, 1, 0.5, 6)
+
+    def step(q, k, v, qo, ko):
+        out = block_sparse_attention(q, k, v, qo, ko, m, causal=True)
+        return (out * out).sum()
+
+    checks.assert_compiled_matches_eager(step, (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"]))
+
+
+@pytest.mark.gpu
+def test_gpu_mask_on_another_device_is_refused() -> None:
+    t = make_jagged((70,), (70,), 2, 2, 64, torch.bfloat16, "cuda")
+    cpu = {n: x.cpu() for n, x in t.items()}
+    m = _random_mask(cpu, 1, 0.5, 0)
+    with pytest.raises(InvalidInput, match="block_mask on cpu, the offsets on cuda"):
+        block_sparse_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], m)
