@@ -215,7 +215,7 @@ if has_step demo; then
 fi
 if has_step sanitize; then  # compute-sanitizer over every TLX path the backends pick (#19)
     CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-    run_step sanitize-warm "$(cap 120 "$bench_reserve")" "$PY" bench/probes/sanitize_case.py
+    run_step sanitize-warm "$(cap 240 "$bench_reserve")" "$PY" bench/probes/sanitize_case.py
     logs=()
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
         run_step "sanitize-$tool" "$(cap "${SANITIZE_TIMEOUT_S:-150}" "$bench_reserve")" \
