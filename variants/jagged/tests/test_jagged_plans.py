@@ -219,3 +219,35 @@ def test_default_schedules_follow_the_plan_backend(monkeypatch) -> None:
     monkeypatch.setattr(backend, "plan_backend", lambda *a, **k: "portable")
     assert schedules(make_plan(q, q, offs, offs, causal=True)) == ("grouped", "none")
 
+
+
+def test_own_plan_is_kept_per_offsets_and_an_in_place_edit_builds_a_fresh_one(device: str, monkeypatch) -> None:
+    """A call without ``plan=`` builds its plan once per offsets tensor (storage and version);
+    writing the offsets in place makes the next call build a fresh plan, and its results are
+    those of the new offsets."""
+    from jagflash.core import jagged_call
+
+    builds = []
+    real = jagged_call.build_plan
+    monkeypatch.setattr(jagged_call, "build_plan", lambda *a: builds.append(1) or real(*a))
+    jagged_call.PLAN_MEMO.clear()
+    t = make_jagged((5, 0, 20, 7), (6, 3, 20, 9), 2, 1, 16, _dtype(device), device)
+    args = [t[n] for n in ("q", "k", "v", "q_offsets", "kv_offsets")]
+    with torch.no_grad():
+        first = jagged_attention(*args, causal=True)
+        again = jagged_attention(*args, causal=True)
+    assert len(builds) == 1
+    assert torch.equal(first, again)
+    for name, lens in (("q_offsets", (20, 5, 7, 0)), ("kv_offsets", (9, 20, 3, 6))):
+        t[name].copy_(torch.tensor([0, *lens], device=device).cumsum(0))  # same B and totals
+    t.pop("dout")
+
+    def kernel(q, k, v, q_offsets, kv_offsets):
+        return jagged_attention(q, k, v, q_offsets, kv_offsets, causal=True, return_lse=True)
+
+    def reference(q, k, v, q_offsets, kv_offsets, dtype):
+        return jagged_reference(q, k, v, q_offsets, kv_offsets, causal=True, dtype=dtype)
+
+    with torch.no_grad():  # the ints of the first calls: only the edit can make this a miss
+        check_against_reference(kernel, reference, t, atol=SPEC.atol[t["q"].dtype])
+    assert len(builds) == 2

@@ -110,8 +110,10 @@ def _triton_reasons() -> list[str]:
     return []
 
 
+@functools.cache
 def _kernels_interpreted() -> bool:
-    """Whether jagflash's Triton functions were built for the interpreter (fixed at import)."""
+    """Whether jagflash's Triton functions were built for the interpreter (fixed at import, so
+    asked once: every call's selection asks it several times)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     from jagflash.core.softmax import finish_softmax  # a @triton.jit function of core, no kernels
