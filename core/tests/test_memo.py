@@ -46,7 +46,8 @@ def test_the_memo_is_bounded_and_least_recently_used_goes_first() -> None:
     memo.put(memo.key([ts[2]], 0), [ts[2]], 2)
     assert len(memo) == 2
     assert memo.get(memo.key([ts[1]], 0)) is None
-    assert memo.get(memo.key([ts[0]], 0)) == 0 and memo.get(memo.key([ts[2]], 0)) == 2
+    assert memo.get(memo.key([ts[0]], 0)) == 0
+    assert memo.get(memo.key([ts[2]], 0)) == 2
 
 
 def test_no_memo_under_modes_or_for_inference_tensors() -> None:
@@ -59,6 +60,7 @@ def test_no_memo_under_modes_or_for_inference_tensors() -> None:
         assert memo.key([fake], 0) is None
     with torch.inference_mode():
         inf = torch.arange(3)
-    assert storage_key(inf) is None and memo.key([inf], 0) is None
+    assert storage_key(inf) is None
+    assert memo.key([inf], 0) is None
     memo.put(None, [t], "ignored")
     assert len(memo) == 0

@@ -251,3 +251,34 @@ def test_own_plan_is_kept_per_offsets_and_an_in_place_edit_builds_a_fresh_one(de
     with torch.no_grad():  # the ints of the first calls: only the edit can make this a miss
         check_against_reference(kernel, reference, t, atol=SPEC.atol[t["q"].dtype])
     assert len(builds) == 2
+
+
+@pytest.mark.gpu
+def test_cuda_graph_of_a_call_without_plan_replays_on_offsets_written_in_place() -> None:
+    """Captured without ``plan=``, a call builds its plan inside the graph (no plan memo during
+    a capture: ``jagflash.core.memo``), so replays after an in-place write to the offsets run on
+    the new offsets, not on a plan the warm-up kept."""
+    t, longest = _gpu_batch()
+    lens = (1500, 1, 64, 0, 700, 3, 129)  # the batch's lengths reordered: same B, totals, longest
+    leaves = [t[n].detach().clone().requires_grad_() for n in ("q", "k", "v")]
+    kw = {"causal": True, "max_seqlen_q": longest, "max_seqlen_kv": longest, "deterministic": True}
+
+    def step():
+        for x in leaves:
+            x.grad = None
+        out = jagged_attention(*leaves, t["q_offsets"], t["kv_offsets"], **kw)
+        out.backward(t["dout"])
+        return out
+
+    def edit():
+        new = torch.tensor([0, *lens], device="cuda").cumsum(0)
+        t["q_offsets"].copy_(new)
+        t["kv_offsets"].copy_(new)
+
+    out = replay_in_cuda_graph(step, leaves, edit)
+    eager = [x.detach().clone().requires_grad_() for x in leaves]
+    want = jagged_attention(*eager, t["q_offsets"], t["kv_offsets"], **kw)
+    grads = torch.autograd.grad(want, eager, t["dout"])
+    assert torch.equal(out, want)
+    for x, g in zip(leaves, grads):
+        assert torch.equal(x.grad, g)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.checks import raise_if, resolve_max_seqlen, same_batch
-from jagflash.core.ops import attention_ops, call_plan_layout
 from jagflash.core.memo import TensorMemo
+from jagflash.core.ops import attention_ops, call_plan_layout
 from jagflash.core.plan.build import build_plan
 from jagflash.core.plan.model import PTR_SAME_CALL, plan_info
 from jagflash.core.reference import reference_backward, reference_forward
