@@ -125,8 +125,10 @@ def _layers(b: dict) -> tuple[dict, dict]:
     def launch_fwd():  # the launch helper alone, its kernel a recorder
         launch(rec, plan, "fwd", (q, k, v), ((0,), (0,), (scale, left, right)))
 
+    memo = getattr(jagged_call, "PLAN_MEMO", None)  # None: a tree from before it (an A/B run)
+
     def no_memo(fn):  # the call as it was before plans were kept per offsets (session 12)
-        return lambda: (jagged_call.PLAN_MEMO.clear(), fn())[1]
+        return lambda: (memo is not None and memo.clear(), fn())[1]
 
     fwd = {
         "public, own plan": lambda: jagged_attention(q, k, v, qo, ko, causal=causal, **lens),

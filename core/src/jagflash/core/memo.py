@@ -18,6 +18,7 @@ What a version counter does not see, no memo sees: writes that bypass torch's in
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -90,9 +91,10 @@ class TensorMemo:
             return None
         refs, value = entry
         if any(r() is None for r in refs):  # its memory may since belong to another tensor
-            del self._entries[key]
+            self._entries.pop(key, None)
             return None
-        self._entries.move_to_end(key)
+        with contextlib.suppress(KeyError):  # dropped meanwhile (a tensor died): still valid here
+            self._entries.move_to_end(key)
         return value
 
     def put(self, key: tuple | None, tensors: Sequence[torch.Tensor], value: object) -> None:
@@ -105,7 +107,7 @@ class TensorMemo:
         def forget(ref: weakref.ref, key: tuple = key) -> None:
             entry = entries.get(key)
             if entry is not None and any(r is ref for r in entry[0]):
-                del entries[key]
+                entries.pop(key, None)
 
         entries[key] = (tuple(weakref.ref(t, forget) for t in tensors), value)
         entries.move_to_end(key)
