@@ -20,7 +20,9 @@ cProfile); and a forward and a forward + backward with a prebuilt plan are captu
 graph, compared with eager calls (bitwise but for the one-pass dQ) and timed replayed.
 
 CPU: ``TRITON_INTERPRET=1 python bench/probes/probe_host_jagged.py`` (~15 s).
-H200: ``PROBE=bench/probes/probe_host_jagged.py bash bench/gpu.sh probe`` (~2 minutes)."""
+H200: ``PROBE=bench/probes/probe_host_jagged.py PROBE_TIMEOUT_S=400 bash bench/gpu.sh probe``
+(a few minutes: the TLX kernels compile on the first call); ``PROBE_ARGS=--causal`` for the
+causal batch."""
 
 from __future__ import annotations
 
