@@ -63,15 +63,21 @@ def _calls(name: str):
     return fwd_only, fwd_bwd
 
 
+def sync() -> None:
+    """Drain the GPU, where there is one (the CPU probes time the host alone)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def host_ms_per_call(fn, n: int = 50) -> float:
     """Host wall time per call of ``n`` calls issued back to back without synchronising (the
-    GPU drained before and after): how fast the host can issue them."""
-    torch.cuda.synchronize()
+    GPU, if any, drained before and after): how fast the host can issue them."""
+    sync()
     t0 = time.perf_counter()
     for _ in range(n):
         fn()
     ms = (time.perf_counter() - t0) * 1e3 / n
-    torch.cuda.synchronize()
+    sync()
     return ms
 
 

@@ -219,3 +219,66 @@ def test_default_schedules_follow_the_plan_backend(monkeypatch) -> None:
     monkeypatch.setattr(backend, "plan_backend", lambda *a, **k: "portable")
     assert schedules(make_plan(q, q, offs, offs, causal=True)) == ("grouped", "none")
 
+
+
+def test_own_plan_is_kept_per_offsets_and_an_in_place_edit_builds_a_fresh_one(device: str, monkeypatch) -> None:
+    """A call without ``plan=`` builds its plan once per offsets tensor (storage and version);
+    writing the offsets in place makes the next call build a fresh plan, and its results are
+    those of the new offsets."""
+    from jagflash.core import jagged_call
+
+    builds = []
+    real = jagged_call.build_plan
+    monkeypatch.setattr(jagged_call, "build_plan", lambda *a: builds.append(1) or real(*a))
+    jagged_call.PLAN_MEMO.clear()
+    t = make_jagged((5, 0, 20, 7), (6, 3, 20, 9), 2, 1, 16, _dtype(device), device)
+    args = [t[n] for n in ("q", "k", "v", "q_offsets", "kv_offsets")]
+    with torch.no_grad():
+        first = jagged_attention(*args, causal=True)
+        again = jagged_attention(*args, causal=True)
+    assert len(builds) == 1
+    assert torch.equal(first, again)
+    for name, lens in (("q_offsets", (20, 5, 7, 0)), ("kv_offsets", (9, 20, 3, 6))):
+        t[name].copy_(torch.tensor([0, *lens], device=device).cumsum(0))  # same B and totals
+    t.pop("dout")
+
+    def kernel(q, k, v, q_offsets, kv_offsets):
+        return jagged_attention(q, k, v, q_offsets, kv_offsets, causal=True, return_lse=True)
+
+    def reference(q, k, v, q_offsets, kv_offsets, dtype):
+        return jagged_reference(q, k, v, q_offsets, kv_offsets, causal=True, dtype=dtype)
+
+    with torch.no_grad():  # the ints of the first calls: only the edit can make this a miss
+        check_against_reference(kernel, reference, t, atol=SPEC.atol[t["q"].dtype])
+    assert len(builds) == 2
+
+
+@pytest.mark.gpu
+def test_cuda_graph_of_a_call_without_plan_replays_on_offsets_written_in_place() -> None:
+    """Captured without ``plan=``, a call builds its plan inside the graph (no plan memo during
+    a capture: ``jagflash.core.memo``), so replays after an in-place write to the offsets run on
+    the new offsets, not on a plan the warm-up kept."""
+    t, longest = _gpu_batch()
+    lens = (1500, 1, 64, 0, 700, 3, 129)  # the batch's lengths reordered: same B, totals, longest
+    leaves = [t[n].detach().clone().requires_grad_() for n in ("q", "k", "v")]
+    kw = {"causal": True, "max_seqlen_q": longest, "max_seqlen_kv": longest, "deterministic": True}
+
+    def step():
+        for x in leaves:
+            x.grad = None
+        out = jagged_attention(*leaves, t["q_offsets"], t["kv_offsets"], **kw)
+        out.backward(t["dout"])
+        return out
+
+    def edit():
+        new = torch.tensor([0, *lens], device="cuda").cumsum(0)
+        t["q_offsets"].copy_(new)
+        t["kv_offsets"].copy_(new)
+
+    out = replay_in_cuda_graph(step, leaves, edit)
+    eager = [x.detach().clone().requires_grad_() for x in leaves]
+    want = jagged_attention(*eager, t["q_offsets"], t["kv_offsets"], **kw)
+    grads = torch.autograd.grad(want, eager, t["dout"])
+    assert torch.equal(out, want)
+    for x, g in zip(leaves, grads):
+        assert torch.equal(x.grad, g)

@@ -110,8 +110,10 @@ def _triton_reasons() -> list[str]:
     return []
 
 
+@functools.cache
 def _kernels_interpreted() -> bool:
-    """Whether jagflash's Triton functions were built for the interpreter (fixed at import)."""
+    """Whether jagflash's Triton functions were built for the interpreter (fixed at import, so
+    asked once: every call's selection asks it several times)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     from jagflash.core.softmax import finish_softmax  # a @triton.jit function of core, no kernels
@@ -196,7 +198,40 @@ def select(
     """Pick the backend of ``spec`` that runs ``problem`` (see the module docstring).
     ``record=False``: a look-ahead (:func:`plan_backend`), which does not change
     :func:`last_choice`. Raises :class:`UnsupportedProblem` (every backend's reasons) or
-    :class:`InterpreterChanged`."""
+    :class:`InterpreterChanged`. A choice is kept per (spec, problem, device, request, the
+    environment variables and interpreter mode it read): every call of a model's layers asks
+    the same question twice (the plan's look-ahead and the op); refusals are not kept."""
+    key = (
+        id(spec), problem, device, device_capability(device), requested, os.environ.get(ENV_VAR),
+        os.environ.get(ALLOW_REFERENCE_ENV), _interpret_now(),
+    )
+    hit = _choices.get(key)
+    if hit is not None and hit[0] is spec:
+        choice = hit[1]
+    else:
+        choice = _select(spec, problem, device, requested)
+        if len(_choices) >= _CHOICES_KEEP:
+            _choices.clear()
+        _choices[key] = (spec, choice)
+    if record:
+        _last[spec.name] = choice
+    return choice
+
+
+#: select's choices: (spec, choice) by key (the spec kept, so that its id stays its own).
+_choices: dict[tuple, tuple[VariantSpec, BackendChoice]] = {}
+_CHOICES_KEEP = 256
+
+
+def _interpret_now() -> bool | None:
+    if _triton_reasons():
+        return None
+    from triton import knobs
+
+    return bool(knobs.runtime.interpret)
+
+
+def _select(spec: VariantSpec, problem: Problem, device: torch.device, requested: str | None) -> BackendChoice:
     problem = problem.with_capability(device_capability(device))
     how = "backend= argument"
     if requested is None and os.environ.get(ENV_VAR):
@@ -255,8 +290,6 @@ def select(
             choice = dataclasses.replace(
                 choice, why=f"no kernel backend runs this; {ALLOW_REFERENCE_ENV}=1 allows the reference"
             )
-    if record:
-        _last[spec.name] = choice
     return choice
 
 

@@ -32,6 +32,7 @@ import weakref
 import torch
 
 from jagflash.core.capability import InvalidInput
+from jagflash.core.memo import storage_key
 
 __all__ = [
     "INT32_MAX",
@@ -310,8 +311,8 @@ def resolve_max_seqlen(
     return reasons, (given if given >= 0 else (longest or 0))
 
 
-# Offsets tensors whose values resolve_max_seqlen checked, by id(): (weak reference, data
-# pointer, version counter, total rows, length bound, whether the bound is the longest length).
+# Offsets tensors whose values resolve_max_seqlen checked, by id(): (weak reference, storage
+# key with the version counter, total rows, length bound, whether the bound is the longest length).
 # The same tensor object at the same address and version holds the same values (an in-place
 # write bumps the version counter, shared by every view), so a model's layers that pass one
 # offsets tensor pay for its checks once (on a GPU: ~12 small kernels, or a host sync without
@@ -320,15 +321,13 @@ _CHECKED: dict[int, tuple] = {}
 _CHECKED_KEEP = 32
 
 
-def _version_key(offsets: torch.Tensor) -> tuple[int, int] | None:
-    """(data pointer, version counter), or ``None`` where there is none to trust (inference
-    tensors keep no version counter; under torch.compile tracing nothing is remembered)."""
+def _version_key(offsets: torch.Tensor) -> tuple | None:
+    """``jagflash.core.memo.storage_key`` (address, layout, version counter), or ``None``
+    where there is none to trust (inference tensors keep no version counter; under
+    torch.compile tracing nothing is remembered)."""
     if torch.compiler.is_compiling():
         return None
-    try:
-        return int(offsets.data_ptr()), int(offsets._version)
-    except RuntimeError:
-        return None
+    return storage_key(offsets)
 
 
 def _checked_bound(offsets: torch.Tensor, total: int) -> tuple[int, bool] | None:

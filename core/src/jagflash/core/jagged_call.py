@@ -14,12 +14,13 @@ import torch
 
 from jagflash.core.block_mask import BlockMask
 from jagflash.core.checks import raise_if, resolve_max_seqlen, same_batch
+from jagflash.core.memo import TensorMemo
 from jagflash.core.ops import attention_ops, call_plan_layout
-from jagflash.core.plan.build import build_plan_ints
-from jagflash.core.plan.model import PTR_SAME_CALL
+from jagflash.core.plan.build import build_plan
+from jagflash.core.plan.model import PTR_SAME_CALL, plan_info
 from jagflash.core.reference import reference_backward, reference_forward
 
-__all__ = ["JAGGED_ARGS", "SPARSE_ARGS", "WINDOW_ARGS", "jagged_ops", "op_lengths", "op_plan", "own_plan", "renest", "unnest"]
+__all__ = ["JAGGED_ARGS", "PLAN_MEMO", "SPARSE_ARGS", "WINDOW_ARGS", "jagged_ops", "op_lengths", "op_plan", "own_plan", "renest", "unnest"]
 
 #: The schema of the jagged ops' own arguments (``jagflash.core.ops.attention_ops``' ``args``).
 JAGGED_ARGS = "Tensor q_offsets, Tensor kv_offsets, SymInt max_seqlen_q, SymInt max_seqlen_kv, bool causal"
@@ -70,6 +71,12 @@ def renest(out: torch.Tensor, nested_offsets: torch.Tensor | None) -> torch.Tens
     return torch.nested.nested_tensor_from_jagged(out, offsets=nested_offsets)
 
 
+#: Plans calls without ``plan=`` built for themselves, by offsets (storage and version: an
+#: in-place write to the offsets makes the next call build a fresh one) and plan ints: a
+#: model's layers that share one offsets tensor build its plan once. A few batches' worth.
+PLAN_MEMO = TensorMemo(8)
+
+
 def own_plan(
     spec, q, k, q_offsets, kv_offsets, *, causal: bool, window: tuple[int, int], max_seqlen_q,
     max_seqlen_kv, backward: bool, backend: str | None, block_mask=None,
@@ -77,20 +84,33 @@ def own_plan(
     """The plan ``(tiles, meta, info ints)`` a call without ``plan=`` builds for itself: ints on
     the host, tensors by one opaque op, laid out for the backend the call will pick (with the
     schedules measured for its mask; with a ``block_mask``, tiles of its blocks costed by its
-    listed blocks). Traced by ``torch.compile`` (which cannot follow that choice), none: the
+    listed blocks). The same offsets (same storage, same version counter; and the same block
+    lists) with the same ints get the tensors built before (:data:`PLAN_MEMO`; never while
+    traced, under a mode or during a CUDA graph capture: ``jagflash.core.memo``); nothing writes
+    them. Traced by ``torch.compile`` (which cannot follow the backend choice), none: the
     forward and backward ops each build their own."""
     if torch.compiler.is_compiling():
         return None, None, None
     blocks, schedule, backward_schedule = call_plan_layout(
         spec, "jagged", q, k, causal=causal, backend=backend, window=window, block_mask=block_mask
     )
-    return build_plan_ints(
-        q_offsets, kv_offsets, batch=q_offsets.numel() - 1, total_q=q.shape[0], total_kv=k.shape[0],
+    ints = plan_info(
+        batch=q_offsets.numel() - 1, total_q=q.shape[0], total_kv=k.shape[0],
         heads_q=q.shape[1], heads_kv=k.shape[1], causal=causal, window=window, blocks=blocks,
         max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, schedule=schedule,
         backward_schedule=backward_schedule, backward=backward, q_ptr=PTR_SAME_CALL, kv_ptr=PTR_SAME_CALL,
-        block_mask=block_mask,
-    )
+    ).to_ints()
+    offsets = (q_offsets, kv_offsets)
+    if block_mask is not None:  # the plan costs its tiles by the listed blocks
+        offsets += (block_mask.kv_counts, block_mask.kv_indices)
+    # tensors made in inference mode are inference tensors, which autograd may not save
+    key = PLAN_MEMO.key(offsets, (tuple(ints), torch.is_inference_mode_enabled()))
+    hit = PLAN_MEMO.get(key)
+    if hit is not None:
+        return (*hit, ints)
+    tiles, meta = build_plan(q_offsets, kv_offsets, ints, None if block_mask is None else block_mask.to_dense())
+    PLAN_MEMO.put(key, offsets, (tiles, meta))
+    return tiles, meta, ints
 
 
 def op_plan(

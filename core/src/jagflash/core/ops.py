@@ -20,10 +20,10 @@ import math
 import numbers
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from jagflash.core.capability import InvalidInput, Problem
 from jagflash.core.checks import readable
+from jagflash.core.memo import capturing, plain_eager
 from jagflash.core.tuning import BACKEND_DEFAULT, resolve_schedules
 
 __all__ = [
@@ -168,23 +168,12 @@ def _grads(ctx, bwd, dout) -> tuple:
     """The gradients of one of :func:`_save`'s contexts through ``bwd`` (the op or its body)."""
     q, k, v, out, lse, *tensors = ctx.saved_tensors
     extras = list(ctx.extras)
+    if dout is None:  # not materialized (the eager path): no gradient reached the output
+        return (None,) * (3 + len(extras))
     for i, t in zip(ctx.tensor_pos, tensors):
         extras[i] = t
     dq, dk, dv = bwd(dout.contiguous(), q, k, v, out, lse, *extras)
     return (dq, dk, dv, *([None] * len(extras)))
-
-
-def plain_eager(args: tuple) -> bool:
-    """Whether a call with ``args`` runs in plain eager mode: not traced by torch.compile, no
-    torch function or dispatch mode (FakeTensorMode, FlopCounterMode, ``with torch.device``),
-    no functorch transform, and no tensor subclass among the arguments."""
-    if torch.compiler.is_compiling():
-        return False
-    if torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active():
-        return False
-    if _get_current_dispatch_mode() is not None:
-        return False
-    return all(type(a) is torch.Tensor for a in args if isinstance(a, torch.Tensor))
 
 
 def stepped_arange(n: int, step: int, device: torch.device, dtype: torch.dtype, args: tuple = ()) -> torch.Tensor:
@@ -194,8 +183,7 @@ def stepped_arange(n: int, step: int, device: torch.device, dtype: torch.dtype, 
     are made fresh, and so during a CUDA graph capture (a tensor made there holds its values
     only once the graph replays). The offsets of a batch of n - 1 sequences of ``step`` rows
     each (dense, broadcast-Q) and the like."""
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if plain_eager(args) and not capturing:
+    if plain_eager(args) and not capturing(device):
         return _stepped_arange(n, step, device, dtype)
     return torch.arange(n, device=device, dtype=dtype) * step
 
@@ -227,6 +215,8 @@ def register_autograd(fwd_op, bwd_op):
     def forward(ctx, *inputs):
         output = fwd_body(*inputs)
         _save(ctx, inputs, output)
+        # The LSE carries no gradient: no zero-filled [Hq, Tq] for it every backward.
+        ctx.set_materialize_grads(False)
         return output
 
     def backward(ctx, dout, _dlse):

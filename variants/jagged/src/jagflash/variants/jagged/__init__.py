@@ -78,7 +78,9 @@ def jagged_attention(
             ``jagflash.core.backend.last_choice("jagged")`` tells which ran and why.
         plan: the load-balancing schedule of this batch (:func:`make_plan`), built once and
             passed to every layer that shares the offsets; its backward reuses it. Without one
-            the call builds its own (a few small device ops, no host sync). A plan built for
+            the call builds its own (a few small device ops, no host sync), or takes the one an
+            earlier call built on the same offsets tensor, unwritten since (kept per
+            storage and version counter: ``jagflash.core.jagged_call.PLAN_MEMO``). A plan built for
             other shapes, heads, mask, tile sizes or offsets is refused. The ``reference``
             backend ignores it.
 
