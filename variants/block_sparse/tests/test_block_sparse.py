@@ -209,7 +209,8 @@ def test_reference_backend_runs_when_asked() -> None:
     out = block_sparse_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], m, causal=True, backend="reference")
     assert last_choice("block_sparse").name == "reference"
     want, _ = jagged_reference(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], causal=True, dtype=torch.float32, block_mask=m)
-    torch.testing.assert_close(out.float(), want, atol=1e-5, rtol=1e-5)
+    tol = SPEC.atol[FLOAT]  # the reference computes in fp32 and rounds to the input dtype
+    torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol)
 
 
 # --- GPU only: bf16/fp16, the bench's head dims, both block sizes, skewed lengths -----------
@@ -265,7 +266,7 @@ def test_a_shared_plan_gives_the_calls_own_result() -> None:
     assert torch.equal(block_sparse_attention(*args, m, causal=True, plan=plan), block_sparse_attention(*args, m, causal=True))
     jagged = pytest.importorskip("jagflash.variants.jagged")
     other = jagged.make_plan(t["q"], t["k"], t["q_offsets"], t["kv_offsets"], causal=True, backward=False)
-    with pytest.raises(InvalidInput, match=r"plan was built for fwd tiles \(block_m, block_n\)=\(32, 32\), this call has \(64, 64\)"):
+    with pytest.raises(InvalidInput, match=r"plan was built for fwd tiles \(block_m, block_n\)=\(\d+, \d+\), this call has \(64, 64\)"):
         block_sparse_attention(*args, m, causal=True, plan=other)
 
 
