@@ -176,9 +176,15 @@ def test_no_host_sync_with_plan(schedule: str) -> None:
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_cuda_graph_forward_backward_with_prebuilt_plan(schedule: str) -> None:
     t, longest = _gpu_batch()
-    leaves = [t[n].detach().clone().requires_grad_() for n in ("q", "k", "v")]
     plan = make_plan(t["q"], t["k"], t["q_offsets"], t["kv_offsets"], schedule=schedule, causal=True)
-    kw = {"causal": True, "max_seqlen_q": longest, "max_seqlen_kv": longest, "plan": plan}
+    # new inputs in place, then replay twice: the dynamic counter starts from zero each time
+    _replay_matches_eager(t, {"causal": True, "max_seqlen_q": longest, "max_seqlen_kv": longest, "plan": plan})
+
+
+def _replay_matches_eager(t, kw, edit=None) -> None:
+    """A jagged forward + backward on ``t`` with ``kw``, captured in a CUDA graph and replayed on
+    fresh inputs (after ``edit``): output and gradients bitwise equal to an eager call on them."""
+    leaves = [t[n].detach().clone().requires_grad_() for n in ("q", "k", "v")]
 
     def step():
         for x in leaves:
@@ -187,8 +193,7 @@ def test_cuda_graph_forward_backward_with_prebuilt_plan(schedule: str) -> None:
         out.backward(t["dout"])
         return out
 
-    # new inputs in place, then replay twice: the dynamic counter starts from zero each time
-    out = replay_in_cuda_graph(step, leaves)
+    out = replay_in_cuda_graph(step, leaves, edit)
     eager = [x.detach().clone().requires_grad_() for x in leaves]
     want = jagged_attention(*eager, t["q_offsets"], t["kv_offsets"], **kw)
     grads = torch.autograd.grad(want, eager, t["dout"])
@@ -260,25 +265,11 @@ def test_cuda_graph_of_a_call_without_plan_replays_on_offsets_written_in_place()
     the new offsets, not on a plan the warm-up kept."""
     t, longest = _gpu_batch()
     lens = (1500, 1, 64, 0, 700, 3, 129)  # the batch's lengths reordered: same B, totals, longest
-    leaves = [t[n].detach().clone().requires_grad_() for n in ("q", "k", "v")]
     kw = {"causal": True, "max_seqlen_q": longest, "max_seqlen_kv": longest, "deterministic": True}
-
-    def step():
-        for x in leaves:
-            x.grad = None
-        out = jagged_attention(*leaves, t["q_offsets"], t["kv_offsets"], **kw)
-        out.backward(t["dout"])
-        return out
 
     def edit():
         new = torch.tensor([0, *lens], device="cuda").cumsum(0)
         t["q_offsets"].copy_(new)
         t["kv_offsets"].copy_(new)
 
-    out = replay_in_cuda_graph(step, leaves, edit)
-    eager = [x.detach().clone().requires_grad_() for x in leaves]
-    want = jagged_attention(*eager, t["q_offsets"], t["kv_offsets"], **kw)
-    grads = torch.autograd.grad(want, eager, t["dout"])
-    assert torch.equal(out, want)
-    for x, g in zip(leaves, grads):
-        assert torch.equal(x.grad, g)
+    _replay_matches_eager(t, kw, edit)
