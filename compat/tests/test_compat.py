@@ -52,8 +52,8 @@ def test_varlen_attn_matches_reference(device: str) -> None:
             q, k, v, q_offsets, kv_offsets, 19, 19, return_aux=AuxRequest(lse=True),
             window_size=(-1, 0), enable_gqa=True, scale=0.3,
         )
-        assert lse.shape == (q.shape[0], q.shape[1])  # torch's [T_q, H_q]
-        return out, lse.t()
+        assert lse.shape == (q.shape[1], q.shape[0])  # torch's [H_q, T_q]
+        return out, lse
 
     def reference(**kw):
         return jagged_reference(**kw, causal=True, scale=0.3)

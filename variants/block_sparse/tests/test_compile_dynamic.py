@@ -12,9 +12,10 @@ from jagflash.testing import make_jagged
 from jagflash.testing.integration import AttentionBlock, assert_compiles_once
 from jagflash.variants.block_sparse import block_sparse_attention, local_global
 
-# In the first batch the batch size, offsets length, q-blocks and kv-blocks differ (3, 4, 6, 8 at 64):
-# dynamo's duck sizing would tie sizes that happen to be equal in the first batch.
-BATCHES = [((9, 330, 4), (12, 460, 4)), ((5, 70, 22, 3), (5, 150, 22, 9)), ((140, 2), (400, 6))]
+# In the first batch the batch size, offsets length, q-blocks and kv-blocks differ (3, 4, 11, 16 at
+# 64; 3, 4, 6, 8 at 128): dynamo's duck sizing ties sizes that happen to be equal in the first batch
+# (a later batch without the equality would recompile).
+BATCHES = [((9, 700, 4), (12, 1000, 4)), ((5, 70, 22, 3), (5, 150, 22, 9)), ((140, 2), (400, 6))]
 
 
 def _attend(q, k, v, qo, ko, mask):

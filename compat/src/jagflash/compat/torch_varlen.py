@@ -50,8 +50,11 @@ def varlen_attn(
             sequence does not depend on the rest of the batch; more splits are refused.
 
     Returns:
-        ``out [T_q, H_q, D]``; with ``return_aux.lse``, ``(out, lse)``, ``lse [T_q, H_q]``
+        ``out [T_q, H_q, D]``; with ``return_aux.lse``, ``(out, lse)``, ``lse [H_q, T_q]``
         fp32 natural-log, ``+inf`` on a row that sees no key (FlashAttention's convention).
+        ``[H_q, T_q]`` is what torch's function returns (FlashAttention 2's ``softmax_lse``,
+        passed through: measured with torch 2.11 on an H200, and so in torch 2.13's source),
+        although its docstring says ``(T_q, H_q)``.
 
     Raises:
         UnsupportedProblem, InvalidInput: each listing every reason.
@@ -79,5 +82,5 @@ def varlen_attn(
         scale=scale, deterministic=False, backend=None,
     )
     if return_aux is not None and getattr(return_aux, "lse", False):
-        return out, lse.t()
+        return out, lse
     return out
