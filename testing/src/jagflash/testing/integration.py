@@ -86,6 +86,38 @@ class AttentionBlock(torch.nn.Module):
         return self.o(self.attend(q, k, v, *extra).flatten(-2))
 
 
+def assert_jagged_block_compiles_once(
+    attend: Callable[..., torch.Tensor],
+    batches: Sequence[tuple[Sequence[int], Sequence[int]]],
+    extra: Callable[[Sequence[int], Sequence[int], dict], tuple] = lambda q_lens, k_lens, t: (),
+    *,
+    device: str,
+    dtype: torch.dtype,
+    head_dim: int,
+    backend: str,
+    **tol,
+) -> None:
+    """:func:`assert_compiles_once` of an :class:`AttentionBlock` (2 heads of ``head_dim``) over
+    jagged batches of ``(q_lens, k_lens)``: ``attend(q, k, v, q_offsets, kv_offsets, *extra(t))``,
+    with ``t`` the batch's ``jagflash.testing.make_jagged`` tensors (``extra(q_lens, k_lens, t)``
+    adds the call's other arguments: ``max_seqlen_*`` ints, a block mask)."""
+    from jagflash.testing.inputs import make_jagged
+
+    torch.manual_seed(0)
+    dim = 2 * head_dim
+    block = AttentionBlock(attend, dim, 2, head_dim, device=device, dtype=dtype)
+    args = []
+    for q_lens, k_lens in batches:
+        t = make_jagged(q_lens, k_lens, 1, 1, dim, dtype, device)  # q, k: the block's inputs [T, 1, dim]
+        x, x_kv = t["q"][:, 0].detach().requires_grad_(), t["k"][:, 0].detach().requires_grad_()
+        args.append((x, x_kv, t["q_offsets"], t["kv_offsets"], *extra(q_lens, k_lens, t)))
+
+    def step(x, x_kv, *rest):
+        return block(x, x_kv, *rest).float().square().mean()
+
+    assert_compiles_once(step, args, list(block.parameters()), backend=backend, **tol)
+
+
 def assert_compiles_once(
     step: Callable[..., torch.Tensor],
     batches: Sequence[tuple],
