@@ -51,6 +51,7 @@ __all__ = [
     "list_row",
     "listed_blocks",
     "mask_bounds",
+    "tile_list",
     "visible_pairs",
 ]
 
@@ -198,6 +199,16 @@ def list_row(lists, b, h, block):
 
 
 @triton.jit
+def tile_list(lists, b, h, block, SPARSE: tl.constexpr):
+    """:func:`list_row` of a tile with ``SPARSE``, else 0 (``lists`` may then be None): the
+    ``row`` argument of :func:`block_walk` and :func:`block_at`."""
+    if SPARSE:
+        return list_row(lists, b, h, block)
+    else:
+        return 0
+
+
+@triton.jit
 def _listed_below(indices, count, limit):
     """Slots of the ascending ``indices[:count]`` below ``limit`` (binary search)."""
     lo = count * 0
@@ -211,27 +222,48 @@ def _listed_below(indices, count, limit):
 
 
 @triton.jit
-def block_walk(lo, full_lo, full_hi, hi, row, BLOCK, SPARSE: tl.constexpr):
+def _steps_below(indices, count, x, BLOCK, SUB: tl.constexpr):
+    """Positions of :func:`block_walk` (``SUB`` steps of BLOCK rows per listed block) whose
+    first row lies below ``x`` (a multiple of BLOCK, ``>= 0``)."""
+    LISTED: tl.constexpr = BLOCK * SUB
+    s = _listed_below(indices, count, (x + LISTED - 1) // LISTED)
+    if SUB == 1:
+        return s
+    else:
+        # the last listed block below x may reach past it: drop its steps at or above x
+        last = tl.load(indices + tl.maximum(s - 1, 0))
+        over = tl.where(s > 0, tl.maximum((last + 1) * LISTED - x, 0), 0)
+        return SUB * s - over // BLOCK
+
+
+@triton.jit
+def block_walk(lo, full_lo, full_hi, hi, row, BLOCK, SPARSE: tl.constexpr, SUB: tl.constexpr = 1):
     """Positions ``(p0, p1, p2, p3)`` of a range ``(lo, full_lo, full_hi, hi)`` (from
-    :func:`kv_tile_range` or :func:`dkdv_q_range`): masked head ``[p0, p1)``, unmasked body
-    ``[p1, p2)``, masked tail ``[p2, p3)``. Without a list, the range itself; with one
-    (``row``: :func:`list_row`), the slots of the listed blocks starting in each part."""
+    :func:`kv_tile_range` or :func:`dkdv_q_range`, steps of BLOCK rows): masked head ``[p0,
+    p1)``, unmasked body ``[p1, p2)``, masked tail ``[p2, p3)``. Without a list, the range
+    itself; with one (``row``: :func:`list_row`, blocks of ``SUB * BLOCK`` rows), the steps of
+    the listed blocks starting in each part: position ``t`` is step ``t % SUB`` of listed slot
+    ``t // SUB`` (:func:`block_at`), so a listed block visits its SUB steps in turn (the TLX
+    dK/dV kernel's 64-query steps through 128-row q-blocks: SUB 2)."""
     if SPARSE:
         count, indices = row
-        p0 = _listed_below(indices, count, (lo + BLOCK - 1) // BLOCK)
-        p1 = _listed_below(indices, count, (full_lo + BLOCK - 1) // BLOCK)
-        p2 = _listed_below(indices, count, (full_hi + BLOCK - 1) // BLOCK)
-        p3 = _listed_below(indices, count, (hi + BLOCK - 1) // BLOCK)
+        p0 = _steps_below(indices, count, lo, BLOCK, SUB)
+        p1 = _steps_below(indices, count, full_lo, BLOCK, SUB)
+        p2 = _steps_below(indices, count, full_hi, BLOCK, SUB)
+        p3 = _steps_below(indices, count, hi, BLOCK, SUB)
         return p0, p1, p2, p3
     else:
         return lo, full_lo, full_hi, hi
 
 
 @triton.jit
-def block_at(row, t, BLOCK: tl.constexpr, SPARSE: tl.constexpr):
-    """First row of the block at position ``t`` of :func:`block_walk`."""
+def block_at(row, t, BLOCK: tl.constexpr, SPARSE: tl.constexpr, SUB: tl.constexpr = 1):
+    """First row of the step at position ``t`` of :func:`block_walk`."""
     if SPARSE:
-        return tl.load(row[1] + t) * BLOCK
+        if SUB == 1:
+            return tl.load(row[1] + t) * BLOCK
+        else:
+            return tl.load(row[1] + t // SUB) * (BLOCK * SUB) + (t % SUB) * BLOCK
     else:
         return t
 
@@ -328,20 +360,24 @@ def visible_pairs(lq: torch.Tensor, lk: torch.Tensor, left: int, right: int) -> 
 
 def listed_blocks(
     side: str, start: torch.Tensor, lq: torch.Tensor, lk: torch.Tensor, block_m: int, block_n: int,
-    left: int, right: int, listed: torch.Tensor,
+    left: int, right: int, listed: torch.Tensor, sub: int = 1,
 ) -> torch.Tensor:
-    """Twin of :func:`block_walk`'s ``p3 - p0``: partner blocks a tile visits (int64), those of
-    its band that its block list names. ``listed`` ``[..., n]`` bool: the tile's row of the
-    mask's grid (``side="q"``: the kv-blocks of a q-tile; ``"kv"``: the q-blocks of a kv-tile),
-    broadcast against ``start``."""
+    """Twin of :func:`block_walk`'s ``p3 - p0``: partner steps a tile visits (int64), those of
+    its band in the blocks its block list names. ``listed`` ``[..., n]`` bool: the tile's row of
+    the mask's grid (``side="q"``: the kv-blocks of a q-tile; ``"kv"``: the q-blocks of a
+    kv-tile), broadcast against ``start``; ``sub``: steps per listed block (the partner's
+    block of the mask is ``sub`` partner tiles of the pass: 2 for the TLX dK/dV pass's
+    64-query steps through 128-row q-blocks)."""
     if side == "q":
         lo, _, _, hi = kv_tile_ranges(start, lq, lk, block_m, block_n, left, right)
         block = block_n
     else:
         lo, _, _, hi = dkdv_q_ranges(start, lq, lk, block_m, block_n, left, right)
         block = block_m
-    first = torch.div(lo, block, rounding_mode="floor")
-    end = torch.div(hi + block - 1, block, rounding_mode="floor")
     slot = torch.arange(listed.shape[-1], device=listed.device)
-    inside = (slot >= first[..., None]) & (slot < end[..., None])
-    return (listed & inside).sum(-1)
+    first = slot * (block * sub)  # [n]: each listed block's first row
+
+    def steps_below(x):  # steps t of a listed block (rows first + t * block) below x, in [0, sub]
+        return torch.clamp(torch.div(x[..., None] - first + block - 1, block, rounding_mode="floor"), 0, sub)
+
+    return (listed * (steps_below(hi) - steps_below(lo))).sum(-1)
