@@ -329,7 +329,7 @@ def test_tlx_rows_and_keys_that_see_nothing(deterministic) -> None:
     assert torch.equal(dq[:128], torch.zeros_like(dq[:128]))
     assert torch.equal(dk[256:], torch.zeros_like(dk[256:]))
     assert torch.equal(dv[256:], torch.zeros_like(dv[256:]))
-    assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+    assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
     future = torch.tensor([[[[False, True, False], [True, True, False], [True, True, True]]]], device="cuda")
     m = BlockMask.from_dense(future, t["q_offsets"], t["kv_offsets"], TLX_BS)
     out, lse = block_sparse_attention(*args, m, causal=True, return_lse=True, backend="tlx-sm90")

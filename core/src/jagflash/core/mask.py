@@ -231,7 +231,7 @@ def _steps_below(indices, count, x, BLOCK, SUB: tl.constexpr):
         return s
     else:
         # the last listed block below x may reach past it: drop its steps at or above x
-        last = tl.load(indices + tl.maximum(s - 1, 0))
+        last = tl.load(indices + tl.maximum(s - 1, 0), mask=s > 0, other=0)
         over = tl.where(s > 0, tl.maximum((last + 1) * LISTED - x, 0), 0)
         return SUB * s - over // BLOCK
 

@@ -117,10 +117,13 @@ def make_problem(
 
 
 def _mask_features(block_mask) -> frozenset[str]:
-    """The features a call with ``block_mask`` (a BlockMask or None) poses."""
-    from jagflash.core.block_mask import mask_features
+    """The features a call with ``block_mask`` (a BlockMask or None) poses (``block_sparse``
+    alone for anything else: the variant refuses it with its own reason)."""
+    from jagflash.core.block_mask import BlockMask, mask_features
 
-    return frozenset() if block_mask is None else mask_features(block_mask.block_size)
+    if block_mask is None:
+        return frozenset()
+    return mask_features(block_mask.block_size) if isinstance(block_mask, BlockMask) else frozenset({"block_sparse"})
 
 
 def call_problem(layout: str):
