@@ -22,8 +22,12 @@ block list (``SPARSE`` false) the positions are the rows themselves (``n0 = t``,
 the band's loop as it always was); with one (``jagflash.core.block_mask``: the tile's row of
 ascending block indices, :func:`list_row`) they are the slots of the listed blocks that fall in
 each part of the band, so listed blocks outside the band are skipped and the edge blocks keep
-the band's element mask. :func:`listed_blocks` is its torch twin for the plan's cost model.
-A new mask changes the iterator's input, never a kernel body.
+the band's element mask; a loop whose steps are smaller than the list's blocks (the TLX dK/dV
+kernel: 64-query steps, 128-row q-blocks) walks ``SUB`` steps per listed block.
+:func:`tile_list` gives a tile its row (or 0 without a list). :func:`listed_blocks` is its
+torch twin for the plan's cost model. Every loop that must stay in step with another (the TLX
+producer and its consumers, whose ring counters advance once per position) runs the same walk
+of the same range. A new mask changes the iterator's input, never a kernel body.
 
 Every clamp keeps the operands of ``//`` non-negative: Triton divides integers by truncation,
 the interpreter by flooring. The ``@triton.jit`` functions take their block sizes either as
