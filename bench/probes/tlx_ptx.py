@@ -5,8 +5,9 @@ can be compared: the same hash is the same GPU code.
     TRITON_INTERPRET=0 python bench/probes/tlx_ptx.py --out DIR "tlx_fwd_dynamic fp16 d128 causal" ...
     TRITON_INTERPRET=0 python bench/probes/tlx_ptx.py -k sparse          # every name containing "sparse"
 
-The hash is taken with the debug line info removed (``.loc`` / ``.file`` directives and the
-``.debug_*`` sections), which moves with every edit of a kernel's source file.
+The hash is taken with the debug info removed (``.loc`` / ``.file`` directives, the ``$L__tmp``
+labels of inlined scopes and the ``.debug_*`` sections), which moves with every edit of a
+kernel's source file (``code_of``; ``bench/probes/portable_ptx.py``'s files compare through it too).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import hashlib
 import os
 import re
 
-_DEBUG_LINE = re.compile(r"^\s*\.(loc|file)\s")
+_DEBUG_LINE = re.compile(r"^\s*\.(loc|file)\s|^\$L__tmp\d+:$")
 
 
 def code_of(ptx: str) -> str:
-    """``ptx`` without its debug line info."""
+    """``ptx`` without its debug info."""
     head = ptx.split("\n\t.section\t.debug", 1)[0]
     return "\n".join(line for line in head.splitlines() if not _DEBUG_LINE.match(line))
 

@@ -209,6 +209,25 @@ def test_refusals() -> None:
         block_sparse_attention(*args, m, backend="tlx-sm90")  # TLX takes 128 x 128 masks only
 
 
+def test_tlx_spec_takes_128_masks_only() -> None:
+    """The spec (host only, a Hopper problem posed on any machine): a 128 x 128 mask's features
+    are the TLX backend's, a 64 x 64 mask's block size is its reason to refuse (the portable
+    kernels take both), in the backward too."""
+    from jagflash.core.capability import not_supported_reasons
+
+    q = torch.empty(1, 4, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(1, 2, 128, dtype=torch.bfloat16, device="meta")
+    for backward in (False, True):
+        def reasons(block_size, backend, backward=backward):
+            problem = make_problem("jagged", q, k, causal=True, backward=backward, features=mask_features(block_size))
+            problem = dataclasses.replace(problem, device_type="cuda").with_capability((9, 0))
+            return not_supported_reasons(SPEC, problem, backend)
+
+        assert not [r for r in reasons((128, 128), "tlx-sm90") if "block" in r]
+        assert any("block_size_64x64 not supported" in r for r in reasons((64, 64), "tlx-sm90"))
+        assert not [r for r in reasons((64, 64), "portable") if "block" in r]
+
+
 def test_reference_backend_runs_when_asked() -> None:
     t = make_jagged((70,), (90,), 2, 1, 16, FLOAT, DEVICE)
     m = _random_mask(t, 1, 0.5, 1)

@@ -192,8 +192,8 @@ def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, dim, left, right, d
         schedule, backward_schedule = default_schedules("tlx-sm90", dim, window=(left, right), deterministic=deterministic)
         plan = make_plan(
             q_offsets, kv_offsets, total_q=tq, total_kv=tk, heads_q=hq, heads_kv=hkv,
-            window=(left, right), block_m=blocks["fwd"][0], block_n=blocks["fwd"][1], dq_blocks=blocks["dq"],
-            dkdv_blocks=blocks["dkdv"], backward=True, schedule=schedule, backward_schedule=backward_schedule,
+            window=(left, right), block_m=blocks["fwd"][0], block_n=blocks["fwd"][1], dkdv_blocks=blocks["dkdv"],
+            backward=True, schedule=schedule, backward_schedule=backward_schedule,
             block_mask=mask,
         )
     return plan, plan.info.layout("dkdv")
