@@ -214,9 +214,13 @@ def tile_list(lists, b, h, block, SPARSE: tl.constexpr):
 
 @triton.jit
 def _listed_below(indices, count, limit):
-    """Slots of the ascending ``indices[:count]`` below ``limit`` (binary search)."""
+    """Slots of the ascending ``indices[:count]`` below ``limit`` (binary search). The ends of
+    a band cost no search: a limit at or below 0 none at all, one past the last listed block
+    one load (unbounded sides, and the sequence's end, are such limits)."""
     lo = count * 0
-    hi = count
+    hi = tl.where(limit > 0, count, lo)
+    last = tl.load(indices + tl.maximum(hi - 1, 0), mask=hi > 0, other=0)
+    lo = tl.where((hi > 0) & (last < limit), hi, lo)
     while lo < hi:
         mid = (lo + hi) // 2
         below = tl.load(indices + mid) < limit

@@ -231,11 +231,11 @@ KNOWN_SPILLS: dict[str, int] = {
     "tlx_dkdv_none bf16 d128 window": 188,
     "tlx_bwd_none fp16 d128": 32,
     "tlx_bwd_none bf16 d128": 32,
-    # block-sparse (2026-12-02): the list row rides beside the forward's masked loops (9 LDL + 9
-    # STL an iteration there, none in the unmasked body); unmeasured on the GPU so far
-    "tlx_fwd_dynamic_sparse fp16 d128": 256,
-    "tlx_fwd_dynamic_sparse bf16 d128 causal": 104,
+    # block-sparse (2026-12-02): none inside the forward's and the one pass's loops; the two
+    # passes' dK/dV reloads 1-3 values an iteration (window), 15-16 in the masked steps (causal)
+    "tlx_fwd_dynamic_sparse fp16 d128": 76,
+    "tlx_fwd_dynamic_sparse bf16 d128 causal": 92,
     "tlx_bwd_dynamic_sparse fp16 d128 causal": 136,
-    "tlx_dkdv_none_sparse fp16 d128 window": 216,
-    "tlx_dkdv_none_sparse bf16 d128 causal": 316,
+    "tlx_dkdv_none_sparse fp16 d128 window": 212,
+    "tlx_dkdv_none_sparse bf16 d128 causal": 312,
 }
