@@ -1,6 +1,7 @@
 """A small forward + backward of every TLX path the backends pick (jagged short and long
 sequences: tile ring and dynamic walk; causal; GQA; the one-pass and the deterministic two-pass
-backward; plans of every schedule: static, dynamic, grouped, none; sliding windows; dense; broadcast-Q), for
+backward; plans of every schedule: static, dynamic, grouped, none; sliding windows; dense; broadcast-Q;
+block-sparse on 128 x 128 masks: per-head lists, causal, one pass and deterministic), for
 compute-sanitizer's tools (``bench/gpu.sh sanitize`` runs all four):
 
     python bench/probes/sanitize_case.py                       # warm Triton's cache first
@@ -53,6 +54,16 @@ def main() -> None:
     q, k, v = rand(70, 4, 128), rand(350, 2, 128), rand(350, 2, 128)
     for det in (False, True):
         out = broadcast_q_attention(q, k, v, offs, deterministic=det)
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    # block-sparse: the TLX walk through a block list (q-tiles) and its transpose (kv-tiles)
+    from jagflash.variants.block_sparse import BlockMask, block_sparse_attention
+
+    offs = torch.tensor([0, 1, 300, 300, 1000], dtype=torch.int32).cuda()
+    grid = (torch.rand(4, 4, 8, 8, generator=gen) < 0.4).cuda()
+    mask = BlockMask.from_dense(grid, offs, offs, (128, 128))
+    for causal, det in ((False, False), (True, True)):
+        q, k, v = rand(1000, 4, 128), rand(1000, 2, 128), rand(1000, 2, 128)
+        out = block_sparse_attention(q, k, v, offs, offs, mask, causal=causal, deterministic=det, backend="tlx-sm90")
         torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     torch.cuda.synchronize()
     print("sanitize_case: done")

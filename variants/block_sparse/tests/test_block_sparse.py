@@ -2,11 +2,15 @@
 BlockMask with causal/window), forward and backward; rows with no visible block; every block
 listed equals the jagged variant; per-head masks and GQA; the plan's listed-block costs;
 refusals (the TLX backend's included). The ``test_gpu_*`` tests (marked ``gpu``) run the
-portable kernels in bf16/fp16 at head dims 64/128, both block sizes, on skewed batches.
+portable kernels in bf16/fp16 at head dims 64/128, both block sizes, on skewed batches; the
+``test_tlx_*`` tests (marked ``sm90``) the TLX kernels on 128 x 128 masks: forward, one-pass and
+deterministic backward against the fp64 reference, every block listed == the jagged variant's
+TLX forward bitwise, rows and keys that see nothing, the 64 x 64 refusal.
 
 On a CPU these run the portable kernels under Triton's interpreter (nox sets
 TRITON_INTERPRET=1), block size 64 to keep the tile loops short; on a GPU the same tests run
-the portable kernels (the TLX ones refuse block lists), in bf16.
+in bf16 on the backend the call picks (portable for 64 x 64 masks and small head dims, TLX for
+128 x 128 masks at D 64 and 128 on a Hopper GPU).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jagflash.core.backend import last_choice
+from jagflash.core.block_mask import mask_features
 from jagflash.core.capability import InvalidInput, UnsupportedProblem
 from jagflash.core.jagged import seq_lengths
 from jagflash.core.ops import make_problem
@@ -67,7 +72,8 @@ def _check(
         )
 
     check_against_reference(kernel, reference, t, atol=SPEC.atol[case.dtype], dout=dout)
-    assert last_choice("block_sparse").name != "reference"
+    ran = last_choice("block_sparse").name
+    assert ran == kw["backend"] if "backend" in kw else ran != "reference"
     return m
 
 
@@ -199,8 +205,27 @@ def test_refusals() -> None:
     with pytest.raises(InvalidInput, match="block_mask has 3 heads, the call 2 query heads") as e:
         block_sparse_attention(*args, per_head, window=(1, 2, 3))
     assert any("window" in r for r in e.value.reasons)  # every reason at once
-    with pytest.raises(UnsupportedProblem, match="forward with block_sparse not supported"):
-        block_sparse_attention(*args, m, backend="tlx-sm90")
+    with pytest.raises(UnsupportedProblem, match="forward with block_size_64x64 not supported"):
+        block_sparse_attention(*args, m, backend="tlx-sm90")  # TLX takes 128 x 128 masks only
+
+
+def test_tlx_spec_takes_128_masks_only() -> None:
+    """The spec (host only, a Hopper problem posed on any machine): a 128 x 128 mask's features
+    are the TLX backend's, a 64 x 64 mask's block size is its reason to refuse (the portable
+    kernels take both), in the backward too."""
+    from jagflash.core.capability import not_supported_reasons
+
+    q = torch.empty(1, 4, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(1, 2, 128, dtype=torch.bfloat16, device="meta")
+    for backward in (False, True):
+        def reasons(block_size, backend, backward=backward):
+            problem = make_problem("jagged", q, k, causal=True, backward=backward, features=mask_features(block_size))
+            problem = dataclasses.replace(problem, device_type="cuda").with_capability((9, 0))
+            return not_supported_reasons(SPEC, problem, backend)
+
+        assert not [r for r in reasons((128, 128), "tlx-sm90") if "block" in r]
+        assert any("block_size_64x64 not supported" in r for r in reasons((64, 64), "tlx-sm90"))
+        assert not [r for r in reasons((64, 64), "portable") if "block" in r]
 
 
 def test_reference_backend_runs_when_asked() -> None:
@@ -227,15 +252,152 @@ def test_gpu_portable_matches_reference(block_size, head_dim, dtype, causal, mas
     case = JaggedCase(LENGTHS, LENGTHS[::-1], hq=4, hkv=hkv, head_dim=head_dim, dtype=dtype, causal=causal, seed=7)
     q = torch.empty(1, 4, head_dim, dtype=dtype, device="cuda")
     k = torch.empty(1, hkv, head_dim, dtype=dtype, device="cuda")
-    problem = make_problem("jagged", q, k, causal=causal, backward=True, features=frozenset({"block_sparse"}))
+    problem = make_problem("jagged", q, k, causal=causal, backward=True, features=mask_features(block_size))
     require(SPEC, problem, "portable")
-    _check(case, mask_heads, 0.25, block_size=block_size, device="cuda")
+    _check(case, mask_heads, 0.25, block_size=block_size, device="cuda", backend="portable")
 
 
 @pytest.mark.gpu
 def test_gpu_window_inside_blocks() -> None:
     case = JaggedCase((900, 300), (900, 300), hq=2, hkv=2, head_dim=128, dtype=torch.bfloat16, seed=3)
     _check(case, 1, 0.5, window=(200, 0), block_size=(128, 128), device="cuda")
+
+
+# --- sm_90 only: the TLX kernels on 128 x 128 masks ----------------------------------------
+
+TLX_BS = (128, 128)
+BF, HF = torch.bfloat16, torch.float16
+#: ``(case, mask heads, density, window)``: densities 0, 0.1, 0.5, 1; causal and window inside
+#: the blocks; GQA and MQA with per-head and shared masks; zero-length and 1-token sequences;
+#: Lq != Lk; lengths off the 128 grid.
+TLX_CASES = {
+    "empty_mask": (JaggedCase((300, 0, 129), (300, 0, 129), hq=2, hkv=2), 1, 0.0, None),
+    "d01_causal_per_head_gqa": (JaggedCase(LENGTHS, LENGTHS, hq=4, hkv=2, causal=True), 4, 0.1, None),
+    "d05_window": (JaggedCase((900, 300, 1), (900, 300, 1), hq=2, hkv=2), 1, 0.5, (200, 0)),
+    "d05_two_sided_window_mqa": (JaggedCase((700, 129), (700, 129), hq=4, hkv=1), 4, 0.5, (300, 100)),
+    "d05_cross": (JaggedCase(LENGTHS, LENGTHS[::-1], hq=2, hkv=2), 1, 0.5, None),
+    "d1_causal_cross": (JaggedCase((5, 400, 1000), (40, 700, 600), hq=2, hkv=1, causal=True), 1, 1.0, None),
+}
+#: ``(case, head dim, dtype, deterministic)``: each case, head dim, dtype and backward (the one
+#: pass and the deterministic two passes) more than once, not their whole product (every
+#: distinct configuration is a TLX compile of ~15 s on the GPU host).
+TLX_RUNS = [
+    ("empty_mask", 128, BF, False), ("empty_mask", 64, HF, True),
+    ("d01_causal_per_head_gqa", 128, BF, False), ("d01_causal_per_head_gqa", 128, BF, True),
+    ("d01_causal_per_head_gqa", 64, HF, False),
+    ("d05_window", 128, BF, False), ("d05_window", 64, HF, True),
+    ("d05_two_sided_window_mqa", 128, HF, False), ("d05_two_sided_window_mqa", 64, BF, True),
+    ("d05_cross", 64, BF, False), ("d05_cross", 128, HF, True),
+    ("d1_causal_cross", 64, HF, False), ("d1_causal_cross", 128, BF, True),
+]
+
+
+def _require_tlx(case: JaggedCase, deterministic: bool, window) -> None:
+    q = torch.empty(1, case.hq, case.head_dim, dtype=case.dtype, device="cuda")
+    k = torch.empty(1, case.hkv, case.head_dim, dtype=case.dtype, device="cuda")
+    problem = make_problem(
+        "jagged", q, k, causal=case.causal, window=window or (-1, -1), backward=True, deterministic=deterministic,
+        features=mask_features(TLX_BS),
+    )
+    require(SPEC, problem, "tlx-sm90")
+
+
+@pytest.mark.sm90
+@pytest.mark.parametrize(
+    ("name", "head_dim", "dtype", "deterministic"), TLX_RUNS,
+    ids=[f"{n}-d{d}-{str(t).split('.')[-1]}-{'det' if det else 'one_pass'}" for n, d, t, det in TLX_RUNS],
+)
+def test_tlx_matches_reference(name, head_dim, dtype, deterministic) -> None:
+    """The TLX forward and backward (one pass: dQ reduce-added; deterministic: the portable
+    block-sparse dQ pass, then the TLX dK/dV pass) against the fp64 reference; outputs
+    NaN-poisoned by the plugin, so a row the kernels never write fails."""
+    case, heads, density, window = TLX_CASES[name]
+    case = dataclasses.replace(case, head_dim=head_dim, dtype=dtype, seed=11)
+    _require_tlx(case, deterministic, window)
+    _check(
+        case, heads, density, window=window, seed=5, block_size=TLX_BS, device="cuda", backend="tlx-sm90",
+        deterministic=deterministic,
+    )
+
+
+@pytest.mark.sm90
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_tlx_every_block_listed_equals_the_jagged_variant_bitwise(causal, head_dim) -> None:
+    """Every block listed: the sparse walk visits the band's blocks in the band's order with the
+    band's masked / unmasked split, so the forward is the jagged variant's TLX forward, bit for
+    bit; the backward agrees within the tolerance rule's bound (the dQ passes tile differently)."""
+    jagged = pytest.importorskip("jagflash.variants.jagged")
+    case = JaggedCase(LENGTHS, LENGTHS, hq=4, hkv=2, head_dim=head_dim, dtype=torch.bfloat16, causal=causal, seed=2)
+    _require_tlx(case, False, None)
+    t = case.build("cuda")
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    m = _random_mask(t, 1, 1.0, 0, TLX_BS)
+    got, got_lse = block_sparse_attention(*args, m, causal=causal, return_lse=True, backend="tlx-sm90")
+    want, want_lse = jagged.jagged_attention(*args, causal=causal, return_lse=True, backend="tlx-sm90")
+    assert torch.equal(got, want)
+    assert torch.equal(got_lse, want_lse)
+    for a, b in zip(torch.autograd.grad(got, args[:3], t["dout"]), torch.autograd.grad(want, args[:3], t["dout"])):
+        torch.testing.assert_close(a, b, atol=2 * SPEC.atol[torch.bfloat16], rtol=0.02)
+
+
+@pytest.mark.sm90
+@pytest.mark.parametrize("deterministic", [False, True], ids=["one_pass", "deterministic"])
+def test_tlx_rows_and_keys_that_see_nothing(deterministic) -> None:
+    """q-block 0 lists nothing and kv-block 2 is listed by no q-block: O 0, LSE -inf and dQ 0 on
+    those rows, dK = dV = 0 on those keys, exactly; with causal, a q-block that lists only
+    future blocks sees nothing either."""
+    case = JaggedCase((300,), (300,), hq=2, hkv=2, head_dim=128, dtype=torch.bfloat16, seed=4)
+    _require_tlx(case, deterministic, None)
+    t = case.build("cuda")
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    grid = torch.tensor([[[[False, False, False], [True, True, False], [True, False, False]]]], device="cuda")
+    m = BlockMask.from_dense(grid, t["q_offsets"], t["kv_offsets"], TLX_BS)
+    out, lse = block_sparse_attention(*args, m, return_lse=True, deterministic=deterministic, backend="tlx-sm90")
+    assert torch.equal(out[:128], torch.zeros_like(out[:128]))
+    assert torch.isneginf(lse[:, :128]).all()
+    assert torch.isfinite(lse[:, 128:]).all()
+    dq, dk, dv = torch.autograd.grad(out, args[:3], t["dout"])
+    assert torch.equal(dq[:128], torch.zeros_like(dq[:128]))
+    assert torch.equal(dk[256:], torch.zeros_like(dk[256:]))
+    assert torch.equal(dv[256:], torch.zeros_like(dv[256:]))
+    assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
+    future = torch.tensor([[[[False, True, False], [True, True, False], [True, True, True]]]], device="cuda")
+    m = BlockMask.from_dense(future, t["q_offsets"], t["kv_offsets"], TLX_BS)
+    out, lse = block_sparse_attention(*args, m, causal=True, return_lse=True, backend="tlx-sm90")
+    assert torch.equal(out[:128], torch.zeros_like(out[:128]))
+    assert torch.isneginf(lse[:, :128]).all()
+
+
+@pytest.mark.sm90
+def test_tlx_deterministic_backward_repeats_bitwise() -> None:
+    case = JaggedCase(LENGTHS, LENGTHS, hq=4, hkv=4, head_dim=128, dtype=torch.bfloat16, causal=True, seed=9)
+    _require_tlx(case, True, None)
+    t = case.build("cuda")
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    m = _random_mask(t, 4, 0.5, 3, TLX_BS)
+    grads = []
+    for _ in range(2):
+        out = block_sparse_attention(*args, m, causal=True, deterministic=True, backend="tlx-sm90")
+        grads.append(torch.autograd.grad(out, args[:3], t["dout"]))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+@pytest.mark.sm90
+def test_tlx_takes_128_masks_and_refuses_64() -> None:
+    """On a Hopper GPU a 128 x 128 mask runs on the TLX kernels by default; a 64 x 64 one runs on
+    the portable kernels, and forcing TLX is refused with the block size as the reason."""
+    case = JaggedCase((300, 70), (300, 70), hq=2, hkv=2, head_dim=128, dtype=torch.bfloat16, seed=1)
+    _require_tlx(case, False, None)
+    t = case.build("cuda", requires_grad=False)
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    block_sparse_attention(*args, _random_mask(t, 1, 0.5, 0, TLX_BS))
+    assert last_choice("block_sparse").name == "tlx-sm90"
+    fine = _random_mask(t, 1, 0.5, 0, (64, 64))
+    block_sparse_attention(*args, fine)
+    assert last_choice("block_sparse").name == "portable"
+    with pytest.raises(UnsupportedProblem, match="block_size_64x64 not supported"):
+        block_sparse_attention(*args, fine, backend="tlx-sm90")
 
 
 def test_front_door_routes_block_masks_here() -> None:

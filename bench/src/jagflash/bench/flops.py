@@ -23,7 +23,7 @@ import torch
 from jagflash.core.mask import mask_bounds
 from jagflash.core.mask import visible_pairs as core_visible_pairs
 
-__all__ = ["BWD_FACTOR", "bwd_flops", "fwd_flops", "mask_bounds", "visible_pairs"]
+__all__ = ["BWD_FACTOR", "block_mask_pairs", "bwd_flops", "fwd_flops", "mask_bounds", "visible_pairs"]
 
 BWD_FACTOR = 2.5
 
@@ -39,6 +39,25 @@ def visible_pairs(
     if (lq < 0).any() or (lk < 0).any():
         raise ValueError("sequence lengths must be >= 0")
     return int(core_visible_pairs(lq, lk, *mask_bounds(causal, window)).sum())
+
+
+def block_mask_pairs(block_mask, heads: int, causal: bool = False, window: tuple[int, int] = (-1, -1)) -> int:
+    """Visible (query, key) pairs summed over the ``heads`` query heads under a
+    ``jagflash.core.block_mask.BlockMask`` (a pair of a listed block that the band lets through),
+    exactly: each sequence's element mask is built on the mask's device (``[Hm, lq, lk]``, one
+    sequence at a time). ``4 * head_dim * block_mask_pairs(...)`` is the forward's FLOPs."""
+    from jagflash.core.reference import visibility_mask
+
+    left, right = mask_bounds(causal, window)
+    lq = (block_mask.q_offsets[1:] - block_mask.q_offsets[:-1]).tolist()
+    lk = (block_mask.kv_offsets[1:] - block_mask.kv_offsets[:-1]).tolist()
+    per_list = heads // block_mask.heads  # query heads that share each list
+    total = 0
+    for b, (n, m) in enumerate(zip(lq, lk)):
+        if n and m:
+            seen = block_mask.element_mask(b, n, m) & visibility_mask(n, m, left, right, block_mask.kv_counts.device)
+            total += int(seen.sum()) * per_list
+    return total
 
 
 def fwd_flops(

@@ -37,10 +37,21 @@ import torch
 
 from jagflash.core.capability import InvalidInput
 
-__all__ = ["BLOCK_SIZES", "BlockMask", "local_global", "sessions", "strided", "top_k"]
+__all__ = ["BLOCK_SIZES", "BLOCK_SIZE_FEATURES", "BlockMask", "local_global", "mask_features", "sessions", "strided", "top_k"]
 
 #: The block sizes ``(block_m, block_n)`` a BlockMask may have (the kernels tile by them).
 BLOCK_SIZES = frozenset({(64, 64), (128, 128)})
+
+
+def mask_features(block_size: tuple[int, int]) -> frozenset[str]:
+    """The problem features (``jagflash.core.capability``) a call with a block mask of
+    ``block_size`` poses: ``block_sparse`` and ``block_size_<bm>x<bn>``, so that a backend can
+    take some block sizes only."""
+    return frozenset({"block_sparse", f"block_size_{int(block_size[0])}x{int(block_size[1])}"})
+
+
+#: The features of every block size: what a backend that takes them all declares.
+BLOCK_SIZE_FEATURES = frozenset().union(*(mask_features(b) for b in BLOCK_SIZES))
 
 _WHO = "BlockMask"
 #: Elements a :meth:`BlockMask.from_mask_mod` evaluation holds at once.

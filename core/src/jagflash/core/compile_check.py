@@ -135,10 +135,12 @@ def launch_attrs(fn, signature: dict[str, str]) -> tuple[dict[str, str], dict]:
     names = list(getattr(fn, "arg_names", None) or fn.__code__.co_varnames[: fn.__code__.co_argcount])
     plain, attrs = {}, {}
     for name, kind in signature.items():
-        aligned = kind.startswith("*") or kind.endswith(":16")
-        plain[name] = kind.removesuffix(":16")
-        if aligned:
-            attrs[(names.index(name),)] = [["tt.divisibility", 16]]
+        parts = kind if isinstance(kind, tuple) else (kind,)  # a tuple argument: its members' types
+        for j, part in enumerate(parts):
+            if part.startswith("*") or part.endswith(":16"):
+                path = (names.index(name), j) if isinstance(kind, tuple) else (names.index(name),)
+                attrs[path] = [["tt.divisibility", 16]]
+        plain[name] = tuple(p.removesuffix(":16") for p in parts) if isinstance(kind, tuple) else kind.removesuffix(":16")
     return plain, attrs
 
 

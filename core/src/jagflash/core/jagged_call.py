@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from jagflash.core.block_mask import BlockMask
+from jagflash.core.block_mask import BlockMask, mask_features
 from jagflash.core.checks import raise_if, resolve_max_seqlen, same_batch
 from jagflash.core.memo import TensorMemo
 from jagflash.core.ops import attention_ops, call_plan_layout
@@ -150,8 +150,8 @@ def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = Fals
     call_fwd)``. Their own arguments are :data:`JAGGED_ARGS` (``max_seqlen_* = -1``: not given,
     read from the offsets: one host synchronisation on a GPU, which also validates the
     offsets' values), followed by :data:`WINDOW_ARGS` where ``windowed`` and then
-    :data:`SPARSE_ARGS` where ``sparse`` (a block mask: its problems pose the feature
-    ``block_sparse``, its kernels get the ``jagflash.core.block_mask.BlockMask`` as ``blocks=``,
+    :data:`SPARSE_ARGS` where ``sparse`` (a block mask: its problems pose the features of
+    ``jagflash.core.block_mask.mask_features``, its kernels get the ``jagflash.core.block_mask.BlockMask`` as ``blocks=``,
     its plans tile by its blocks). The kernels are the variant's ``kernels_portable`` /
     ``kernels_tlx_sm90`` (``package``), called with the jagged tensors as they are; ``who``
     names the public function in refusals."""
@@ -186,7 +186,7 @@ def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = Fals
     forward = {
         "reference": reference(reference_forward),
         "tlx-sm90": lambda c: c.kernels.forward(
-            c.q, c.k, c.v, c.q_offsets, c.kv_offsets, c.max_q, **c.mask, plan=plan(c, ("fwd",))
+            c.q, c.k, c.v, c.q_offsets, c.kv_offsets, c.max_q, **c.mask, plan=plan(c, ("fwd",)), **listed(c)
         ),
         "portable": lambda c: c.kernels.forward(
             c.q, c.k, c.v, c.q_offsets, c.kv_offsets, plan(c, ("fwd",)), **c.mask, backend=c.ran, **listed(c)
@@ -197,7 +197,7 @@ def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = Fals
         "reference": lambda c: reference(reference_backward, "dout")(c, out=c.out, lse=c.lse),
         "tlx-sm90": lambda c: c.kernels.backward(
             c.dout, c.q, c.k, c.v, c.out, c.lse, c.q_offsets, c.kv_offsets, plan(c, ("dq", "dkdv")),
-            **c.mask, deterministic=c.deterministic,
+            **c.mask, deterministic=c.deterministic, **listed(c),
         ),
         # Always deterministic (no atomics): ``deterministic`` asks nothing more of it.
         "portable": lambda c: c.kernels.backward(
@@ -211,5 +211,5 @@ def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = Fals
         forward=forward, backward=backward, layout="jagged",
         fake_forward=lambda c: (torch.empty_like(c.q), c.q.new_empty((c.q.shape[1], c.q.shape[0]), dtype=torch.float32)),
         fake_backward=lambda c: (torch.empty_like(c.q), torch.empty_like(c.k), torch.empty_like(c.v)),
-        features=frozenset({"block_sparse"}) if sparse else frozenset(),
+        features=(lambda c: mask_features((c.block_m, c.block_n))) if sparse else frozenset(),
     )

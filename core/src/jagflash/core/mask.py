@@ -22,8 +22,12 @@ block list (``SPARSE`` false) the positions are the rows themselves (``n0 = t``,
 the band's loop as it always was); with one (``jagflash.core.block_mask``: the tile's row of
 ascending block indices, :func:`list_row`) they are the slots of the listed blocks that fall in
 each part of the band, so listed blocks outside the band are skipped and the edge blocks keep
-the band's element mask. :func:`listed_blocks` is its torch twin for the plan's cost model.
-A new mask changes the iterator's input, never a kernel body.
+the band's element mask; a loop whose steps are smaller than the list's blocks (the TLX dK/dV
+kernel: 64-query steps, 128-row q-blocks) walks ``SUB`` steps per listed block.
+:func:`tile_list` gives a tile its row (or 0 without a list). :func:`listed_blocks` is its
+torch twin for the plan's cost model. Every loop that must stay in step with another (the TLX
+producer and its consumers, whose ring counters advance once per position) runs the same walk
+of the same range. A new mask changes the iterator's input, never a kernel body.
 
 Every clamp keeps the operands of ``//`` non-negative: Triton divides integers by truncation,
 the interpreter by flooring. The ``@triton.jit`` functions take their block sizes either as
@@ -51,6 +55,7 @@ __all__ = [
     "list_row",
     "listed_blocks",
     "mask_bounds",
+    "tile_list",
     "visible_pairs",
 ]
 
@@ -198,10 +203,24 @@ def list_row(lists, b, h, block):
 
 
 @triton.jit
+def tile_list(lists, b, h, block, SPARSE: tl.constexpr):
+    """:func:`list_row` of a tile with ``SPARSE``, else 0 (``lists`` may then be None): the
+    ``row`` argument of :func:`block_walk` and :func:`block_at`."""
+    if SPARSE:
+        return list_row(lists, b, h, block)
+    else:
+        return 0
+
+
+@triton.jit
 def _listed_below(indices, count, limit):
-    """Slots of the ascending ``indices[:count]`` below ``limit`` (binary search)."""
+    """Slots of the ascending ``indices[:count]`` below ``limit`` (binary search). The ends of
+    a band cost no search: a limit at or below 0 none at all, one past the last listed block
+    one load (unbounded sides, and the sequence's end, are such limits)."""
     lo = count * 0
-    hi = count
+    hi = tl.where(limit > 0, count, lo)
+    last = tl.load(indices + tl.maximum(hi - 1, 0), mask=hi > 0, other=0)
+    lo = tl.where((hi > 0) & (last < limit), hi, lo)
     while lo < hi:
         mid = (lo + hi) // 2
         below = tl.load(indices + mid) < limit
@@ -211,27 +230,48 @@ def _listed_below(indices, count, limit):
 
 
 @triton.jit
-def block_walk(lo, full_lo, full_hi, hi, row, BLOCK, SPARSE: tl.constexpr):
+def _steps_below(indices, count, x, BLOCK, SUB: tl.constexpr):
+    """Positions of :func:`block_walk` (``SUB`` steps of BLOCK rows per listed block) whose
+    first row lies below ``x`` (a multiple of BLOCK, ``>= 0``)."""
+    LISTED: tl.constexpr = BLOCK * SUB
+    s = _listed_below(indices, count, (x + LISTED - 1) // LISTED)
+    if SUB == 1:
+        return s
+    else:
+        # the last listed block below x may reach past it: drop its steps at or above x
+        last = tl.load(indices + tl.maximum(s - 1, 0), mask=s > 0, other=0)
+        over = tl.where(s > 0, tl.maximum((last + 1) * LISTED - x, 0), 0)
+        return SUB * s - over // BLOCK
+
+
+@triton.jit
+def block_walk(lo, full_lo, full_hi, hi, row, BLOCK, SPARSE: tl.constexpr, SUB: tl.constexpr = 1):
     """Positions ``(p0, p1, p2, p3)`` of a range ``(lo, full_lo, full_hi, hi)`` (from
-    :func:`kv_tile_range` or :func:`dkdv_q_range`): masked head ``[p0, p1)``, unmasked body
-    ``[p1, p2)``, masked tail ``[p2, p3)``. Without a list, the range itself; with one
-    (``row``: :func:`list_row`), the slots of the listed blocks starting in each part."""
+    :func:`kv_tile_range` or :func:`dkdv_q_range`, steps of BLOCK rows): masked head ``[p0,
+    p1)``, unmasked body ``[p1, p2)``, masked tail ``[p2, p3)``. Without a list, the range
+    itself; with one (``row``: :func:`list_row`, blocks of ``SUB * BLOCK`` rows), the steps of
+    the listed blocks starting in each part: position ``t`` is step ``t % SUB`` of listed slot
+    ``t // SUB`` (:func:`block_at`), so a listed block visits its SUB steps in turn (the TLX
+    dK/dV kernel's 64-query steps through 128-row q-blocks: SUB 2)."""
     if SPARSE:
         count, indices = row
-        p0 = _listed_below(indices, count, (lo + BLOCK - 1) // BLOCK)
-        p1 = _listed_below(indices, count, (full_lo + BLOCK - 1) // BLOCK)
-        p2 = _listed_below(indices, count, (full_hi + BLOCK - 1) // BLOCK)
-        p3 = _listed_below(indices, count, (hi + BLOCK - 1) // BLOCK)
+        p0 = _steps_below(indices, count, lo, BLOCK, SUB)
+        p1 = _steps_below(indices, count, full_lo, BLOCK, SUB)
+        p2 = _steps_below(indices, count, full_hi, BLOCK, SUB)
+        p3 = _steps_below(indices, count, hi, BLOCK, SUB)
         return p0, p1, p2, p3
     else:
         return lo, full_lo, full_hi, hi
 
 
 @triton.jit
-def block_at(row, t, BLOCK: tl.constexpr, SPARSE: tl.constexpr):
-    """First row of the block at position ``t`` of :func:`block_walk`."""
+def block_at(row, t, BLOCK: tl.constexpr, SPARSE: tl.constexpr, SUB: tl.constexpr = 1):
+    """First row of the step at position ``t`` of :func:`block_walk`."""
     if SPARSE:
-        return tl.load(row[1] + t) * BLOCK
+        if SUB == 1:
+            return tl.load(row[1] + t) * BLOCK
+        else:
+            return tl.load(row[1] + t // SUB) * (BLOCK * SUB) + (t % SUB) * BLOCK
     else:
         return t
 
@@ -328,20 +368,24 @@ def visible_pairs(lq: torch.Tensor, lk: torch.Tensor, left: int, right: int) -> 
 
 def listed_blocks(
     side: str, start: torch.Tensor, lq: torch.Tensor, lk: torch.Tensor, block_m: int, block_n: int,
-    left: int, right: int, listed: torch.Tensor,
+    left: int, right: int, listed: torch.Tensor, sub: int = 1,
 ) -> torch.Tensor:
-    """Twin of :func:`block_walk`'s ``p3 - p0``: partner blocks a tile visits (int64), those of
-    its band that its block list names. ``listed`` ``[..., n]`` bool: the tile's row of the
-    mask's grid (``side="q"``: the kv-blocks of a q-tile; ``"kv"``: the q-blocks of a kv-tile),
-    broadcast against ``start``."""
+    """Twin of :func:`block_walk`'s ``p3 - p0``: partner steps a tile visits (int64), those of
+    its band in the blocks its block list names. ``listed`` ``[..., n]`` bool: the tile's row of
+    the mask's grid (``side="q"``: the kv-blocks of a q-tile; ``"kv"``: the q-blocks of a
+    kv-tile), broadcast against ``start``; ``sub``: steps per listed block (the partner's
+    block of the mask is ``sub`` partner tiles of the pass: 2 for the TLX dK/dV pass's
+    64-query steps through 128-row q-blocks)."""
     if side == "q":
         lo, _, _, hi = kv_tile_ranges(start, lq, lk, block_m, block_n, left, right)
         block = block_n
     else:
         lo, _, _, hi = dkdv_q_ranges(start, lq, lk, block_m, block_n, left, right)
         block = block_m
-    first = torch.div(lo, block, rounding_mode="floor")
-    end = torch.div(hi + block - 1, block, rounding_mode="floor")
     slot = torch.arange(listed.shape[-1], device=listed.device)
-    inside = (slot >= first[..., None]) & (slot < end[..., None])
-    return (listed & inside).sum(-1)
+    first = slot * (block * sub)  # [n]: each listed block's first row
+
+    def steps_below(x):  # steps t of a listed block (rows first + t * block) below x, in [0, sub]
+        return torch.clamp(torch.div(x[..., None] - first + block - 1, block, rounding_mode="floor"), 0, sub)
+
+    return (listed * (steps_below(hi) - steps_below(lo))).sum(-1)

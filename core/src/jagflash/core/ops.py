@@ -116,12 +116,22 @@ def make_problem(
     )
 
 
+def _mask_features(block_mask) -> frozenset[str]:
+    """The features a call with ``block_mask`` (a BlockMask or None) poses (``block_sparse``
+    alone for anything else: the variant refuses it with its own reason)."""
+    from jagflash.core.block_mask import BlockMask, mask_features
+
+    if block_mask is None:
+        return frozenset()
+    return mask_features(block_mask.block_size) if isinstance(block_mask, BlockMask) else frozenset({"block_sparse"})
+
+
 def call_problem(layout: str):
     """``Variant.problem`` for a variant whose public function takes ``(q, k, v, **flags)``:
     describes a front-door call from its tensors and flags without reading data.
     ``deterministic`` is a property of the backward: a call that will not take one (no input
     requires grad) does not pose it, as the variants' forward ops do not. A ``block_mask``
-    poses ``block_sparse``."""
+    poses ``block_sparse`` and its block size (``jagflash.core.block_mask.mask_features``)."""
 
     def problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call: object) -> Problem:
         grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
@@ -130,7 +140,7 @@ def call_problem(layout: str):
             window=call.get("window") or (-1, -1),  # type: ignore[arg-type]
             return_lse=bool(call.get("return_lse", False)), backward=grad,
             deterministic=grad and bool(call.get("deterministic", False)),
-            features=frozenset({"block_sparse"}) if call.get("block_mask") is not None else frozenset(),
+            features=_mask_features(call.get("block_mask")),
         )
 
     return problem
@@ -250,7 +260,7 @@ def call_plan_layout(
     from jagflash.core.mask import mask_bounds
     from jagflash.core.tuning import plan_blocks
 
-    feats = frozenset({"block_sparse"}) if block_mask is not None else frozenset()
+    feats = _mask_features(block_mask)
     name = plan_backend(spec, make_problem(layout, q, k, causal=causal, window=window, features=feats), q.device, backend)
     if name == "reference":
         name = "interpreter" if q.device.type == "cpu" else "portable"
@@ -368,7 +378,8 @@ def attention_ops(
     ``forward[backend](c)`` / ``backward[backend](c)``: tables over ``reference``,
     ``tlx-sm90`` and ``portable`` (which also serves ``interpreter``).
     ``fake_forward(c)`` / ``fake_backward(c)``: the outputs' shapes for the fake (meta) kernels.
-    ``features``: problem features every call of these ops poses (``block_sparse``).
+    ``features``: problem features every call of these ops poses, or a function of the
+    :class:`OpCall` giving them (a block-sparse op's: its mask's, after ``check``).
     """
     from jagflash.core.backend import select
     from jagflash.core.mask import mask_bounds
@@ -386,14 +397,15 @@ def attention_ops(
             check(c)
             c.q, c.k, c.v = (readable(t) for t in (c.q, c.k, c.v))
             window = (c.left, c.right)
+            feats = features(c) if callable(features) else features
             if pass_ == "fwd":
                 problem = make_problem(
-                    layout, c.q, c.k, causal=c.causal, window=window, return_lse=c.return_lse, features=features
+                    layout, c.q, c.k, causal=c.causal, window=window, return_lse=c.return_lse, features=feats
                 )
             else:
                 problem = make_problem(
                     layout, c.q, c.k, causal=c.causal, window=window, backward=True, deterministic=c.deterministic,
-                    features=features,
+                    features=feats,
                 )
             c.ran = select(spec, problem, c.q.device, c.backend or None).name
             c.left, c.right = mask_bounds(c.causal, window)

@@ -95,10 +95,10 @@ def seq_starts(q_offsets, kv_offsets, b):
 @triton.jit
 def fwd_tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR: tl.constexpr, GROUP: tl.constexpr):
     """The forward q-tile at index ``i`` of the walk: (live, head, first row, q start, lq, kv
-    start, lk)."""
+    start, lk, sequence)."""
     ok, b, h, m0 = plan_row(i, TILES, count, heads, HEAD_MAJOR, GROUP)
     q_start, lq, k_start, lk = seq_starts(q_offsets, kv_offsets, b)
-    return ok & (m0 < lq), h, m0, q_start, lq, k_start, lk
+    return ok & (m0 < lq), h, m0, q_start, lq, k_start, lk, b
 
 
 @triton.jit

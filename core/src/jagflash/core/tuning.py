@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_SCHEDULE",
     "FREE_FIELDS",
     "PORTABLE_HEAD_DIMS",
+    "TLX_BLOCK_SIZES",
     "TLX_HEAD_DIMS",
     "TLX_ONE_PASS_HEAD_DIMS",
     "VEC_PAD",
@@ -99,9 +100,13 @@ def plan_blocks(backend: str, head_dim: int, block_size: tuple[int, int] | None 
     ``tlx-sm90`` runs its own forward and dK/dV passes and the portable dQ pass (its tiles:
     :func:`tlx_sm90_blocks`). Every call asks (a plan's check): computed
     once per (backend, head dim). With a block mask's ``block_size``: its blocks in every pass
-    (:func:`block_config`)."""
+    (:func:`block_config`), but the TLX dK/dV pass keeps its own tiles (64-query steps, two per
+    listed q-block of the :data:`TLX_BLOCK_SIZES` masks it takes)."""
     if block_size is not None:
-        return {p: (int(block_size[0]), int(block_size[1])) for p in ("fwd", "dq", "dkdv")}
+        blocks = {p: (int(block_size[0]), int(block_size[1])) for p in ("fwd", "dq", "dkdv")}
+        if backend == "tlx-sm90":  # its dK/dV pass steps through each listed q-block 64 queries at a time
+            blocks["dkdv"] = tlx_sm90_blocks(head_dim)["dkdv"]
+        return blocks
     return dict(_plan_blocks(backend, head_dim))
 
 
@@ -123,6 +128,10 @@ def _plan_blocks(backend: str, head_dim: int) -> tuple[tuple[str, tuple[int, int
 
 #: Head dims the TLX kernels take, forward and backward.
 TLX_HEAD_DIMS = (64, 128)
+#: Block sizes of the block masks the TLX kernels take: their forward tile (a q-tile walks its
+#: row of the list) and their dK/dV kv-tile (which walks the transposed row, two 64-query steps
+#: per listed q-block). 64 x 64 masks run on the portable kernels.
+TLX_BLOCK_SIZES = ((128, 128),)
 #: Head dims where the variants run the TLX one-pass backward (:func:`use_one_pass`): where it
 #: measured faster than the two passes and the portable backward (bench/NOTES.md, session 8).
 #: Its dQ tiles are 64 columns wide, the 128-byte swizzle of 16-bit K (:func:`dq_cols`).
@@ -201,6 +210,7 @@ class FwdConfig:
     BLOCK_N: int = 128  # kv rows per K/V ring slot
     NUM_KV: int = 2  # K/V ring depth
     Q_BUFS: int = 2  # Q tiles in flight (the next tile's Q loads during this one)
+    SPARSE: bool = False  # a q-tile walks its row of a block mask's lists (jagflash.core.mask.block_walk)
 
     def constexprs(self) -> dict[str, object]:
         """The kernel's compile-time keyword arguments."""
@@ -209,15 +219,17 @@ class FwdConfig:
 
 def fwd_config(
     *, head_dim: int, group: int, left: int, right: int, q_shared: bool, scale: float,
-    dynamic: bool, zigzag: bool, total_kv: int, batch: int,
+    dynamic: bool, zigzag: bool, total_kv: int, batch: int, sparse: bool = False,
 ) -> FwdConfig:
-    """The :class:`FwdConfig` of a forward call."""
+    """The :class:`FwdConfig` of a forward call (``sparse``: with a block mask's lists). A
+    block-sparse call never hands tiles through the tile ring: its record has no sequence index,
+    which a tile needs to find its list row."""
     block_m, block_n = tlx_sm90_blocks(head_dim)["fwd"]
     return FwdConfig(
         HEAD_DIM=head_dim, GROUP=group, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
         Q_SHARED=q_shared, FOLD_SCALE=scale > 0, HEAD_MAJOR=default_head_major(left, right, dynamic),
-        DYNAMIC=dynamic, ZIGZAG=zigzag, RING_TILES=default_ring_tiles(total_kv, batch, block_n),
-        BLOCK_M=block_m, BLOCK_N=block_n,
+        DYNAMIC=dynamic, ZIGZAG=zigzag, RING_TILES=not sparse and default_ring_tiles(total_kv, batch, block_n),
+        BLOCK_M=block_m, BLOCK_N=block_n, SPARSE=sparse,
     )
 
 
@@ -247,6 +259,7 @@ class BwdConfig:
     NUM_Q: int = 2  # Q/dO ring depth
     DQ_STAGES: int = 1  # shared-memory stages of each consumer's dQ write-back (two do not fit at D 128)
     PAD: int = VEC_PAD  # rows the packed per-query vectors of each sequence are padded to
+    SPARSE: bool = False  # a kv-tile walks its row of a block mask's transposed lists
 
     def constexprs(self) -> dict[str, object]:
         """The kernel's compile-time keyword arguments."""
@@ -255,14 +268,16 @@ class BwdConfig:
 
 def bwd_config(
     *, head_dim: int, group: int, left: int, right: int, q_shared: bool, fused_dq: bool,
-    dynamic: bool, zigzag: bool,
+    dynamic: bool, zigzag: bool, sparse: bool = False,
 ) -> BwdConfig:
-    """The :class:`BwdConfig` of a backward call (``fused_dq``: the one-pass backward)."""
+    """The :class:`BwdConfig` of a backward call (``fused_dq``: the one-pass backward;
+    ``sparse``: with a block mask's transposed lists)."""
     block_m, block_n = tlx_sm90_blocks(head_dim)["dkdv"]
     return BwdConfig(
         HEAD_DIM=head_dim, GROUP=group, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
         Q_SHARED=q_shared, FUSED_DQ=fused_dq, HEAD_MAJOR=default_head_major(left, right, dynamic),
         DYNAMIC=dynamic, ZIGZAG=zigzag, BLOCK_M=block_m, BLOCK_N=block_n, DQ_COLS=dq_cols(head_dim),
+        SPARSE=sparse,
     )
 
 

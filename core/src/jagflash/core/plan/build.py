@@ -62,8 +62,13 @@ def _build_torch(
             continue
         side = _SIDE[name]
         listed = None if grid is None else (grid if side == "q" else grid.transpose(-1, -2))
+        # a block-sparse plan's forward tiles are the mask's blocks; a pass with smaller partner
+        # tiles (the TLX dK/dV pass's 64-query steps) visits several per listed block
+        fwd = info.passes[0]
+        sub = fwd.block_n // lay.block_n if side == "q" else fwd.block_m // lay.block_m
         rows, count = _section(
-            lq if side == "q" else lk, lq, lk, side, lay, info.left, info.right, sort_kind(info.schedule_of(name)), listed
+            lq if side == "q" else lk, lq, lk, side, lay, info.left, info.right, sort_kind(info.schedule_of(name)), listed,
+            max(sub, 1),
         )
         tiles[lay.row0 : lay.row0 + lay.rows] = rows
         counts.append(count)

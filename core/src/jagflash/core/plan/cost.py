@@ -58,10 +58,12 @@ def _seq_cost(lq: torch.Tensor, lk: torch.Tensor, block_m: int, block_n: int) ->
 
 def _section(
     lengths: torch.Tensor, lq: torch.Tensor, lk: torch.Tensor, side: str, lay: PassLayout,
-    left: int, right: int, sort: int, listed: torch.Tensor | None = None,
+    left: int, right: int, sort: int, listed: torch.Tensor | None = None, sub: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One pass's rows ``[lay.rows, 3]`` int32 and its valid-tile count (a device scalar);
-    ``listed``: a block mask's grid ``[B, Hm, tiles, partners]`` for this side, or None."""
+    ``listed``: a block mask's grid ``[B, Hm, tiles, partners]`` for this side, or None;
+    ``sub``: the pass's partner tiles per partner block of the mask
+    (:func:`jagflash.core.mask.listed_blocks`)."""
     dev = lengths.device
     batch = lengths.numel()
     block = lay.block_m if side == "q" else lay.block_n
@@ -78,7 +80,7 @@ def _section(
         cost = tile_costs(side, start, lq[seq], lk[seq], lay.block_m, lay.block_n, left, right)
         seq_cost = _seq_cost(lq[seq], lk[seq], lay.block_m, lay.block_n)
     else:
-        cost, seq_cost = _listed_costs(listed, side, seq, start, block, lq, lk, lay, left, right)
+        cost, seq_cost = _listed_costs(listed, side, seq, start, block, lq, lk, lay, left, right, sub)
     if sort == 2:  # grouped: the sequence's cost, q-tiles x kv-tiles, then the tile's
         cost = seq_cost * _TILE_COST_ROOM + cost.clamp(max=_TILE_COST_ROOM - 1)
     cost = torch.where(valid, cost, -1)
@@ -92,13 +94,13 @@ def _section(
     return rows, count
 
 
-def _listed_costs(listed, side, seq, start, block, lq, lk, lay: PassLayout, left: int, right: int):
+def _listed_costs(listed, side, seq, start, block, lq, lk, lay: PassLayout, left: int, right: int, sub: int):
     """Tile and sequence costs under a block mask (:func:`_section`'s ``listed``)."""
     if listed.shape[2] == 0 or listed.shape[3] == 0:
         zero = torch.zeros_like(seq)
         return zero, zero
     tile = torch.div(start, block, rounding_mode="floor").clamp(0, listed.shape[2] - 1)
     rows = listed[seq, :, tile]  # [tiles, Hm, partners]
-    cost = listed_blocks(side, start[:, None], lq[seq][:, None], lk[seq][:, None], lay.block_m, lay.block_n, left, right, rows)
+    cost = listed_blocks(side, start[:, None], lq[seq][:, None], lk[seq][:, None], lay.block_m, lay.block_n, left, right, rows, sub)
     per_seq = listed.sum((1, 2, 3)).clamp(max=(2**31 - 1) // _TILE_COST_ROOM - 1)
     return cost.sum(-1), per_seq[seq]

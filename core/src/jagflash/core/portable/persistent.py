@@ -163,4 +163,5 @@ jagged_backward = functools.partial(backward, jagged_sequence)
 
 #: The same on the jagged layout with a block mask (``blocks=``; ``mainloop.sparse_sequence``).
 sparse_forward = functools.partial(forward, sparse_sequence)
+sparse_backward_dq = functools.partial(backward_dq, sparse_sequence)
 sparse_backward = functools.partial(backward, sparse_sequence)

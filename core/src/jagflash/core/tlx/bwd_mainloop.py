@@ -4,7 +4,8 @@
 Grouped arguments: ``kv`` is the kv-tile's halves ``(k_tiles, v_tiles)`` (two 64-row buffers
 each, one per consumer); ``qring`` the Q/dO ring ``(q_tiles, do_tiles, lse_tiles, delta_tiles,
 q_fulls, q_empties)`` (each step's Q, dO and packed per-query vectors arrive together in one
-slot); ``seq`` the sequence's ``(lq, lk, q_start)``; ``band`` the mask's ``(left, right)``;
+slot); ``seq`` the sequence's ``(lq, lk, q_start, row)`` with ``row`` the kv-tile's block list
+for this head (``jagflash.core.mask.tile_list``); ``band`` the mask's ``(left, right)``;
 ``dq`` the one-pass write-back's ``(desc_dq, ds_tiles, dq_stages, dq_col)``.
 """
 
@@ -15,7 +16,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from jagflash.core.dtypes import mma_operand
-from jagflash.core.mask import band_bounds, bounds_mask
+from jagflash.core.mask import band_bounds, block_at, bounds_mask
 from jagflash.core.seqlen import q_row
 from jagflash.core.tlx.pipeline import (
     consumers_sync,
@@ -32,10 +33,11 @@ def dkdv_steps(
     CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, NUM_Q: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
     FUSED_DQ: tl.constexpr, Q_SHARED: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-    DQ_STAGES: tl.constexpr, DQ_COLS: tl.constexpr,
+    DQ_STAGES: tl.constexpr, DQ_COLS: tl.constexpr, SPARSE: tl.constexpr, SUB: tl.constexpr,
 ):
     """One consumer warpgroup's HALF kv rows (``kv[0][CID]``, ``kv[1][CID]``) against the q-steps
-    ``[start, end)`` of one query head: S^T = K Q^T and dP^T = V dO^T on the tensor cores, then
+    at positions ``[start, end)`` of ``jagflash.core.mask.block_walk`` (BLOCK_M queries each;
+    with ``SPARSE`` through the list ``seq[3]``, ``SUB`` steps per listed q-block) of one query head: S^T = K Q^T and dP^T = V dO^T on the tensor cores, then
     dV += P^T dO (P^T from registers) and dK += dS^T Q (dS^T through shared memory).
 
     With ``FUSED_DQ`` the step also computes this warpgroup's part of the step's dQ: both
@@ -52,8 +54,10 @@ def dkdv_steps(
     hoisted out of the loop and spilled (bench/NOTES.md, session 4)."""
     k_tiles, v_tiles = kv
     q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties = qring
-    lq, lk, q_start = seq
-    for m0 in range(start, end, BLOCK_M):
+    lq, lk, q_start, listed = seq
+    STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
+    for t in range(start, end, STEP):
+        m0 = block_at(listed, t, BLOCK_M, SPARSE, SUB)
         if FUSED_DQ:
             zero = opaque_zero(q_cnt)
         else:

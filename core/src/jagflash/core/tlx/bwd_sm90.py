@@ -6,11 +6,15 @@ The dK/dV kernel keeps a 128-row kv-tile's dK and dV in the two consumer warpgro
 (64 rows each) and streams Q / dO of every q-step that sees it, 64 queries a step; both read
 log2 LSE and delta packed per sequence by ``jagflash.core.tlx.bwd_preprocess`` (no masks: the
 producer loads each step's by TMA with its Q and dO). The kv-blocks' q-ranges are
-``jagflash.core.mask.dkdv_q_range``'s; producer and consumers iterate the same ones.
+``jagflash.core.mask.dkdv_q_range``'s, walked through the mask's block iterator (``block_walk``
+/ ``block_at``; with ``SPARSE`` the steps of the q-blocks that the kv-tile's row of a block
+mask's transposed lists names, two 64-query steps per 128-row q-block); producer and consumers
+walk the same positions, so the Q/dO ring's counters stay in step.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -20,11 +24,11 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from jagflash.core.dtypes import ACC, output
-from jagflash.core.mask import dkdv_q_range
+from jagflash.core.mask import block_at, block_walk, dkdv_q_range, tile_list
 from jagflash.core.ops import alloc_like
 from jagflash.core.plan.build import make_plan
 from jagflash.core.plan.model import PASSES
-from jagflash.core.portable.persistent import jagged_backward_dq
+from jagflash.core.portable.persistent import jagged_backward_dq, sparse_backward_dq
 from jagflash.core.seqlen import plan_row, q_row, seq_starts
 from jagflash.core.softmax import LOG2E
 from jagflash.core.tile_scheduler import deal_flags, tile_counter
@@ -33,13 +37,14 @@ from jagflash.core.tlx.bwd_preprocess import backward_vectors
 from jagflash.core.tlx.descriptors import num_workers, rows_descriptor, vectors_descriptor
 from jagflash.core.tlx.pipeline import alloc_walk_ring, ring_slot, walk_first, walk_next
 from jagflash.core.tuning import (
+    TLX_BLOCK_SIZES,
     TLX_ONE_PASS_HEAD_DIMS,
     BwdConfig,
     bwd_config,
     config_reasons,
     default_schedules,
     dq_cols,
-    tlx_sm90_blocks,
+    plan_blocks,
     use_one_pass,
 )
 
@@ -47,11 +52,11 @@ from jagflash.core.tuning import (
 @triton.jit
 def _dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, DK, DV, desc_lse2, desc_delta, VEC_TILE, q_offsets, kv_offsets, TILES, COUNT,
-    COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, scale, left, right, desc_dq, heads,
+    COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, scale, left, right, desc_dq, heads, lists,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     Q_SHARED: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_COLS: tl.constexpr,
-    NUM_Q: tl.constexpr, DQ_STAGES: tl.constexpr, PAD: tl.constexpr,
+    NUM_Q: tl.constexpr, DQ_STAGES: tl.constexpr, PAD: tl.constexpr, SPARSE: tl.constexpr,
 ):
     """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
     the GQA group, and with ``FUSED_DQ`` each tile's share of dQ, reduce-added into an fp32
@@ -61,8 +66,13 @@ def _dkdv_kernel(
     (``jagflash.core.tlx.bwd_mainloop``). ``desc_lse2``, ``desc_delta`` (TMA descriptors over
     ``[Hq, vec_rows]``, blocks of ``[1, BLOCK_M]``) and ``VEC_TILE``: the packed per-query vectors
     of ``jagflash.core.tlx.bwd_preprocess`` (``PAD`` rows a sequence), which the producer loads
-    with each step's Q and dO. The constexprs are a :class:`jagflash.core.tuning.BwdConfig`'s."""
+    with each step's Q and dO. ``lists``: with ``SPARSE``, the transposed lists of
+    ``jagflash.core.block_mask.BlockMask.kernel_lists`` (square blocks of BLOCK_N rows: each
+    listed q-block is ``SUB`` steps), else None. The constexprs are a
+    :class:`jagflash.core.tuning.BwdConfig`'s."""
     HALF: tl.constexpr = BLOCK_N // 2
+    STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
+    SUB: tl.constexpr = BLOCK_N // BLOCK_M
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     ELEM: tl.constexpr = tlx.size_of(dtype)
     pid = tl.program_id(0)
@@ -108,7 +118,10 @@ def _dkdv_kernel(
                     for g in range(GROUP):
                         head = hk * GROUP + g
                         col = head * HEAD_DIM
-                        for m0 in range(lo, hi, BLOCK_M):
+                        listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
+                        p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB)
+                        for t in range(p0, p3, STEP):  # the positions the consumers walk (dkdv_steps)
+                            m0 = block_at(listed, t, BLOCK_M, SPARSE, SUB)
                             slot, phase = ring_slot(q_cnt, NUM_Q)
                             tlx.barrier_wait(q_empties[slot], phase ^ 1)
                             tlx.barrier_expect_bytes(q_fulls[slot], 2 * ELEM * BLOCK_M * HEAD_DIM + 2 * 4 * BLOCK_M)
@@ -142,16 +155,19 @@ def _dkdv_kernel(
                             full_lo = lo
                             full_hi = lo
                     kv_rows = n0 + cid * HALF + tl.arange(0, HALF)
-                    seq = (lq, lk, q_start)
                     tlx.barrier_wait(kv_fulls[cid], tile_cnt & 1)
                     dk = tl.zeros([HALF, HEAD_DIM], ACC)
                     dv = tl.zeros([HALF, HEAD_DIM], ACC)
                     for g in range(GROUP):
-                        dq_col = (hk * GROUP + g) * HEAD_DIM
+                        head = hk * GROUP + g
+                        dq_col = head * HEAD_DIM
                         dq = (desc_dq, ds_tiles, dq_stages, dq_col)
-                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, lo, full_lo, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS)
-                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, full_lo, full_hi, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS)
-                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, full_hi, hi, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS)
+                        listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
+                        p0, p1, p2, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB)
+                        seq = (lq, lk, q_start, listed)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p0, p1, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p1, p2, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p2, p3, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
                     tlx.barrier_arrive(kv_empties[cid], 1)
                     valid = kv_rows < lk
                     offs_d = tl.arange(0, HEAD_DIM)
@@ -165,31 +181,36 @@ def _dkdv_kernel(
 
 
 
-def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, dim, left, right, blocks, deterministic):
+def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, dim, left, right, deterministic, mask):
     """The plan (made with the TLX kernels' default schedules for this backward if none was
-    given) and its dK/dV layout."""
+    given; with a block mask ``mask``, tiles of its blocks costed by its lists but the dK/dV
+    pass's: ``jagflash.core.tuning.plan_blocks``) and its dK/dV layout."""
+    if mask is not None and tuple(mask.block_size) not in TLX_BLOCK_SIZES:
+        raise ValueError(f"tlx backward: block masks of {TLX_BLOCK_SIZES} blocks, got {tuple(mask.block_size)}")
     if plan is None:
-        block_m, block_n = tlx_sm90_blocks(dim)["fwd"]
+        blocks = plan_blocks("tlx-sm90", dim, None if mask is None else mask.block_size)
         schedule, backward_schedule = default_schedules("tlx-sm90", dim, window=(left, right), deterministic=deterministic)
         plan = make_plan(
             q_offsets, kv_offsets, total_q=tq, total_kv=tk, heads_q=hq, heads_kv=hkv,
-            window=(left, right), block_m=block_m, block_n=block_n, dkdv_blocks=blocks, backward=True,
-            schedule=schedule, backward_schedule=backward_schedule,
+            window=(left, right), block_m=blocks["fwd"][0], block_n=blocks["fwd"][1], dkdv_blocks=blocks["dkdv"],
+            backward=True, schedule=schedule, backward_schedule=backward_schedule,
+            block_mask=mask,
         )
     return plan, plan.info.layout("dkdv")
 
 
-def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc, left, right, scale, q_shared, config, who):
+def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc, left, right, scale, q_shared, config, who, mask):
     """One launch of :func:`_dkdv_kernel`; ``vectors``: ``backward_vectors``'s; ``dq_acc`` (fp32
     ``[rows, Hq * D]``) fuses dQ in. ``config``: a :class:`BwdConfig` the caller forces, or
-    ``None`` for :func:`jagflash.core.tuning.bwd_config`'s (checked against the call)."""
+    ``None`` for :func:`jagflash.core.tuning.bwd_config`'s (checked against the call).
+    ``mask``: a ``jagflash.core.block_mask.BlockMask`` or None."""
     _, hq, dim = q.shape
     hkv = k.shape[1]
     lay = plan.info.layout("dkdv")
     dynamic, zigzag = deal_flags(plan.info, "dkdv")
     want = bwd_config(
         head_dim=dim, group=hq // hkv, left=left, right=right, q_shared=q_shared,
-        fused_dq=dq_acc is not None, dynamic=dynamic, zigzag=zigzag,
+        fused_dq=dq_acc is not None, dynamic=dynamic, zigzag=zigzag, sparse=mask is not None,
     )
     config = config or want
     reasons = config_reasons(config, want, (lay.block_m, lay.block_n))
@@ -211,7 +232,7 @@ def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc,
         dk, dv, *(vectors_descriptor(x, config.BLOCK_M) for x in vectors[:2]), vectors[2], q_offsets, kv_offsets,
         plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):], tile_counter(plan, "dkdv"),
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), scale, left, right, desc_dq, lay.heads,
-        **config.constexprs(), num_warps=4, num_stages=1,
+        None if mask is None else mask.kernel_lists()[1], **config.constexprs(), num_warps=4, num_stages=1,
     )
 
 
@@ -231,23 +252,26 @@ def backward_dkdv(
     plan=None,
     q_shared: bool = False,
     config: BwdConfig | None = None,
+    blocks=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dK ``[Tk, Hkv, D]`` and dV of jagged attention, given LSE and delta = rowsum(dO * O)
     (both ``[Hq, Tq]`` fp32, or both ``[B, Hq, L]``: ``bwd_preprocess.backward_vectors``; the
     portable dQ pass computes delta): the second pass of the deterministic backward (no atomics,
     no reduce-adds). ``q_shared``: broadcast-Q, as for the forward (``dout`` then has the
-    ``B * Lq`` rows). ``config``: as for the forward (``FUSED_DQ`` off)."""
+    ``B * Lq`` rows). ``config``: as for the forward (``FUSED_DQ`` off). ``blocks``: a
+    ``jagflash.core.block_mask.BlockMask`` (as for the forward): each kv-tile visits the q-steps
+    of the q-blocks its transposed list names."""
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     tq = dout.shape[0]  # the rows of dO, LSE and delta (B * Lq for broadcast-Q: see forward)
     dk, dv = alloc_like(k), alloc_like(v)
     dim = q.shape[-1]
-    plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], q.shape[1], k.shape[1], dim, left, right, tlx_sm90_blocks(dim)["dkdv"], True)
+    plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], q.shape[1], k.shape[1], dim, left, right, True, blocks)
     if k.shape[0] == 0 or lay.rows == 0:
         return dk, dv
     if tq == 0:  # no queries anywhere: no gradient (and no descriptor over 0 rows)
         return dk.zero_(), dv.zero_()
     vectors = backward_vectors(lse, q_offsets, delta=delta)
-    _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, None, left, right, scale, q_shared, config, "dK/dV pass")
+    _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, None, left, right, scale, q_shared, config, "dK/dV pass", blocks)
     return dk, dv
 
 
@@ -267,6 +291,7 @@ def backward(
     plan=None,
     q_shared: bool = False,
     config: BwdConfig | None = None,
+    blocks=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of jagged attention in one pass over the kv-tiles (after the delta
     preprocess): dK/dV stay in registers and each tile adds its share of dQ into an fp32
@@ -274,7 +299,8 @@ def backward(
     dQ's summation order varies from run to run. ``out``, ``dout``: ``[Tq, Hq, D]``; ``lse``
     ``[Hq, Tq]`` (or ``[B, Hq, L]``: ``bwd_preprocess.backward_vectors``). ``q_shared``
     (broadcast-Q, as for the forward): dQ ``[Lq, Hq, D]`` is summed over the sequences by the same
-    adds. ``config``: as for the forward (``FUSED_DQ`` on)."""
+    adds. ``config``: as for the forward (``FUSED_DQ`` on). ``blocks``: as for
+    :func:`backward_dkdv`."""
     if q.shape[-1] not in TLX_ONE_PASS_HEAD_DIMS:
         raise ValueError(
             f"tlx backward: the one-pass backward takes head dims {TLX_ONE_PASS_HEAD_DIMS} (its dQ tiles are "
@@ -284,7 +310,7 @@ def backward(
     lq, hq, dim = q.shape
     tq = dout.shape[0]
     dk, dv = alloc_like(k), alloc_like(v)
-    plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], hq, k.shape[1], dim, left, right, tlx_sm90_blocks(dim)["dkdv"], False)
+    plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], hq, k.shape[1], dim, left, right, False, blocks)
     # The accumulator has dQ's layout in fp32 (queries as rows; broadcast-Q: the Lq shared rows,
     # which every sequence adds into). A q-tile that runs past its sequence's end adds exact
     # zeros into the next sequence's rows (TMA clips the rows past the last). Zeroed, so rows
@@ -292,7 +318,7 @@ def backward(
     acc = torch.zeros((lq, hq * dim), dtype=torch.float32, device=q.device)
     if k.shape[0] and lay.rows and tq:
         vectors = backward_vectors(lse, q_offsets, out=out, dout=dout)
-        _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, acc, left, right, scale, q_shared, config, "one-pass backward")
+        _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, acc, left, right, scale, q_shared, config, "one-pass backward", blocks)
     else:
         dk.zero_()
         dv.zero_()
@@ -310,7 +336,7 @@ def dispatch_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     lse: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
     dq_pass: Callable[[], tuple[torch.Tensor, torch.Tensor]], *, left: int, right: int,
-    scale: float, deterministic: bool, plan, q_shared: bool = False,
+    scale: float, deterministic: bool, plan, q_shared: bool = False, blocks=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The TLX backward of a variant: dQ, dK, dV in the shapes of ``q``, ``k``, ``v``.
 
@@ -319,8 +345,8 @@ def dispatch_backward(
     then :func:`backward_dkdv`: bitwise repeatable. ``dout``, ``q``, ``k``, ``v``, ``out`` are in
     the variant's layout ``[..., H, D]``; the TLX kernels see them as rows ``[T, H, D]`` (the
     leading dims merged). ``q_offsets``, ``kv_offsets``, ``plan``, ``q_shared``: the rows' jagged
-    batch, as for :func:`backward`."""
-    kw = dict(left=left, right=right, scale=scale, plan=plan, q_shared=q_shared)
+    batch, as for :func:`backward`; ``blocks``: a block mask, as there (``dq_pass`` then honours it)."""
+    kw = dict(left=left, right=right, scale=scale, plan=plan, q_shared=q_shared, blocks=blocks)
     if use_one_pass(deterministic, left, right, q.shape[-1]):
         dq, dk, dv = backward(
             _rows(dout), _rows(q), _rows(k), _rows(v), _rows(out), lse, q_offsets, kv_offsets, **kw
@@ -335,17 +361,20 @@ def dispatch_backward(
 def jagged_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     lse: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, plan, *, left: int,
-    right: int, scale: float, deterministic: bool = False,
+    right: int, scale: float, deterministic: bool = False, blocks=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of the jagged layout (``[T, H, D]`` + offsets, LSE ``[Hq, Tq]``), the TLX
     backward of every variant on it (:func:`dispatch_backward` with the portable jagged dQ
     pass): bitwise repeatable (two passes without atomics) unless ``deterministic`` is False and
-    ``jagflash.core.tuning.use_one_pass`` picks the one-pass backward."""
+    ``jagflash.core.tuning.use_one_pass`` picks the one-pass backward. ``blocks``: a block mask
+    (``jagflash.core.block_mask.BlockMask``), which both passes honour (the dQ pass is then the
+    portable block-sparse one, tiled by the mask's blocks)."""
+    dq_pass = jagged_backward_dq if blocks is None else functools.partial(sparse_backward_dq, blocks=blocks)
     return dispatch_backward(
         dout, q, k, v, out, lse, q_offsets, kv_offsets,
-        lambda: jagged_backward_dq(
+        lambda: dq_pass(
             dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
             backend="portable",
         ),
-        left=left, right=right, scale=scale, deterministic=deterministic, plan=plan,
+        left=left, right=right, scale=scale, deterministic=deterministic, plan=plan, blocks=blocks,
     )

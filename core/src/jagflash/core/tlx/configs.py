@@ -8,6 +8,9 @@ a non-positive scale and GQA are added on the deals their calls get (the forward
 backward on dynamic plans, GQA with a window too, the two passes' dK/dV on batch order; the one pass of a dense batch
 without a mask also runs on batch order). A forward on a batch-order plan
 differs from the static deal's by one flag (``ZIGZAG``) and is not compiled separately.
+Block-sparse (``SPARSE``) kernels add a few samples of the product, not all of it
+(:data:`SPARSE_SAMPLES`: each dtype, head dim and mask kind appears, on the deals their calls
+get), since CI compiles every configuration.
 """
 
 from __future__ import annotations
@@ -22,6 +25,14 @@ MASKS = {"": (-1, -1), "causal": (-1, 0), "window": (64, 0)}
 #: The deals a plan can give a pass: dynamic (atomic counter), static zigzag, batch order.
 DEALS = {"dynamic": (True, False), "static": (False, True), "none": (False, False)}
 DTYPES = ("fp16", "bf16")
+#: ``(kernel, deal, dtype, head dim, mask)`` of the block-sparse configurations compiled: the
+#: forward and the one pass on dynamic plans, the two passes' dK/dV on batch order.
+SPARSE_SAMPLES = (
+    ("fwd", "dynamic", "fp16", 128, ""), ("fwd", "dynamic", "bf16", 128, "causal"),
+    ("fwd", "dynamic", "fp16", 64, "window"), ("fwd", "dynamic", "bf16", 64, ""),
+    ("bwd", "dynamic", "fp16", 128, "causal"), ("bwd", "dynamic", "bf16", 64, ""),
+    ("dkdv", "none", "fp16", 128, "window"), ("dkdv", "none", "bf16", 128, "causal"),
+)
 
 
 def fwd_space():
@@ -43,6 +54,14 @@ def fwd_space():
             cfg = dataclasses.replace(cfg, RING_TILES=ring)
             name = f"tlx_fwd_{deal}{suffix}{'_ring' if ring else ''} {dtype} d{dim}{' ' + mask if mask else ''}"
             out.setdefault((cfg, dtype), name)
+    for kind, deal, dtype, dim, mask in SPARSE_SAMPLES:
+        if kind == "fwd":
+            (left, right), (dyn, zz) = MASKS[mask], DEALS[deal]
+            cfg = fwd_config(
+                head_dim=dim, group=1, left=left, right=right, q_shared=False, scale=1.0, dynamic=dyn, zigzag=zz,
+                total_kv=1, batch=1, sparse=True,
+            )
+            out.setdefault((cfg, dtype), f"tlx_fwd_{deal}_sparse {dtype} d{dim}{' ' + mask if mask else ''}")
     return [(name, cfg, dtype) for (cfg, dtype), name in out.items()]
 
 
@@ -66,7 +85,28 @@ def bwd_space():
             cfg = bwd_config(head_dim=dim, left=left, right=right, fused_dq=fused, dynamic=dyn, zigzag=zz, **call)
             name = f"tlx_{'bwd' if fused else 'dkdv'}_{deal}{suffix} {dtype} d{dim}{' ' + mask if mask else ''}"
             out.setdefault((cfg, dtype), name)
+    for kind, deal, dtype, dim, mask in SPARSE_SAMPLES:
+        if kind != "fwd":
+            (left, right), (dyn, zz) = MASKS[mask], DEALS[deal]
+            cfg = bwd_config(
+                head_dim=dim, group=1, left=left, right=right, q_shared=False, fused_dq=kind == "bwd", dynamic=dyn,
+                zigzag=zz, sparse=True,
+            )
+            out.setdefault((cfg, dtype), f"tlx_{kind}_{deal}_sparse {dtype} d{dim}{' ' + mask if mask else ''}")
     return [(name, cfg, dtype) for (cfg, dtype), name in out.items()]
+
+
+#: The type of a kernel's ``lists`` argument with ``SPARSE``: a block mask's ``(counts,
+#: indices, head_stride, seq_stride, width)`` (``jagflash.core.block_mask.BlockMask.kernel_lists``).
+LISTS_TYPE = ("*i32", "*i32", "i32", "i32", "i32")
+
+
+def _lists(cfg) -> tuple[dict[str, object], dict[str, object]]:
+    """The ``lists`` argument's signature and constexpr entries: a tuple with ``SPARSE``, else
+    the constant None the launches pass."""
+    if cfg.SPARSE:
+        return {"lists": LISTS_TYPE}, {}
+    return {"lists": "constexpr"}, {"lists": None}
 
 
 def _fwd_signature(cfg, dtype: str) -> dict[str, str]:
@@ -106,9 +146,10 @@ def compile_configs():
     out = []
     for kernel, space, signature in ((_fwd_kernel, fwd_space(), _fwd_signature), (_dkdv_kernel, bwd_space(), _bwd_signature)):
         for name, cfg, dtype in space:
-            sig = signature(cfg, dtype)
-            constexprs = cfg.constexprs()
-            sig.update(dict.fromkeys(constexprs, "constexpr"))
+            lists_sig, lists_const = _lists(cfg)
+            sig = {**signature(cfg, dtype), **lists_sig}
+            constexprs = {**lists_const, **cfg.constexprs()}
+            sig.update(dict.fromkeys(cfg.constexprs(), "constexpr"))
             out.append((name, kernel, sig, constexprs, options, KNOWN_SPILLS.get(name, 0)))
     return out
 
@@ -190,4 +231,11 @@ KNOWN_SPILLS: dict[str, int] = {
     "tlx_dkdv_none bf16 d128 window": 188,
     "tlx_bwd_none fp16 d128": 32,
     "tlx_bwd_none bf16 d128": 32,
+    # block-sparse (2026-12-02): none inside the forward's and the one pass's loops; the two
+    # passes' dK/dV reloads 1-3 values an iteration (window), 15-16 in the masked steps (causal)
+    "tlx_fwd_dynamic_sparse fp16 d128": 76,
+    "tlx_fwd_dynamic_sparse bf16 d128 causal": 92,
+    "tlx_bwd_dynamic_sparse fp16 d128 causal": 136,
+    "tlx_dkdv_none_sparse fp16 d128 window": 212,
+    "tlx_dkdv_none_sparse bf16 d128 causal": 312,
 }

@@ -8,9 +8,15 @@ issues (software pipelining), carrying P in fp32. A positive scale rides in the 
 multiply-add (``FOLD_SCALE``). The range's masked head and tail run the masked specialisation of
 the loop, its body the unmasked one.
 
+The kv-blocks come from ``jagflash.core.mask``'s block iterator: a loop runs over positions
+``t`` of :func:`jagflash.core.mask.block_walk` (``STEP`` apart: ``BLOCK_N`` rows, or 1 through a
+block list with ``SPARSE``) and visits the block at ``block_at(row, t)``; the producer walks
+the same positions (``jagflash.core.tlx.fwd_sm90``), so the K/V ring's counters stay in step.
+
 Grouped arguments: ``kv`` is the K/V ring ``(k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
 v_empties)``, ``bounds`` a row's visible keys ``(col_lo, col_hi)`` (``jagflash.core.mask.
-band_bounds``), ``state`` the running ``(acc, m_i, l_i, p)`` of the online softmax.
+band_bounds``), ``state`` the running ``(acc, m_i, l_i, p)`` of the online softmax, ``row`` the
+q-tile's block list (``jagflash.core.mask.list_row``; unused without ``SPARSE``).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from jagflash.core.dtypes import ACC, mma_operand
-from jagflash.core.mask import bounds_mask
+from jagflash.core.mask import block_at, bounds_mask
 from jagflash.core.softmax import online_softmax_step, online_softmax_step_scaled
 from jagflash.core.tlx.pipeline import ring_acquire, ring_release, turn_pass, turn_wait
 
@@ -35,13 +41,13 @@ def issue_qk(q_buf, k_buf, CID: tl.constexpr):
 
 
 @triton.jit
-def pass_kv_blocks(kv_cnt, start, end, kv, CID: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr):
+def pass_kv_blocks(kv_cnt, start, end, kv, CID: tl.constexpr, STEP: tl.constexpr, NUM_KV: tl.constexpr):
     """A consumer whose half of the q-tile lies wholly past the sequence's end: over the
-    kv-blocks ``[start, end)`` it issues no matmul, and keeps only its part of the handshakes:
+    kv-blocks at positions ``[start, end)`` (``STEP`` apart) it issues no matmul, and keeps only its part of the handshakes:
     its turns to issue (so the other warpgroup never waits for it) and its release of each K and
     V slot, after the slot has filled (a release before that would count towards the slot's
     previous round, which the other warpgroup may still be reading)."""
-    for _n0 in range(start, end, BLOCK_N):
+    for _t in range(start, end, STEP):
         turn_wait(CID)
         turn_pass(CID)
         _, k_slot = ring_acquire(kv[0], kv[2], kv_cnt, NUM_KV)
@@ -78,15 +84,17 @@ def softmax_step(s, qk_scale2, m_i, l_i, FOLD_SCALE: tl.constexpr):
 
 
 @triton.jit
-def consume(state, kv_cnt, q_buf, kv, bounds, start, end, qk_scale2,
+def consume(state, kv_cnt, q_buf, kv, bounds, row, start, end, qk_scale2,
             CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr,
-            BOUNDED_LEFT: tl.constexpr, MASKED: tl.constexpr, FOLD_SCALE: tl.constexpr):
-    """One consumer warpgroup over the kv-blocks ``[start, end)`` (masked or not), pipelined:
+            BOUNDED_LEFT: tl.constexpr, MASKED: tl.constexpr, FOLD_SCALE: tl.constexpr, SPARSE: tl.constexpr):
+    """One consumer warpgroup over the kv-blocks at positions ``[start, end)`` (masked or not), pipelined:
     the QK^T of block j is in flight while P V of block j-1 is issued. ``state``'s ``p`` holds
     the probabilities of the previous block, not yet multiplied into ``acc``, in fp32 (converted
     where the wgmma takes it); ``acc`` is already scaled to the current running max."""
     acc, m_i, l_i, p = state
-    for n0 in range(start, end, BLOCK_N):
+    STEP: tl.constexpr = 1 if SPARSE else BLOCK_N
+    for t in range(start, end, STEP):
+        n0 = block_at(row, t, BLOCK_N, SPARSE)
         k_buf, k_slot = ring_acquire(kv[0], kv[2], kv_cnt, NUM_KV)
         qk = issue_qk(q_buf, k_buf, CID)
         v_buf, v_slot = ring_acquire(kv[1], kv[4], kv_cnt - 1, NUM_KV)
@@ -104,15 +112,18 @@ def consume(state, kv_cnt, q_buf, kv, bounds, start, end, qk_scale2,
 
 
 @triton.jit
-def attend(kv_cnt, q_buf, kv, bounds, blocks, qk_scale2,
+def attend(kv_cnt, q_buf, kv, bounds, row, blocks, qk_scale2,
            CID: tl.constexpr, DTYPE: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
            BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr, BOUNDED_LEFT: tl.constexpr,
-           FOLD_SCALE: tl.constexpr):
-    """One consumer warpgroup's HALF rows of a q-tile against the kv-blocks ``blocks`` = ``(lo,
-    full_lo, full_hi, hi)`` (``jagflash.core.mask.kv_tile_range``): the first block alone (its
-    mask decided at run time), then the masked head, the unmasked body and the masked tail, then
-    P V of the last block. Returns ``(acc, m_i, l_i, kv_cnt)`` (unnormalised)."""
+           FOLD_SCALE: tl.constexpr, SPARSE: tl.constexpr):
+    """One consumer warpgroup's HALF rows of a q-tile against the kv-blocks at the positions
+    ``blocks`` = ``(p0, p1, p2, p3)`` of ``jagflash.core.mask.block_walk`` (of
+    ``kv_tile_range``'s range, through the list ``row`` with ``SPARSE``): the first block alone
+    (its mask decided at run time), then the masked head, the unmasked body and the masked
+    tail, then P V of the last block. Returns ``(acc, m_i, l_i, kv_cnt)`` (unnormalised; no
+    block: ``l_i`` 0, which ``finish_softmax`` turns into O 0 and LSE -inf)."""
     lo, full_lo, full_hi, hi = blocks
+    STEP: tl.constexpr = 1 if SPARSE else BLOCK_N
     m_i = tl.full([HALF], float("-inf"), ACC)
     l_i = tl.zeros([HALF], ACC)
     acc = tl.zeros([HALF, HEAD_DIM], ACC)
@@ -121,17 +132,18 @@ def attend(kv_cnt, q_buf, kv, bounds, blocks, qk_scale2,
         qk = issue_qk(q_buf, k_buf, CID)
         qk = tlx.async_dot_wait(0, qk)
         ring_release(kv[3], k_slot)
+        n0 = block_at(row, lo, BLOCK_N, SPARSE)
         if (lo < full_lo) | (lo >= full_hi):
-            s2 = scores(qk, qk_scale2, bounds, lo, BLOCK_N, BOUNDED_LEFT, True, FOLD_SCALE)
+            s2 = scores(qk, qk_scale2, bounds, n0, BLOCK_N, BOUNDED_LEFT, True, FOLD_SCALE)
         else:
-            s2 = scores(qk, qk_scale2, bounds, lo, BLOCK_N, BOUNDED_LEFT, False, FOLD_SCALE)
+            s2 = scores(qk, qk_scale2, bounds, n0, BLOCK_N, BOUNDED_LEFT, False, FOLD_SCALE)
         p, _, m_i, l_i = softmax_step(s2, qk_scale2, m_i, l_i, FOLD_SCALE)  # acc is 0: no rescale
         kv_cnt += 1
-        second = lo + BLOCK_N
+        second = lo + STEP
         state = (acc, m_i, l_i, p)
-        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, second, tl.maximum(full_lo, second), qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, True, FOLD_SCALE)
-        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, tl.maximum(full_lo, second), tl.maximum(full_hi, second), qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, False, FOLD_SCALE)
-        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, tl.maximum(full_hi, second), hi, qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, True, FOLD_SCALE)
+        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, row, second, tl.maximum(full_lo, second), qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, True, FOLD_SCALE, SPARSE)
+        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, row, tl.maximum(full_lo, second), tl.maximum(full_hi, second), qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, False, FOLD_SCALE, SPARSE)
+        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, row, tl.maximum(full_hi, second), hi, qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, True, FOLD_SCALE, SPARSE)
         acc, m_i, l_i, p = state
         v_buf, v_slot = ring_acquire(kv[1], kv[4], kv_cnt - 1, NUM_KV)
         acc = tlx.async_dot(mma_operand(p, DTYPE), v_buf, acc)

@@ -14,8 +14,9 @@ walk_first``) and splits the work over three warp roles:
 - the epilogue (in the consumers) normalises, and writes O and the LSE with masked stores that
   never cross the sequence boundary.
 
-Every q-tile visits the kv-blocks of ``jagflash.core.mask.kv_tile_range``; producer and
-consumers iterate the same range. With ``RING_TILES`` the producer alone walks the table and
+Every q-tile visits the kv-blocks of ``jagflash.core.mask.kv_tile_range`` through the mask's
+block iterator (``block_walk`` / ``block_at``; with ``SPARSE`` the listed blocks of the tile's
+row of a block mask's lists, ``lists``); producer and consumers walk the same positions. With ``RING_TILES`` the producer alone walks the table and
 hands each decoded tile to the consumers through a record ring; otherwise, on a dynamic plan, it
 hands them the table index. TMA reads past a sequence's end are harmless
 (``jagflash.core.tlx.descriptors``).
@@ -29,7 +30,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from jagflash.core.dtypes import output
-from jagflash.core.mask import band_bounds, kv_tile_range
+from jagflash.core.mask import band_bounds, block_at, block_walk, kv_tile_range, tile_list
 from jagflash.core.ops import alloc
 from jagflash.core.plan.build import make_plan
 from jagflash.core.plan.model import PASSES
@@ -51,6 +52,7 @@ from jagflash.core.tlx.pipeline import (
     walk_next,
 )
 from jagflash.core.tuning import (
+    TLX_BLOCK_SIZES,
     FwdConfig,
     config_reasons,
     default_schedules,
@@ -66,14 +68,18 @@ TILE_FIELDS = tl.constexpr(7)
 @triton.jit
 def _fwd_kernel(
     desc_q, desc_k, desc_v, O, LSE, q_offsets, kv_offsets, TILES, COUNT, COUNTER,
-    stride_ot, stride_oh, stride_lh, stride_ls, scale, left, right, heads,
+    stride_ot, stride_oh, stride_lh, stride_ls, scale, left, right, heads, lists,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     Q_SHARED: tl.constexpr, FOLD_SCALE: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, RING_TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_KV: tl.constexpr, Q_BUFS: tl.constexpr,
+    NUM_KV: tl.constexpr, Q_BUFS: tl.constexpr, SPARSE: tl.constexpr,
 ):
     """O and LSE of the q-tiles of a Plan's forward pass; the constexprs are a
-    :class:`jagflash.core.tuning.FwdConfig`'s."""
+    :class:`jagflash.core.tuning.FwdConfig`'s. ``lists``: with ``SPARSE``, the forward lists
+    of ``jagflash.core.block_mask.BlockMask.kernel_lists`` (blocks of BLOCK_M x BLOCK_N), else
+    None."""
+    tl.static_assert(not (SPARSE and RING_TILES), "a tile-ring record has no sequence index for the block list")
+    STEP: tl.constexpr = 1 if SPARSE else BLOCK_N
     HALF: tl.constexpr = BLOCK_M // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     ELEM: tl.constexpr = tlx.size_of(dtype)
@@ -107,7 +113,7 @@ def _fwd_kernel(
             i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC, not RING_TILES)
             while i < count:
                 i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, not RING_TILES)
-                live, h, m0, q_start, lq, k_start, lk = fwd_tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
+                live, h, m0, q_start, lq, k_start, lk, b = fwd_tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
                 if RING_TILES:
                     # published as the producer reaches the tile: Q_BUFS tiles ahead of the
                     # consumers, who then read a tile from shared memory, not three dependent
@@ -115,13 +121,16 @@ def _fwd_kernel(
                     record_publish(ids, id_fulls, id_empties, pub_cnt, (live.to(tl.int32), h, m0, q_start, lq, k_start, lk), ID_RING)
                     pub_cnt += 1
                 if live:
-                    lo, _, _, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                    lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                    listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)
+                    p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_N, SPARSE)
                     row = q_row(q_start, m0, Q_SHARED)
                     qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
                     for c in tl.static_range(2):
                         tma_load(desc_q, q_tiles[2 * qb + c], q_fulls[2 * qb + c], q_empties[2 * qb + c], q_phase, row + c * HALF, h * HEAD_DIM, ELEM * HALF * HEAD_DIM)
                     col = (h // GROUP) * HEAD_DIM
-                    for n0 in range(lo, hi, BLOCK_N):
+                    for t in range(p0, p3, STEP):  # the positions the consumers walk (fwd_mainloop.attend)
+                        n0 = block_at(listed, t, BLOCK_N, SPARSE)
                         ring_load(desc_k, k_tiles, k_fulls, k_empties, kv_cnt, k_start + n0, col, NUM_KV, ELEM * BLOCK_N * HEAD_DIM)
                         ring_load(desc_v, v_tiles, v_fulls, v_empties, kv_cnt, k_start + n0, col, NUM_KV, ELEM * BLOCK_N * HEAD_DIM)
                         kv_cnt += 1
@@ -143,6 +152,7 @@ def _fwd_kernel(
                 taken = 0
                 state, h, m0, q_start, lq, k_start, lk = record_take(ids, id_fulls, id_empties, taken, TILE_FIELDS, ID_RING)
                 more = state >= 0
+                b = 0  # (not SPARSE)
             else:
                 i, r = walk_first(pid, COUNTER, ring, False, DYNAMIC)
                 more = i < count
@@ -150,19 +160,21 @@ def _fwd_kernel(
                 if RING_TILES:
                     live = state > 0
                 else:
-                    live, h, m0, q_start, lq, k_start, lk = fwd_tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
+                    live, h, m0, q_start, lq, k_start, lk, b = fwd_tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
                 if live:
-                    blocks = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                    lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                    listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)
+                    blocks = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_N, SPARSE)
                     rows = m0 + cid * HALF + tl.arange(0, HALF)
                     bounds = band_bounds(rows, lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
                     qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
                     tlx.barrier_wait(q_fulls[2 * qb + cid], q_phase)
                     q_buf = q_tiles[2 * qb + cid]
                     if m0 + cid * HALF >= lq:  # an idle half (only the second can be)
-                        kv_cnt = pass_kv_blocks(kv_cnt, blocks[0], blocks[3], kv, cid, BLOCK_N, NUM_KV)
+                        kv_cnt = pass_kv_blocks(kv_cnt, blocks[0], blocks[3], kv, cid, STEP, NUM_KV)
                         tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
                     else:
-                        acc, m_i, l_i, kv_cnt = attend(kv_cnt, q_buf, kv, bounds, blocks, qk_scale2, cid, dtype, HALF, HEAD_DIM, BLOCK_N, NUM_KV, BOUNDED_LEFT, FOLD_SCALE)
+                        acc, m_i, l_i, kv_cnt = attend(kv_cnt, q_buf, kv, bounds, listed, blocks, qk_scale2, cid, dtype, HALF, HEAD_DIM, BLOCK_N, NUM_KV, BOUNDED_LEFT, FOLD_SCALE, SPARSE)
                         tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
                         out, lse = finish_softmax(acc, m_i, l_i)
                         valid = rows < lq
@@ -198,6 +210,7 @@ def forward(
     q_shared: bool = False,
     lse_per_sequence: bool = False,
     config: FwdConfig | None = None,
+    blocks=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` fp32 (inputs are made contiguous: TMA needs it).
     ``lse_per_sequence``: LSE ``[B, Hq, L]`` instead, stored so by the kernel, for batches whose
@@ -213,7 +226,16 @@ def forward(
 
     ``config``: the launch's compile-time choices; ``None`` (every caller but the tests and the
     probes, which force each one): :func:`jagflash.core.tuning.fwd_config`'s for the call. A
-    given config must agree with the call's shapes, mask and plan (checked)."""
+    given config must agree with the call's shapes, mask and plan (checked).
+
+    ``blocks``: a ``jagflash.core.block_mask.BlockMask`` (block size in
+    :data:`jagflash.core.tuning.TLX_BLOCK_SIZES`, not with ``q_shared``): each q-tile visits
+    only the listed kv-blocks of its band (the plan must tile by the mask's blocks)."""
+    if blocks is not None and (q_shared or tuple(blocks.block_size) not in TLX_BLOCK_SIZES):
+        raise ValueError(
+            f"tlx forward: block masks of {TLX_BLOCK_SIZES} blocks without broadcast-Q, got {tuple(blocks.block_size)}"
+            f"{' with broadcast-Q' if q_shared else ''}"
+        )
     n_seqs = q_offsets.numel() - 1
     tq = n_seqs * q.shape[0] if q_shared else q.shape[0]
     if lse_per_sequence and n_seqs and tq % n_seqs:
@@ -235,13 +257,14 @@ def forward(
         plan = make_plan(
             q_offsets, kv_offsets, total_q=tq, total_kv=k.shape[0], heads_q=hq, heads_kv=hkv,
             window=(left, right), block_m=block_m, block_n=block_n, max_seqlen_q=max_seqlen_q,
-            backward=False, schedule=schedule,
+            backward=False, schedule=schedule, block_mask=blocks,
         )
     lay = plan.info.layout("fwd")
     dynamic, zigzag = deal_flags(plan.info, "fwd")
     want = fwd_config(
         head_dim=dim, group=hq // hkv, left=left, right=right, q_shared=q_shared, scale=scale,
         dynamic=dynamic, zigzag=zigzag, total_kv=plan.info.total_kv, batch=plan.info.batch,
+        sparse=blocks is not None,
     )
     config = config or want
     reasons = config_reasons(config, want, (lay.block_m, lay.block_n))
@@ -257,7 +280,7 @@ def forward(
         rows_descriptor(v, config.BLOCK_N, dim), out, lse, q_offsets, kv_offsets,
         plan.section("fwd"), plan.meta[PASSES.index("fwd"):], tile_counter(plan, "fwd"),
         out.stride(0), out.stride(1), *lse_strides, scale, left, right, lay.heads,
-        **config.constexprs(), num_warps=4, num_stages=1,
+        None if blocks is None else blocks.kernel_lists()[0], **config.constexprs(), num_warps=4, num_stages=1,
     )
     return out, lse
 

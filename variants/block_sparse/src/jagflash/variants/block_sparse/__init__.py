@@ -81,11 +81,12 @@ def block_sparse_attention(
         causal, window: element masks as for the jagged and sliding-window variants.
         scale: softmax scale, default ``1/sqrt(D)``.
         return_lse: also return LSE ``[Hq, Tq]``, fp32, natural log.
-        deterministic: the portable backward always is (no atomics).
+        deterministic: a bitwise repeatable backward (the portable one always is; the TLX one
+            then runs as two passes instead of adding dQ from every kv-tile).
         plan: a load-balancing Plan with the mask's block sizes (a call without one builds its
             own, costed by the listed blocks).
-        backend: ``"portable"``, ``"interpreter"``, ``"reference"`` or ``None`` (the fastest
-            that runs); ``"tlx-sm90"`` is refused (no block lists in the TLX kernels yet).
+        backend: ``"tlx-sm90"`` (128 x 128 masks, D 64 and 128), ``"portable"``,
+            ``"interpreter"``, ``"reference"`` or ``None`` (the fastest that runs).
 
     Invalid inputs raise :class:`~jagflash.core.capability.InvalidInput` (a mask for other
     offsets or heads, a non-BlockMask, the jagged checks) and problems no backend implements

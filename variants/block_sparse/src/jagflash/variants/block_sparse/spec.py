@@ -1,24 +1,29 @@
 """What the block-sparse variant runs, per backend (see ``jagflash.core.capability``).
 
-Every call poses the feature ``block_sparse`` (its ops: ``jagflash.core.jagged_call.jagged_ops``
-with ``sparse=True``). The portable kernels, the interpreter and the reference take it; the TLX
-kernels are declared without it: their producer and consumers loop over the band's kv-blocks
-and do not read block lists yet, so ``backend="tlx-sm90"`` is refused with the reason
-``forward with block_sparse not supported`` (and on a Hopper GPU the automatic choice is the
-portable kernels).
+Every call poses the feature ``block_sparse`` and its mask's block size (``block_size_64x64`` or
+``block_size_128x128``: ``jagflash.core.block_mask.mask_features``). The portable kernels, the
+interpreter and the reference take both block sizes; the TLX kernels take 128 x 128 masks
+(``jagflash.core.tuning.TLX_BLOCK_SIZES``: their forward q-tile and dK/dV kv-tile are one block),
+so a 64 x 64 mask on a Hopper GPU runs on the portable kernels and ``backend="tlx-sm90"`` is
+refused with the reason ``forward with block_size_64x64 not supported``.
 """
 
 from __future__ import annotations
 
 from jagflash.core.backend import portable_family, tlx_sm90_backend
+from jagflash.core.block_mask import BLOCK_SIZE_FEATURES, mask_features
 from jagflash.core.capability import DEFAULT_ATOL, VariantSpec
+from jagflash.core.tuning import TLX_BLOCK_SIZES
 
-#: What every backend but TLX implements.
-FEATURES = frozenset({"causal", "window", "gqa", "lse", "block_sparse"})
+#: What every backend implements but the block sizes.
+FEATURES = frozenset({"causal", "window", "gqa", "lse"})
 
 SPEC = VariantSpec(
     name="block_sparse",
     layouts=frozenset({"jagged"}),
-    backends=(tlx_sm90_backend(FEATURES - {"block_sparse"}), *portable_family(FEATURES)),
+    backends=(
+        tlx_sm90_backend(FEATURES.union(*(mask_features(b) for b in TLX_BLOCK_SIZES))),
+        *portable_family(FEATURES | BLOCK_SIZE_FEATURES),
+    ),
     atol=DEFAULT_ATOL,
 )
