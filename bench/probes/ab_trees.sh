@@ -7,6 +7,8 @@
 #   OLD=.gpu/old ROUNDS=2 WORKLOADS='dense-b4h16n4096d128*,jagged-lognormal-d128' bash bench/probes/ab_trees.sh
 #
 # Writes $OUT/ab-{new,old}-<round>.log and prints each run's summary table.
+# HASH=1 first runs bench/probes/hash_outputs.py (this tree's script) on each tree and compares
+# the two: $OUT/hashes-{old,new}.json, $OUT/hashes-compare.log. ROUNDS=0: the hashes alone.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 OLD=${OLD:-.gpu/old}
@@ -17,6 +19,15 @@ tree_path() {
     for d in "$root"/variants/*/src; do p="$p:$d"; done
     echo "/tmp/tlx:$p"
 }
+if [ "${HASH:-0}" = 1 ]; then
+    for side in old new; do
+        root=$PWD; [ "$side" = old ] && root=$(cd "$OLD" && pwd)
+        TRITON_CACHE_DIR=/tmp/tc-$side PYTHONPATH=$(tree_path "$root") timeout "${HASH_TIMEOUT_S:-150}" \
+            "$PY" bench/probes/hash_outputs.py --out "$OUT/hashes-$side.json" > "$OUT/hashes-$side.log" 2>&1
+        echo "== hashes $side (exit $?)"
+    done
+    "$PY" bench/probes/hash_outputs.py --compare "$OUT/hashes-old.json" "$OUT/hashes-new.json" 2>&1 | tee "$OUT/hashes-compare.log"
+fi
 for r in $(seq 1 "${ROUNDS:-2}"); do
     for side in new old; do
         root=$PWD; [ "$side" = old ] && root=$(cd "$OLD" && pwd)
