@@ -16,7 +16,13 @@ from jagflash.core.capability import DEFAULT_ATOL, UnsupportedProblem
 from jagflash.core.mask import mask_bounds
 from jagflash.core.portable import decode
 from jagflash.core.softmax import merge_partial_rows, merge_partials
-from jagflash.core.tuning import DECODE_MAX_Q, DECODE_MAX_ROWS, decode_config, decode_reasons, use_decode
+from jagflash.core.tuning import (
+    DECODE_MAX_Q,
+    DECODE_MAX_ROWS,
+    decode_config,
+    decode_reasons,
+    use_decode,
+)
 from jagflash.testing import check_against_reference, jagged_reference, make_jagged
 
 ON_GPU = torch.cuda.is_available()
@@ -70,7 +76,7 @@ def test_decode_matches_reference(name: str) -> None:
 
 def test_split_and_packing_are_exercised() -> None:
     """The cases above reach both launches' shapes: a packed program and a key split."""
-    cfg = lambda q, k, hq, hkv, d: decode_config(  # noqa: E731
+    cfg = lambda q, k, hq, hkv, d: decode_config(
         BACKEND, batch=len(q), max_seqlen_q=max(q), max_seqlen_kv=max(k), total_kv=sum(k), heads_kv=hkv,
         group=hq // hkv, head_dim=d, sms=4,
     )
@@ -79,7 +85,7 @@ def test_split_and_packing_are_exercised() -> None:
 
 
 @triton.jit
-def _merge_kernel(O1, L1, O2, L2, O, L, M: tl.constexpr, D: tl.constexpr):
+def _merge_kernel(O1, L1, O2, L2, O, L, M: tl.constexpr, D: tl.constexpr):  # noqa: E741
     r = tl.arange(0, M)
     d = tl.arange(0, D)
     at = r[:, None] * D + d[None, :]
@@ -102,7 +108,8 @@ def test_merge_partial_rows_is_merge_partials() -> None:
     _merge_kernel[(1,)](*dev, out, lse, M=16, D=16)
     torch.testing.assert_close(out.cpu(), want_o, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(lse.cpu(), want_l, rtol=1e-5, atol=1e-6)
-    assert lse[0, 2].item() == inf and out[2].abs().max().item() == 0.0
+    assert lse[0, 2].item() == inf
+    assert out[2].abs().max().item() == 0.0
 
 
 # --- policy (no kernel) ----------------------------------------------------------------------
@@ -112,9 +119,11 @@ def test_merge_partial_rows_is_merge_partials() -> None:
 def test_use_decode_rule(backend: str) -> None:
     bound = DECODE_MAX_Q[backend]
     take, why = use_decode(backend, max_seqlen_q=bound, group=1, head_dim=128)
-    assert take and f"<= {bound}" in why
+    assert take
+    assert f"<= {bound}" in why
     take, why = use_decode(backend, max_seqlen_q=bound + 1, group=1, head_dim=128)
-    assert not take and f"> {bound}" in why
+    assert not take
+    assert f"> {bound}" in why
     assert use_decode(backend, max_seqlen_q=0, group=4, head_dim=64)[0]  # every sequence empty
     assert use_decode(backend, max_seqlen_q=bound + 1, group=1, head_dim=128, requested=True) == (True, "decode=True")
     assert use_decode(backend, max_seqlen_q=1, group=1, head_dim=128, requested=False) == (False, "decode=False")
@@ -127,7 +136,9 @@ def test_decode_refusals_list_every_reason() -> None:
         use_decode("portable", max_seqlen_q=rows, group=4, head_dim=48, sparse=True, requested=True)
     assert len(e.value.reasons) == 3
     text = str(e.value)
-    assert f"{rows * 4} query rows" in text and "head_dim 48" in text and "block mask" in text
+    assert f"{rows * 4} query rows" in text
+    assert "head_dim 48" in text
+    assert "block mask" in text
     assert decode_reasons(max_seqlen_q=DECODE_MAX_ROWS, group=1, head_dim=64) == []
 
 
@@ -137,6 +148,10 @@ def test_decode_config_shapes() -> None:
     tokens = decode_config("portable", batch=4096, max_seqlen_q=1, max_seqlen_kv=1, total_kv=4096, heads_kv=16, group=1, head_dim=128, sms=132)
     assert (tokens.SEQS, tokens.BLOCK_M, tokens.SPLITS) == (64, 64, 1)
     few = decode_config("portable", batch=64, max_seqlen_q=4, max_seqlen_kv=1100, total_kv=64 * 1024, heads_kv=2, group=4, head_dim=128, sms=132)
-    assert few.SEQS == 1 and few.BLOCK_M == 16 and few.SPLITS > 1
+    assert few.SEQS == 1
+    assert few.BLOCK_M == 16
+    assert few.SPLITS > 1
     wide = decode_config("portable", batch=8, max_seqlen_q=16, max_seqlen_kv=64, total_kv=512, heads_kv=1, group=8, head_dim=256, sms=132)
-    assert wide.BLOCK_M == DECODE_MAX_ROWS and wide.SEQS == 1 and wide.BLOCK_N == 32
+    assert wide.BLOCK_M == DECODE_MAX_ROWS
+    assert wide.SEQS == 1
+    assert wide.BLOCK_N == 32

@@ -72,7 +72,8 @@ def test_decode_batch_takes_decode_forward_and_backward() -> None:
 def test_decode_forced_on_longer_queries() -> None:
     """``decode=True`` past the automatic bound (40 queries, 40 rows a program)."""
     _check(JaggedCase((40, 7), (50, 90), causal=True), DEVICE, grad=False, decode=True)
-    assert _path() == "decode" and "decode=True" in last_choice("jagged").explain()
+    assert _path() == "decode"
+    assert "decode=True" in last_choice("jagged").explain()
 
 
 @interpret_or_gpu
@@ -80,13 +81,15 @@ def test_decode_forbidden_and_bound() -> None:
     t = make_jagged((1, 2), (30, 9), 2, 2, 32, FLOAT, DEVICE, requires_grad=False)
     args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
     a = jagged_attention(*args, decode=False)
-    assert _path() == "tiles" and "forward path: tiles (decode=False)" in last_choice("jagged").explain()
+    assert _path() == "tiles"
+    assert "forward path: tiles (decode=False)" in last_choice("jagged").explain()
     b = jagged_attention(*args)
     assert _path() == "decode"
     torch.testing.assert_close(a, b, rtol=0, atol=1e-2 if ON_GPU else 1e-5)
     long = make_jagged((17,), (20,), 2, 2, 32, FLOAT, DEVICE, requires_grad=False)
     jagged_attention(long["q"], long["k"], long["v"], long["q_offsets"], long["kv_offsets"])
-    assert _path() == "tiles" and "max_seqlen_q 17 > 16" in last_choice("jagged").explain()
+    assert _path() == "tiles"
+    assert "max_seqlen_q 17 > 16" in last_choice("jagged").explain()
 
 
 @interpret_or_gpu
