@@ -24,7 +24,9 @@ relative error, the path ``last_choice`` reports.
 H200: ``PROBE=bench/probes/probe_decode.py PROBE_TIMEOUT_S=400 bash bench/gpu.sh probe``
 (``PROBE_ARGS=--causal`` for the causal rows, ``--graphs`` for CUDA-graph replays).
 CPU: ``TRITON_INTERPRET=1 python bench/probes/probe_decode.py --smoke`` (the rows shrunk, the
-interpreter only; seconds).
+interpreter only; seconds). ``TRITON_INTERPRET=0 python bench/probes/probe_decode.py --ptx`` (CPU,
+no GPU): each row's decode launches at full size compiled for sm_90a (``portable_ptx``'s
+compile), with their grids, tiles, registers and spills.
 """
 
 from __future__ import annotations
@@ -127,6 +129,37 @@ def _measure_row(name: str, providers: list[str], args) -> list[dict]:
     return rows
 
 
+def _ptx(args) -> None:
+    """Compile each row's decode launches for sm_90a on the CPU (132 SMs assumed) and print them."""
+    import jagflash.core.portable.decode as dec
+    from portable_ptx import _compile, _ptxas  # bench/probes/ is on sys.path
+
+    class Compiled:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def run(*a, num_warps=4, num_stages=2, **kw):
+                c = _compile(self.kernel, a, {**kw, "num_warps": num_warps, "num_stages": num_stages})
+                tiles = f"{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_D']} seqs {kw['SEQS']} splits {kw['SPLITS']}"
+                print(f"  {self.kernel.fn.__name__:20s} grid {grid} {tiles} shared {c.metadata.shared} | {_ptxas(c.asm['ptx'])}")
+
+            return run
+
+    dec.decode_fwd_kernel, dec.decode_merge_kernel = Compiled(dec.decode_fwd_kernel), Compiled(dec.decode_merge_kernel)
+    dec.default_workers = lambda device: 132
+    for name in args.rows.split(","):
+        w, q_lens, kv_lens = _row(name, args.causal, False)
+        print(name)
+        qo, ko = (torch.tensor(np.concatenate([[0], np.cumsum(x)]), dtype=torch.int32) for x in (q_lens, kv_lens))
+        q = torch.empty(int(qo[-1]), w.heads, w.head_dim, dtype=torch.bfloat16)
+        k = torch.empty(int(ko[-1]), w.hkv, w.head_dim, dtype=torch.bfloat16)
+        dec.forward(
+            q, k, k, qo, ko, max_seqlen_q=int(q_lens.max()), max_seqlen_kv=int(kv_lens.max()), left=-1,
+            right=0 if args.causal else -1, scale=w.head_dim**-0.5, backend="portable",
+        )
+
+
 def _print(rows: list[dict]) -> None:
     for r in rows:
         if "error" in r:
@@ -146,7 +179,10 @@ def main() -> None:
     ap.add_argument("--graphs", action="store_true", help="replay rows under 0.1 ms in a CUDA graph")
     ap.add_argument("--smoke", action="store_true", help="tiny rows (the CPU's interpreter)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON (the FA4 child)")
+    ap.add_argument("--ptx", action="store_true", help="compile the decode launches for sm_90a (CPU)")
     args = ap.parse_args()
+    if args.ptx:
+        return _ptx(args)
     wanted = [p for p in args.providers.split(",") if p]
     if not torch.cuda.is_available():
         wanted = [p.replace("-tlx-", "-portable-") for p in wanted if p in JAGFLASH and "tlx" not in p]
