@@ -131,8 +131,9 @@ def _measure_row(name: str, providers: list[str], args) -> list[dict]:
 
 def _ptx(args) -> None:
     """Compile each row's decode launches for sm_90a on the CPU (132 SMs assumed) and print them."""
-    import jagflash.core.portable.decode as dec
     from portable_ptx import _compile, _ptxas  # bench/probes/ is on sys.path
+
+    import jagflash.core.portable.decode as dec
 
     class Compiled:
         def __init__(self, kernel):

@@ -155,3 +155,23 @@ def test_decode_config_shapes() -> None:
     assert wide.BLOCK_M == DECODE_MAX_ROWS
     assert wide.SEQS == 1
     assert wide.BLOCK_N == 32
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_packed_sequences_keep_their_nan_and_inf() -> None:
+    """A NaN or inf in one packed sequence's V reaches that sequence's rows as in the plain
+    ``p @ v`` and no other row of the program (the shared dot would spread it through 0 * inf)."""
+    q_lens, k_lens = (1, 2, 1, 1, 2), (3, 2, 4, 1, 3)
+    t = make_jagged(q_lens, k_lens, 2, 1, 32, FLOAT, DEVICE, requires_grad=False)
+    v = t["v"].clone()
+    v[3, 0, 4] = float("nan")  # sequence 1
+    v[6, 0, 9] = float("inf")  # sequence 2, both signs in column 11
+    v[7, 0, 11], v[8, 0, 11] = float("inf"), float("-inf")
+    v[9, 0, 2] = float("-inf")  # sequence 3
+    cfg = decode_config(BACKEND, batch=5, max_seqlen_q=2, max_seqlen_kv=4, total_kv=13, heads_kv=1, group=2, head_dim=32, sms=4)
+    assert cfg.SEQS == 5  # one program
+    out, _ = _kernel(False, (-1, -1), 2, 4)(t["q"], t["k"], v, t["q_offsets"], t["kv_offsets"])
+    want, _ = jagged_reference(t["q"], t["k"], v, t["q_offsets"], t["kv_offsets"], dtype=torch.float32)
+    assert want.isnan().any()
+    assert want.isinf().any()
+    torch.testing.assert_close(out.float(), want.float(), equal_nan=True, atol=2e-2 if ON_GPU else 1e-5, rtol=2e-2 if ON_GPU else 1e-5)

@@ -443,7 +443,7 @@ def decode_config(
     rows = max(max_seqlen_q, 1) * group
     block_n = 32 if backend == "interpreter" or head_dim > 128 else 64
     mean_kv = total_kv / max(batch, 1)
-    seqs = max(1, min(_DECODE_PACK_ROWS // rows, max(1, int(block_n // max(mean_kv, 1.0)))))
+    seqs = max(1, min(_DECODE_PACK_ROWS // rows, max(1, int(block_n // max(mean_kv, 1.0))), batch))
     packs = -(-max(batch, 1) // seqs)
     longest = min(seqs * max_seqlen_kv, total_kv)
     programs = sms * _DECODE_PROGRAMS_PER_SM
@@ -452,5 +452,5 @@ def decode_config(
     block_m, block_d = max(16, triton.next_power_of_2(rows * seqs)), triton.next_power_of_2(head_dim)
     return DecodeConfig(
         ROWS=rows, SEQS=seqs, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SPLITS=splits,
-        num_warps=8 if block_m * block_d >= 128 * 128 else 4, num_stages=1 if backend == "interpreter" else 2,
+        num_warps=8 if block_m * block_d >= 128 * 128 or (seqs > 1 and block_m * block_d >= 64 * 128) else 4, num_stages=1 if backend == "interpreter" else 2,
     )

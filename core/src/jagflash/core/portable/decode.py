@@ -18,6 +18,11 @@ one tile never see each other's keys. With ``SPLITS > 1`` (long keys: flash-deco
 program writes a normalised partial output and its LSE (fp32) and a second launch merges the
 partials of a row through their LSE (``jagflash.core.softmax.merge_partial_rows``, the twin of
 ``merge_partials``). A row that sees no key (``Lk = 0``, or the mask) gets output 0 and LSE -inf.
+NaN and inf in the inputs stay in their own sequence's rows, as in the tile kernels: Q's and
+K's through the row mask, V's (which the shared ``p @ v`` would spread through ``0 * inf``) by a
+dot over V's finite values and, in a program that met others, a second pass over its keys that
+applies them to the rows that see them (packed programs only: one sequence's rows share its
+keys anyway).
 
 :func:`forward` is the host side; which calls take it is ``jagflash.core.tuning.use_decode``'s
 rule. There is no decode backward: the backward of a decode forward runs on the tile kernels of
@@ -85,6 +90,26 @@ def _ptrs(base, row, head, stride_t, stride_h, offs_d):
 
 
 @triton.jit
+def _nonfinite(out, V, sv_t, hk_off, offs_d, d_ok, start, end, lo, hi, BLOCK_N: tl.constexpr):
+    """``out`` with V's non-finite values of keys ``[start, end)`` applied as the plain
+    ``p @ v`` applies them to each row from the keys it sees (``[lo, hi)``, its own sequence's):
+    NaN for a NaN value, +-inf for an infinite one (NaN if both signs). A second pass over the
+    chunk, run only where the main loop met such values."""
+    state = tl.zeros(out.shape, tl.int32)  # bits: 1 +inf seen, 2 -inf seen, 4 NaN seen
+    for n0 in range(start, end, BLOCK_N):
+        kj = n0 + tl.arange(0, BLOCK_N)
+        v = tl.load(V + kj.to(tl.int64)[:, None] * sv_t + hk_off + offs_d[None, :], mask=(kj < end)[:, None] & d_ok[None, :], other=0.0)
+        vf = v.to(tl.float32)
+        seen = tl.where((kj[None, :] >= lo[:, None]) & (kj[None, :] < hi[:, None]), 1.0, 0.0)
+        # one dot counts all three (at most BLOCK_N <= 64 each, powers of two: exact in tf32)
+        code = tl.where(vf == float("inf"), 1.0, 0.0) + tl.where(vf == float("-inf"), 128.0, 0.0) + tl.where(vf != vf, 16384.0, 0.0)
+        n = tl.dot(seen, code).to(tl.int32)
+        state = state | tl.where(n % 128 > 0, 1, 0) | tl.where((n // 128) % 128 > 0, 2, 0) | tl.where(n >= 16384, 4, 0)
+    inf = tl.where((state & 1) > 0, float("inf"), float("-inf"))
+    return tl.where(((state & 4) > 0) | (state == 3), float("nan"), tl.where(state > 0, inf, out))
+
+
+@triton.jit
 def decode_fwd_kernel(
     Q, K, V, O, LSE, PART_O, PART_LSE, q_offsets, kv_offsets, strides, sizes, mask,  # noqa: E741
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SEQS: tl.constexpr,
@@ -117,6 +142,7 @@ def decode_fwd_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         offs_n = tl.arange(0, BLOCK_N)
+        bad = split * 0  # a non-finite V value met (packed programs only)
         for n0 in range(start, end, BLOCK_N):
             kj = n0 + offs_n
             kv_ok = (kj < end)[:, None] & d_ok[None, :]
@@ -126,8 +152,19 @@ def decode_fwd_kernel(
             s2 = tl.where((kj[None, :] >= lo[:, None]) & (kj[None, :] < hi[:, None]), s2, float("-inf"))
             p, alpha, m_i, l_i = online_softmax_step(s2, m_i, l_i)
             v = tl.load(V + kv_row * sv_t + hk * sv_h + offs_d[None, :], mask=kv_ok, other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            if SEQS > 1:
+                # Another sequence's NaN or inf in V would reach these rows through p = 0 in
+                # the shared dot (0 * inf): the dot takes V's finite values; the others are
+                # applied after the loop, to the rows of their own sequence alone.
+                finite = (v - v) == 0
+                bad = tl.maximum(bad, 1 - tl.min(tl.min(finite.to(tl.int32), 1), 0))
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), tl.where(finite, v, 0.0).to(v.dtype))
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         out, lse = finish_softmax(acc, m_i, l_i)
+        if SEQS > 1:  # noqa: SIM102 (a compile-time branch around a run-time one)
+            if bad > 0:
+                out = _nonfinite(out, V, sv_t, hk * sv_h, offs_d, d_ok, start, end, lo, hi, BLOCK_N)
         keep = live[:, None] & d_ok[None, :]
         if SPLITS == 1:
             tl.store(_ptrs(O, row, head, so_t, so_h, offs_d), out.to(O.dtype.element_ty), mask=keep)
