@@ -61,6 +61,7 @@ __all__ = [
     "plan_backend",
     "portable_family",
     "portable_reasons",
+    "record_path",
     "reference_allowed",
     "select",
     "tlx_reasons",
@@ -80,15 +81,21 @@ def reference_allowed() -> bool:
 
 @dataclass(frozen=True)
 class BackendChoice:
-    """The backend that runs a call, and for every other backend the reasons it did not."""
+    """The backend that runs a call, and for every other backend the reasons it did not;
+    ``path``: which of the backend's forward kernels ran where it has a choice (``"decode"``
+    or ``"tiles"``: ``jagflash.core.tuning.use_decode``), and why (``path_why``)."""
 
     variant: str
     name: str
     why: str
     reasons: dict[str, list[str]] = field(default_factory=dict)
+    path: str | None = None
+    path_why: str = ""
 
     def explain(self) -> str:
         lines = [f"{self.variant}: ran {self.name} ({self.why})"]
+        if self.path is not None:
+            lines.append(f"  forward path: {self.path} ({self.path_why})")
         for other, rs in self.reasons.items():
             lines.append(f"  {other}: " + ("; ".join(rs) if rs else "not tried"))
         return "\n".join(lines)
@@ -100,6 +107,14 @@ _last: dict[str, BackendChoice] = {}
 def last_choice(variant: str) -> BackendChoice | None:
     """The choice made by the latest call of ``variant`` in this process (``None`` before one)."""
     return _last.get(variant)
+
+
+def record_path(variant: str, path: str, why: str) -> None:
+    """Add to ``variant``'s :func:`last_choice` (the forward's, just made) which forward kernels
+    ran and why (:attr:`BackendChoice.path`)."""
+    choice = _last.get(variant)
+    if choice is not None:
+        _last[variant] = dataclasses.replace(choice, path=path, path_why=why)
 
 
 def _triton_reasons() -> list[str]:

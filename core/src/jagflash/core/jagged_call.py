@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import torch
 
+from jagflash.core.backend import plan_backend, record_path
 from jagflash.core.block_mask import BlockMask, mask_features
 from jagflash.core.checks import raise_if, resolve_max_seqlen, same_batch
 from jagflash.core.memo import TensorMemo
-from jagflash.core.ops import attention_ops, call_plan_layout
+from jagflash.core.ops import attention_ops, call_plan_layout, make_problem
 from jagflash.core.plan.build import build_plan
 from jagflash.core.plan.model import PTR_SAME_CALL, plan_info
 from jagflash.core.reference import reference_backward, reference_forward
+from jagflash.core.tuning import use_decode
 
-__all__ = ["JAGGED_ARGS", "PLAN_MEMO", "SPARSE_ARGS", "WINDOW_ARGS", "jagged_ops", "op_lengths", "op_plan", "own_plan", "renest", "unnest"]
+__all__ = ["DECODE_ARG", "JAGGED_ARGS", "PLAN_MEMO", "SPARSE_ARGS", "WINDOW_ARGS", "jagged_ops", "op_lengths", "op_plan", "own_plan", "renest", "unnest"]
 
 #: The schema of the jagged ops' own arguments (``jagflash.core.ops.attention_ops``' ``args``).
 JAGGED_ARGS = "Tensor q_offsets, Tensor kv_offsets, SymInt max_seqlen_q, SymInt max_seqlen_kv, bool causal"
@@ -29,6 +31,10 @@ WINDOW_ARGS = "int left, int right"
 #: What a block-sparse variant's ops add after :data:`WINDOW_ARGS`: a
 #: ``jagflash.core.block_mask.BlockMask``'s lists and block size.
 SPARSE_ARGS = "Tensor kv_counts, Tensor kv_indices, Tensor q_counts, Tensor q_indices, int block_m, int block_n"
+#: The last argument of the ops of a jagged variant without a block mask, after the shared tail:
+#: the forward's path (``None``: ``jagflash.core.tuning.use_decode``'s rule; ``True``: the decode
+#: kernel, ``jagflash.core.portable.decode``; ``False``: the tile kernels).
+DECODE_ARG = "bool? decode=None"
 
 
 def _values(who: str, name: str, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,15 +121,24 @@ def own_plan(
 
 def op_plan(
     spec, plan, q, k, q_offsets, kv_offsets, *, causal: bool, window: tuple[int, int], max_seqlen_q,
-    max_seqlen_kv, backward: bool, backend: str | None, block_mask=None,
+    max_seqlen_kv, backward: bool, backend: str | None, block_mask=None, decode: bool | None = None,
 ):
     """The ``plan_tiles, plan_meta, plan_info`` a public function passes its op: those of the
-    ``plan=`` it was given, none where no plan is needed (``backend="reference"``) or the op
-    will refuse the offsets (different batch sizes), else :func:`own_plan`'s."""
+    ``plan=`` it was given, none where no plan is needed (``backend="reference"``; a forward
+    without backward that will take the decode path, known from ``max_seqlen_q``: ``decode``
+    as the op gets it, :data:`DECODE_ARG`) or the op will refuse the offsets (different batch
+    sizes), else :func:`own_plan`'s."""
     if plan is not None:
         return plan.op_args()
     if backend == "reference" or q_offsets.shape != kv_offsets.shape:
         return None, None, None
+    if not backward and max_seqlen_q is not None and decode is not False and block_mask is None:
+        name = plan_backend(spec, make_problem("jagged", q, k, causal=causal, window=window), q.device, backend)
+        if name != "reference" and use_decode(
+            name, max_seqlen_q=int(max_seqlen_q), group=q.shape[1] // max(k.shape[1], 1), head_dim=q.shape[-1],
+            requested=decode,
+        )[0]:
+            return None, None, None
     return own_plan(
         spec, q, k, q_offsets, kv_offsets, causal=causal, window=window, max_seqlen_q=max_seqlen_q,
         max_seqlen_kv=max_seqlen_kv, backward=backward, backend=backend, block_mask=block_mask,
@@ -154,7 +169,11 @@ def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = Fals
     ``jagflash.core.block_mask.mask_features``, its kernels get the ``jagflash.core.block_mask.BlockMask`` as ``blocks=``,
     its plans tile by its blocks). The kernels are the variant's ``kernels_portable`` /
     ``kernels_tlx_sm90`` (``package``), called with the jagged tensors as they are; ``who``
-    names the public function in refusals."""
+    names the public function in refusals. Without ``sparse`` the ops end with
+    :data:`DECODE_ARG`: their forward on the ``tlx-sm90`` and ``portable`` backends runs the
+    decode kernel where ``jagflash.core.tuning.use_decode`` says so (the choice shows in
+    ``last_choice(...).explain()``: "forward path"); the backward always runs the backend's own
+    kernels, at the forward's LSE. The reference backend ignores ``decode``."""
 
     def check(c) -> None:
         # Invalid offsets are the caller's error whatever backend would run: check them first.
@@ -177,6 +196,31 @@ def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = Fals
     def listed(c) -> dict[str, object]:
         return {"blocks": c.blocks} if sparse else {}
 
+    def path(tiles):
+        """The forward ``tiles`` runs, or the decode kernel where ``use_decode`` says so (its
+        choice added to ``last_choice``); a ``plan=`` is checked either way."""
+        if sparse:
+            return tiles
+
+        def run(c):
+            take, why = use_decode(
+                c.ran, max_seqlen_q=c.max_q, group=c.q.shape[1] // c.k.shape[1], head_dim=c.q.shape[-1],
+                requested=c.decode,
+            )
+            record_path(spec.name, "decode" if take else "tiles", why)
+            if not take:
+                return tiles(c)
+            if c.plan_tiles is not None:
+                plan(c, ("fwd",))
+            from jagflash.core.portable.decode import forward as decode_forward
+
+            return decode_forward(
+                c.q, c.k, c.v, c.q_offsets, c.kv_offsets, max_seqlen_q=c.max_q, max_seqlen_kv=c.max_k, **c.mask,
+                backend="interpreter" if c.ran == "interpreter" else "portable",
+            )
+
+        return run
+
     def reference(fn, *grad):
         return lambda c, **given: fn(
             *(getattr(c, n) for n in grad), c.q, c.k, c.v, c.q_offsets, c.kv_offsets, causal=c.causal,
@@ -185,12 +229,12 @@ def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = Fals
 
     forward = {
         "reference": reference(reference_forward),
-        "tlx-sm90": lambda c: c.kernels.forward(
+        "tlx-sm90": path(lambda c: c.kernels.forward(
             c.q, c.k, c.v, c.q_offsets, c.kv_offsets, c.max_q, **c.mask, plan=plan(c, ("fwd",)), **listed(c)
-        ),
-        "portable": lambda c: c.kernels.forward(
+        )),
+        "portable": path(lambda c: c.kernels.forward(
             c.q, c.k, c.v, c.q_offsets, c.kv_offsets, plan(c, ("fwd",)), **c.mask, backend=c.ran, **listed(c)
-        ),
+        )),
     }
     backward = {
         # at the out/LSE the op is given (those of a larger attention, merged: context parallelism)
@@ -212,4 +256,5 @@ def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = Fals
         fake_forward=lambda c: (torch.empty_like(c.q), c.q.new_empty((c.q.shape[1], c.q.shape[0]), dtype=torch.float32)),
         fake_backward=lambda c: (torch.empty_like(c.q), torch.empty_like(c.k), torch.empty_like(c.v)),
         features=(lambda c: mask_features((c.block_m, c.block_n))) if sparse else frozenset(),
+        tail="" if sparse else DECODE_ARG,
     )

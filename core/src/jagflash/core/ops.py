@@ -361,7 +361,7 @@ def _arg_names(schema: str) -> tuple[str, ...]:
 
 def attention_ops(
     name: str, spec, package: str, args: str, *, check, forward, backward, fake_forward, fake_backward,
-    layout: str | None = None, features: frozenset[str] = frozenset(),
+    layout: str | None = None, features: frozenset[str] = frozenset(), tail: str = "",
 ):
     """Register a variant's ops ``jagflash::<name>_fwd`` / ``<name>_bwd`` and their autograd
     (:func:`register_autograd`) from its semantics; returns ``(fwd_op, bwd_op, call_fwd)``.
@@ -380,19 +380,23 @@ def attention_ops(
     ``fake_forward(c)`` / ``fake_backward(c)``: the outputs' shapes for the fake (meta) kernels.
     ``features``: problem features every call of these ops poses, or a function of the
     :class:`OpCall` giving them (a block-sparse op's: its mask's, after ``check``).
+    ``tail``: the schema of arguments with defaults after the shared tail (``"bool? decode=None"``),
+    which a caller may leave out (then ``None`` on the :class:`OpCall`).
     """
     from jagflash.core.backend import select
     from jagflash.core.mask import mask_bounds
 
     layout = layout or name
-    schema_fwd = f"({', '.join(f'Tensor {n}' for n in _FWD_HEAD)}, {args}, {_TAIL}) -> (Tensor, Tensor)"
-    schema_bwd = f"({', '.join(f'Tensor {n}' for n in _BWD_HEAD)}, {args}, {_TAIL}) -> (Tensor, Tensor, Tensor)"
-    own = _arg_names(args) + _arg_names(_TAIL)
+    tail_schema = _TAIL + (f", {tail}" if tail else "")
+    schema_fwd = f"({', '.join(f'Tensor {n}' for n in _FWD_HEAD)}, {args}, {tail_schema}) -> (Tensor, Tensor)"
+    schema_bwd = f"({', '.join(f'Tensor {n}' for n in _BWD_HEAD)}, {args}, {tail_schema}) -> (Tensor, Tensor, Tensor)"
+    own = _arg_names(args) + _arg_names(tail_schema)
+    defaults = 3 + len(_arg_names(tail))
     names = {"fwd": _FWD_HEAD + own, "bwd": _BWD_HEAD + own}
 
     def body(pass_: str, table):
         def run(*args, **kwargs):
-            c = OpCall(names[pass_], 3, args, kwargs)
+            c = OpCall(names[pass_], defaults, args, kwargs)
             c.package = package
             check(c)
             c.q, c.k, c.v = (readable(t) for t in (c.q, c.k, c.v))
@@ -414,7 +418,7 @@ def attention_ops(
         return run
 
     def fake(pass_: str, shapes):
-        return lambda *args, **kwargs: shapes(OpCall(names[pass_], 3, args, kwargs))
+        return lambda *args, **kwargs: shapes(OpCall(names[pass_], defaults, args, kwargs))
 
     fwd_op = torch.library.custom_op(f"jagflash::{name}_fwd", body("fwd", forward), mutates_args=(), schema=schema_fwd)
     bwd_op = torch.library.custom_op(f"jagflash::{name}_bwd", body("bwd", backward), mutates_args=(), schema=schema_bwd)

@@ -17,6 +17,7 @@ __all__ = [
     "attn_delta",
     "finish_softmax",
     "lse_to_log2",
+    "merge_partial_rows",
     "merge_partials",
     "online_softmax_step",
     "online_softmax_step_scaled",
@@ -73,6 +74,20 @@ def attn_delta(o, do):
     """delta = rowsum(dO * O) in fp32 over ``[rows, D]`` tiles: the backward's dS = P (dP - delta)."""
     return tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
 
+
+@triton.jit
+def merge_partial_rows(out, lse, part, part_lse):
+    """:func:`merge_partials` in a kernel, on ``[M, D]`` fp32 normalised outputs and ``[M]``
+    natural-log LSE: ``(out', lse')`` over the union of the two key sets; rows -inf on both
+    sides stay 0 and -inf, a side at -inf contributes nothing (its output must be finite)."""
+    top = tl.maximum(lse, part_lse)
+    top_safe = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.exp(lse - top_safe) + tl.exp(part_lse - top_safe)
+    merged = tl.where(total > 0.0, top_safe + tl.log(tl.where(total > 0.0, total, 1.0)), float("-inf"))
+    base = tl.where(merged == float("-inf"), 0.0, merged)
+    w = tl.exp(lse - base)
+    w_part = tl.exp(part_lse - base)
+    return out * w[:, None] + part * w_part[:, None], merged
 
 
 def merge_partials(

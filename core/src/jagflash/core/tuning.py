@@ -9,6 +9,9 @@ kernels or TLX, so plans can be laid out for any backend on any machine.
   (frozen :class:`FwdConfig` / :class:`BwdConfig`: the compile-time choices of one launch),
   :func:`use_one_pass` (one-pass backward or two passes).
 - Schedules: :func:`default_schedules` (what a plan a call builds for itself uses).
+- The decode path (``jagflash.core.portable.decode``): :func:`decode_reasons` (what it can
+  run), :func:`use_decode` (whether a jagged forward runs it), :func:`decode_config` (its tiles
+  and key split).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import triton
 
 __all__ = [
     "BACKEND_DEFAULT",
+    "DECODE_MAX_Q",
+    "DECODE_MAX_ROWS",
     "DEFAULT_BACKWARD_SCHEDULE",
     "DEFAULT_SCHEDULE",
     "FREE_FIELDS",
@@ -29,10 +34,13 @@ __all__ = [
     "TLX_ONE_PASS_HEAD_DIMS",
     "VEC_PAD",
     "BwdConfig",
+    "DecodeConfig",
     "FwdConfig",
     "block_config",
     "bwd_config",
     "config_reasons",
+    "decode_config",
+    "decode_reasons",
     "default_head_major",
     "default_ring_tiles",
     "default_schedules",
@@ -43,6 +51,7 @@ __all__ = [
     "plan_blocks",
     "resolve_schedules",
     "tlx_sm90_blocks",
+    "use_decode",
     "use_one_pass",
 ]
 
@@ -339,3 +348,124 @@ def resolve_schedules(
         backend, head_dim, window=window, equal_costs=equal_costs, deterministic=deterministic
     )
     return (fwd if schedule == BACKEND_DEFAULT else schedule), (bwd if backward_schedule == BACKEND_DEFAULT else backward_schedule)
+
+
+# --- the decode path -------------------------------------------------------------------------
+
+#: The longest query sequence for which a jagged forward takes the decode path on its own
+#: (:func:`use_decode`), per backend the call chose. 16: a sequence's queries times its GQA group
+#: then fill the 16-row minimum of an MMA at group 1 and stay within :data:`DECODE_MAX_ROWS` up
+#: to group 8, so one program holds every query of a (sequence, kv head) and K/V are read once;
+#: the tile kernels instead run a 128-row (TLX) or 32/128-row (portable) q-tile per query head,
+#: mostly empty, and read each K/V block once per query head of a GQA group. Not yet measured
+#: on a GPU (bench/NOTES.md, the decode session): the H200 rows set these.
+DECODE_MAX_Q = {"tlx-sm90": 16, "portable": 16, "interpreter": 16}
+#: The most query rows one decode program holds for one (sequence, kv head): ``max_seqlen_q *
+#: GQA group``; beyond it the decode kernel refuses (:func:`decode_reasons`).
+DECODE_MAX_ROWS = 128
+#: Query rows a decode program aims at when it packs several short sequences together.
+_DECODE_PACK_ROWS = 64
+#: The fewest keys a decode program's chunk of a long K/V range holds (the key split); under
+#: the interpreter fewer, so that small tests split their keys too.
+_DECODE_MIN_CHUNK = {"interpreter": 64}
+_DECODE_MIN_CHUNK_GPU = 256
+#: Programs a decode launch aims at: a few per SM, so a long-key batch splits its keys.
+_DECODE_PROGRAMS_PER_SM = 4
+
+
+def decode_reasons(*, max_seqlen_q: int, group: int, head_dim: int, sparse: bool = False) -> list[str]:
+    """Every reason the decode kernel (``jagflash.core.portable.decode``) cannot run a jagged
+    forward (empty if it can): more than :data:`DECODE_MAX_ROWS` query rows per (sequence, kv
+    head), a head dim the portable kernels do not take, a block mask."""
+    reasons = []
+    if max(max_seqlen_q, 1) * group > DECODE_MAX_ROWS:
+        reasons.append(
+            f"max_seqlen_q {max_seqlen_q} x GQA group {group} = {max_seqlen_q * group} query rows per "
+            f"(sequence, kv head), more than the decode kernel's {DECODE_MAX_ROWS}"
+        )
+    if head_dim not in PORTABLE_HEAD_DIMS:
+        reasons.append(f"head_dim {head_dim} not in {sorted(PORTABLE_HEAD_DIMS)}")
+    if sparse:
+        reasons.append("the decode kernel takes no block mask")
+    return reasons
+
+
+def use_decode(
+    backend: str, *, max_seqlen_q: int, group: int, head_dim: int, sparse: bool = False,
+    requested: bool | None = None,
+) -> tuple[bool, str]:
+    """Whether a jagged forward on ``backend`` (the one the call chose: ``tlx-sm90``,
+    ``portable`` or ``interpreter``) runs the decode kernel instead of the tile kernels, and why
+    (the sentence ``last_choice(...).explain()`` shows). The rule:
+
+    - ``requested=False`` (the call's ``decode=False``): never.
+    - ``requested=True``: always; a problem :func:`decode_reasons` refuses raises
+      :class:`~jagflash.core.capability.UnsupportedProblem` with every reason.
+    - ``requested=None`` (the default): where :func:`decode_reasons` has no reason and
+      ``max_seqlen_q <= DECODE_MAX_Q[backend]`` (16 on every backend), whatever the key lengths
+      (long ones are split across programs). The TLX backend hands such forwards to the decode
+      kernel too: its 128-row q-tiles would run at most 16 live rows each.
+
+    The backward is not affected: it runs on ``backend``'s backward kernels at the decode
+    forward's LSE."""
+    reasons = decode_reasons(max_seqlen_q=max_seqlen_q, group=group, head_dim=head_dim, sparse=sparse)
+    if requested is False:
+        return False, "decode=False"
+    if requested:
+        if reasons:
+            from jagflash.core.capability import UnsupportedProblem
+
+            raise UnsupportedProblem("decode path (decode=True)", reasons)
+        return True, "decode=True"
+    if reasons:
+        return False, "; ".join(reasons)
+    bound = DECODE_MAX_Q.get(backend, 0)
+    if max_seqlen_q > bound:
+        return False, f"max_seqlen_q {max_seqlen_q} > {bound}, the decode bound on {backend}"
+    return True, (
+        f"max_seqlen_q {max_seqlen_q} <= {bound} on {backend}: every query of a (sequence, kv head) "
+        "in one program, K/V read once per kv head"
+    )
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """One decode launch (``jagflash.core.portable.decode``): each program takes the query rows
+    of ``SEQS`` consecutive sequences (``ROWS`` = max_seqlen_q x GQA group positions each, in a
+    ``BLOCK_M``-row tile) for one kv head, over one of ``SPLITS`` chunks of their keys
+    (``BLOCK_N`` at a time); ``SPLITS > 1`` adds a merge launch."""
+
+    ROWS: int
+    SEQS: int
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_D: int
+    SPLITS: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def decode_config(
+    backend: str, *, batch: int, max_seqlen_q: int, max_seqlen_kv: int, total_kv: int,
+    heads_kv: int, group: int, head_dim: int, sms: int,
+) -> DecodeConfig:
+    """The :class:`DecodeConfig` of a decode call. Sequences are packed ``SEQS`` to a program
+    where their queries leave rows free (about 64 rows) and their average key count fits one
+    ``BLOCK_N`` block (packing longer ones would compute every packed row over every packed
+    sequence's keys, masked); the keys of a program are split ``SPLITS`` ways, chunks of at
+    least 256 keys (64 under the interpreter), until the launch has about four programs per SM (``sms``:
+    ``jagflash.core.tile_scheduler.default_workers``)."""
+    rows = max(max_seqlen_q, 1) * group
+    block_n = 32 if backend == "interpreter" or head_dim > 128 else 64
+    mean_kv = total_kv / max(batch, 1)
+    seqs = max(1, min(_DECODE_PACK_ROWS // rows, max(1, int(block_n // max(mean_kv, 1.0))), batch))
+    packs = -(-max(batch, 1) // seqs)
+    longest = min(seqs * max_seqlen_kv, total_kv)
+    programs = sms * _DECODE_PROGRAMS_PER_SM
+    min_chunk = _DECODE_MIN_CHUNK.get(backend, _DECODE_MIN_CHUNK_GPU)
+    splits = max(1, min(-(-programs // (packs * max(heads_kv, 1))), -(-longest // min_chunk)))
+    block_m, block_d = max(16, triton.next_power_of_2(rows * seqs)), triton.next_power_of_2(head_dim)
+    return DecodeConfig(
+        ROWS=rows, SEQS=seqs, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SPLITS=splits,
+        num_warps=8 if block_m * block_d >= 128 * 128 or (seqs > 1 and block_m * block_d >= 64 * 128) else 4, num_stages=1 if backend == "interpreter" else 2,
+    )

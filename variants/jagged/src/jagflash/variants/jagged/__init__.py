@@ -40,6 +40,7 @@ def jagged_attention(
     deterministic: bool = False,
     backend: str | None = None,
     plan: Plan | None = None,
+    decode: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of every query sequence over its own key/value sequence.
 
@@ -83,6 +84,17 @@ def jagged_attention(
             storage and version counter: ``jagflash.core.jagged_call.PLAN_MEMO``). A plan built for
             other shapes, heads, mask, tile sizes or offsets is refused. The ``reference``
             backend ignores it.
+        decode: the forward's kernels on the ``tlx-sm90`` and ``portable`` backends (and the
+            interpreter). ``None`` (default): the decode kernel (``jagflash.core.portable.decode``:
+            every query of a (sequence, kv head) in one program, sequences packed, long keys
+            split and merged by LSE) where ``jagflash.core.tuning.use_decode`` says so
+            (``max_seqlen_q <= 16``), else the tile kernels; ``True``: the decode kernel
+            (``UnsupportedProblem`` where it cannot run the problem: more than 128 query rows
+            per sequence and kv head, ``max_seqlen_q * Hq / Hkv``); ``False``: the tile kernels.
+            ``last_choice("jagged").explain()`` says which ran and why ("forward path"). The
+            backward is the backend's own either way, at the forward's LSE; a decode forward
+            without gradients and with ``max_seqlen_q`` given builds no plan. The
+            ``reference`` backend ignores it.
 
     Returns:
         ``out [Tq, Hq, D]`` in q's dtype (a nested tensor if q was one), and LSE if asked.
@@ -99,11 +111,12 @@ def jagged_attention(
     )
     plan_args = op_plan(
         SPEC, plan, q, k, q_offsets, kv_offsets, causal=causal, window=(-1, -1), max_seqlen_q=max_seqlen_q,
-        max_seqlen_kv=max_seqlen_kv, backward=needs_grad, backend=backend,
+        max_seqlen_kv=max_seqlen_kv, backward=needs_grad, backend=backend, decode=decode,
     )
     out, lse = op.call_fwd(
         q, k, v, q_offsets, kv_offsets, *op_lengths(max_seqlen_q, max_seqlen_kv), bool(causal),
         default_scale(scale, q.shape[-1]), bool(return_lse), bool(deterministic), backend or "", *plan_args,
+        None if decode is None else bool(decode),
     )
     out = renest(out, nested_offsets)
     return (out, lse) if return_lse else out

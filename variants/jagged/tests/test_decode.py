@@ -1,0 +1,181 @@
+"""jagged_attention's decode path (``jagflash.core.portable.decode``): chosen by
+``jagflash.core.tuning.use_decode``, forced and forbidden by ``decode=``, said by
+``last_choice("jagged").explain()``; forward and backward (the backend's own kernels at the
+decode forward's LSE) against the fp64 reference by the tolerance rule. The kernel's own cases
+(windows, splits, packing): core/tests/test_decode.py. GPU tests at the bench's shapes, for the
+portable and the tlx-sm90 backends, below."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from jagflash.core.backend import last_choice
+from jagflash.core.capability import InvalidInput, UnsupportedProblem
+from jagflash.core.ops import make_problem
+from jagflash.testing import JaggedCase, check_against_reference, jagged_reference, make_jagged
+from jagflash.testing.plugin import require
+from jagflash.variants.jagged import SPEC, jagged_attention, make_plan
+
+ON_GPU = torch.cuda.is_available()
+FLOAT = torch.bfloat16 if ON_GPU else torch.float32
+DEVICE = "cuda" if ON_GPU else "cpu"
+interpret_or_gpu = pytest.mark.gpu if ON_GPU else pytest.mark.interpret
+
+
+def _kernel(causal: bool, **kw):
+    def run(q, k, v, q_offsets, kv_offsets):
+        return jagged_attention(q, k, v, q_offsets, kv_offsets, causal=causal, return_lse=True, **kw)
+
+    return run
+
+
+def _reference(causal: bool):
+    def run(q, k, v, q_offsets, kv_offsets, dtype):
+        return jagged_reference(q, k, v, q_offsets, kv_offsets, causal=causal, dtype=dtype)
+
+    return run
+
+
+def _check(case: JaggedCase, device: str, *, grad: bool = True, **kw) -> None:
+    if case.dtype == torch.float32:
+        case = dataclasses.replace(case, dtype=FLOAT)
+    t = case.build(device, requires_grad=grad)
+    dout = t.pop("dout")
+    check_against_reference(
+        _kernel(case.causal, **kw), _reference(case.causal), t, atol=SPEC.atol[case.dtype], dout=dout if grad else None
+    )
+
+
+def _path() -> str | None:
+    return last_choice("jagged").path
+
+
+# --- CPU (interpreter) or GPU (portable build) ------------------------------------------------
+
+
+@interpret_or_gpu
+def test_decode_batch_takes_decode_forward_and_backward() -> None:
+    """One to three queries a sequence (zero-length ones too), GQA, causal: the decode forward,
+    then the tile kernels' backward at its LSE."""
+    case = JaggedCase((1, 3, 0, 2, 1), (40, 0, 5, 70, 1), hq=4, hkv=2, causal=True)
+    _check(case, DEVICE)
+    t = case.build(DEVICE, requires_grad=False)
+    jagged_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], causal=True)
+    assert _path() == "decode"
+    assert "forward path: decode (max_seqlen_q 3 <= 16" in last_choice("jagged").explain()
+
+
+@interpret_or_gpu
+def test_decode_forced_on_longer_queries() -> None:
+    """``decode=True`` past the automatic bound (40 queries, 40 rows a program)."""
+    _check(JaggedCase((40, 7), (50, 90), causal=True), DEVICE, grad=False, decode=True)
+    assert _path() == "decode"
+    assert "decode=True" in last_choice("jagged").explain()
+
+
+@interpret_or_gpu
+def test_decode_forbidden_and_bound() -> None:
+    t = make_jagged((1, 2), (30, 9), 2, 2, 32, FLOAT, DEVICE, requires_grad=False)
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    a = jagged_attention(*args, decode=False)
+    assert _path() == "tiles"
+    assert "forward path: tiles (decode=False)" in last_choice("jagged").explain()
+    b = jagged_attention(*args)
+    assert _path() == "decode"
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-2 if ON_GPU else 1e-5)
+    long = make_jagged((17,), (20,), 2, 2, 32, FLOAT, DEVICE, requires_grad=False)
+    jagged_attention(long["q"], long["k"], long["v"], long["q_offsets"], long["kv_offsets"])
+    assert _path() == "tiles"
+    assert "max_seqlen_q 17 > 16" in last_choice("jagged").explain()
+
+
+@interpret_or_gpu
+def test_decode_refused_with_reasons() -> None:
+    t = make_jagged((40,), (10,), 8, 2, 32, FLOAT, DEVICE, requires_grad=False)
+    with pytest.raises(UnsupportedProblem, match="160 query rows"):
+        jagged_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], decode=True)
+
+
+@interpret_or_gpu
+def test_decode_without_grad_builds_no_plan_and_checks_a_given_one(monkeypatch) -> None:
+    import jagflash.core.jagged_call as jc
+
+    t = make_jagged((1, 1, 2), (5, 9, 3), 2, 2, 32, FLOAT, DEVICE, requires_grad=False)
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    other = make_jagged((1, 2, 1), (5, 9, 3), 2, 2, 32, FLOAT, DEVICE, requires_grad=False)
+    plan = make_plan(other["q"], other["k"], other["q_offsets"], other["kv_offsets"], backward=False)
+
+    def no_build(*a, **k):
+        raise AssertionError("a decode forward without gradients built a plan")
+
+    monkeypatch.setattr(jc, "build_plan", no_build)
+    jagged_attention(*args, max_seqlen_q=2, max_seqlen_kv=9)
+    assert _path() == "decode"
+    if not ON_GPU:  # on a GPU other offsets' values fail the stream instead
+        with pytest.raises(InvalidInput, match="other offsets"):
+            jagged_attention(*args, plan=plan)
+
+
+# --- GPU: the issue's shapes, both backends ---------------------------------------------------
+
+
+def _gpu_case(backend: str, case: JaggedCase, **kw) -> None:
+    problem = make_problem("jagged", *(torch.empty(1, h, case.head_dim, dtype=case.dtype, device="cuda") for h in (case.hq, case.hkv)), causal=case.causal, backward=True)
+    require(SPEC, problem, backend)
+    _check(case, "cuda", backend=backend, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["portable", "tlx-sm90"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_one_token_sequences(backend, dtype) -> None:
+    """1,024 one-token sequences (H 16, D 128): packed 64 to a program; forward by decode,
+    backward by the backend's kernels."""
+    case = JaggedCase((1,) * 1024, (1,) * 1024, hq=16, hkv=16, head_dim=128, dtype=dtype, causal=True)
+    _gpu_case(backend, case)
+    assert _path() == "decode"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["portable", "tlx-sm90"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_short_queries_long_keys(backend, head_dim, causal) -> None:
+    """512 sequences of 1-16 queries against 900-1,100 keys (some empty), GQA 4: keys split
+    across programs and merged; automatic choice."""
+    gen = torch.Generator().manual_seed(head_dim + causal)
+    q_lens = torch.randint(1, 17, (512,), generator=gen).tolist()
+    k_lens = torch.randint(900, 1100, (512,), generator=gen).tolist()
+    q_lens[5], k_lens[7] = 0, 0
+    case = JaggedCase(tuple(q_lens), tuple(k_lens), hq=16, hkv=4, head_dim=head_dim, dtype=torch.bfloat16, causal=causal)
+    _gpu_case(backend, case)
+    assert _path() == "decode"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["portable", "tlx-sm90"])
+def test_gpu_forced_decode_up_to_64_queries(backend) -> None:
+    """The issue's 512 x (1-64 queries vs ~1,024 keys), ``decode=True`` (64 rows a program)."""
+    gen = torch.Generator().manual_seed(64)
+    q_lens = torch.randint(1, 65, (512,), generator=gen).tolist()
+    k_lens = torch.randint(960, 1090, (512,), generator=gen).tolist()
+    case = JaggedCase(tuple(q_lens), tuple(k_lens), hq=16, hkv=16, head_dim=128, dtype=torch.bfloat16, causal=True)
+    _gpu_case(backend, case, decode=True)
+    assert _path() == "decode"
+
+
+@pytest.mark.gpu
+def test_gpu_decode_no_host_sync() -> None:
+    t = make_jagged((1,) * 300, (200,) * 300, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=False)
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    jagged_attention(*args, causal=True, max_seqlen_q=1, max_seqlen_kv=200)  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        jagged_attention(*args, causal=True, max_seqlen_q=1, max_seqlen_kv=200)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert _path() == "decode"
