@@ -11,10 +11,11 @@ import torch
 from jagflash.testing.integration import assert_jagged_block_compiles_once
 from jagflash.variants.block_sparse import block_sparse_attention, local_global
 
-# In the first batch the batch size, offsets length, q-blocks and kv-blocks differ (3, 4, 11, 16 at
-# 64; 3, 4, 6, 8 at 128): dynamo's duck sizing ties sizes that happen to be equal in the first batch
-# (a later batch without the equality would recompile).
-BATCHES = [((9, 700, 4), (12, 1000, 4)), ((5, 70, 22, 3), (5, 150, 22, 9)), ((140, 2), (400, 6))]
+# The first batch's sizes set dynamo's guards: its batch size, offsets length, q-blocks and
+# kv-blocks differ (3, 4, 11, 16 at 64-blocks; 3, 4, 6, 8 at 128), or duck sizing would tie them,
+# and every later batch has at least 2 of each (a size of 1 is specialised): 4, 5, 3, 4 / 2, 2 and
+# 2, 3, 3, 7 / 2, 4.
+BATCHES = [((9, 700, 4), (12, 1000, 4)), ((5, 170, 22, 3), (5, 250, 22, 9)), ((140, 2), (400, 6))]
 
 
 def _attend(q, k, v, qo, ko, mask):

@@ -39,7 +39,8 @@ def _reference(causal: bool):
     return run
 
 
-def _check(case: JaggedCase, device: str, *, grad: bool = True, **kw) -> None:
+def _check(case: JaggedCase, device: str, *, grad: bool = True, **kw) -> JaggedCase:
+    """``case`` (fp32 made ``FLOAT``) against the reference; returns the case it ran."""
     if case.dtype == torch.float32:
         case = dataclasses.replace(case, dtype=FLOAT)
     t = case.build(device, requires_grad=grad)
@@ -47,6 +48,15 @@ def _check(case: JaggedCase, device: str, *, grad: bool = True, **kw) -> None:
     check_against_reference(
         _kernel(case.causal, **kw), _reference(case.causal), t, atol=SPEC.atol[case.dtype], dout=dout if grad else None
     )
+    return case
+
+
+def _forward_path(case: JaggedCase, device: str, **kw) -> str | None:
+    """The forward path a call without gradients takes (a backward records its own choice,
+    which has none)."""
+    t = case.build(device, requires_grad=False)
+    jagged_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], causal=case.causal, **kw)
+    return _path()
 
 
 def _path() -> str | None:
@@ -60,11 +70,8 @@ def _path() -> str | None:
 def test_decode_batch_takes_decode_forward_and_backward() -> None:
     """One to three queries a sequence (zero-length ones too), GQA, causal: the decode forward,
     then the tile kernels' backward at its LSE."""
-    case = JaggedCase((1, 3, 0, 2, 1), (40, 0, 5, 70, 1), hq=4, hkv=2, causal=True)
-    _check(case, DEVICE)
-    t = case.build(DEVICE, requires_grad=False)
-    jagged_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], causal=True)
-    assert _path() == "decode"
+    case = _check(JaggedCase((1, 3, 0, 2, 1), (40, 0, 5, 70, 1), hq=4, hkv=2, causal=True), DEVICE)
+    assert _forward_path(case, DEVICE) == "decode"
     assert "forward path: decode (max_seqlen_q 3 <= 16" in last_choice("jagged").explain()
 
 
@@ -126,6 +133,7 @@ def _gpu_case(backend: str, case: JaggedCase, **kw) -> None:
     problem = make_problem("jagged", *(torch.empty(1, h, case.head_dim, dtype=case.dtype, device="cuda") for h in (case.hq, case.hkv)), causal=case.causal, backward=True)
     require(SPEC, problem, backend)
     _check(case, "cuda", backend=backend, **kw)
+    assert _forward_path(case, "cuda", backend=backend, **kw) == ("tiles" if kw.get("decode") is False else "decode")
 
 
 @pytest.mark.gpu

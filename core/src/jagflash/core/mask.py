@@ -213,14 +213,20 @@ def tile_list(lists, b, h, block, SPARSE: tl.constexpr):
 
 
 @triton.jit
-def _listed_below(indices, count, limit):
-    """Slots of the ascending ``indices[:count]`` below ``limit`` (binary search). The ends of
-    a band cost no search: a limit at or below 0 none at all, one past the last listed block
-    one load (unbounded sides, and the sequence's end, are such limits)."""
+def _listed_below(indices, count, limit, ENDS: tl.constexpr):
+    """Slots of the ascending ``indices[:count]`` below ``limit`` (binary search). With
+    ``ENDS`` the ends of a band cost no search: a limit at or below 0 none at all, one past the
+    last listed block one load (unbounded sides, and the sequence's end, are such limits). The
+    TLX kernels take it (fewer registers there: bench/NOTES.md, TLX block-sparse session); the
+    portable ones do not: Triton 3.8's ptxas dies (SIGSEGV) compiling the portable dQ program
+    for sm_90a at 64 x 64 blocks, D 64, with it (2026-12-02, session 13, call 2; reproduced on the
+    CPU by ``bench/probes/portable_ptx.py --sparse --block 64 --head-dim 64``)."""
     lo = count * 0
-    hi = tl.where(limit > 0, count, lo)
-    last = tl.load(indices + tl.maximum(hi - 1, 0), mask=hi > 0, other=0)
-    lo = tl.where((hi > 0) & (last < limit), hi, lo)
+    hi = count
+    if ENDS:
+        hi = tl.where(limit > 0, count, lo)
+        last = tl.load(indices + tl.maximum(hi - 1, 0), mask=hi > 0, other=0)
+        lo = tl.where((hi > 0) & (last < limit), hi, lo)
     while lo < hi:
         mid = (lo + hi) // 2
         below = tl.load(indices + mid) < limit
@@ -230,11 +236,11 @@ def _listed_below(indices, count, limit):
 
 
 @triton.jit
-def _steps_below(indices, count, x, BLOCK, SUB: tl.constexpr):
+def _steps_below(indices, count, x, BLOCK, SUB: tl.constexpr, ENDS: tl.constexpr):
     """Positions of :func:`block_walk` (``SUB`` steps of BLOCK rows per listed block) whose
     first row lies below ``x`` (a multiple of BLOCK, ``>= 0``)."""
     LISTED: tl.constexpr = BLOCK * SUB
-    s = _listed_below(indices, count, (x + LISTED - 1) // LISTED)
+    s = _listed_below(indices, count, (x + LISTED - 1) // LISTED, ENDS)
     if SUB == 1:
         return s
     else:
@@ -245,20 +251,21 @@ def _steps_below(indices, count, x, BLOCK, SUB: tl.constexpr):
 
 
 @triton.jit
-def block_walk(lo, full_lo, full_hi, hi, row, BLOCK, SPARSE: tl.constexpr, SUB: tl.constexpr = 1):
+def block_walk(lo, full_lo, full_hi, hi, row, BLOCK, SPARSE: tl.constexpr, SUB: tl.constexpr = 1, ENDS: tl.constexpr = False):
     """Positions ``(p0, p1, p2, p3)`` of a range ``(lo, full_lo, full_hi, hi)`` (from
     :func:`kv_tile_range` or :func:`dkdv_q_range`, steps of BLOCK rows): masked head ``[p0,
     p1)``, unmasked body ``[p1, p2)``, masked tail ``[p2, p3)``. Without a list, the range
     itself; with one (``row``: :func:`list_row`, blocks of ``SUB * BLOCK`` rows), the steps of
     the listed blocks starting in each part: position ``t`` is step ``t % SUB`` of listed slot
     ``t // SUB`` (:func:`block_at`), so a listed block visits its SUB steps in turn (the TLX
-    dK/dV kernel's 64-query steps through 128-row q-blocks: SUB 2)."""
+    dK/dV kernel's 64-query steps through 128-row q-blocks: SUB 2). ``ENDS``: see
+    :func:`_listed_below` (the TLX kernels pass True)."""
     if SPARSE:
         count, indices = row
-        p0 = _steps_below(indices, count, lo, BLOCK, SUB)
-        p1 = _steps_below(indices, count, full_lo, BLOCK, SUB)
-        p2 = _steps_below(indices, count, full_hi, BLOCK, SUB)
-        p3 = _steps_below(indices, count, hi, BLOCK, SUB)
+        p0 = _steps_below(indices, count, lo, BLOCK, SUB, ENDS)
+        p1 = _steps_below(indices, count, full_lo, BLOCK, SUB, ENDS)
+        p2 = _steps_below(indices, count, full_hi, BLOCK, SUB, ENDS)
+        p3 = _steps_below(indices, count, hi, BLOCK, SUB, ENDS)
         return p0, p1, p2, p3
     else:
         return lo, full_lo, full_hi, hi

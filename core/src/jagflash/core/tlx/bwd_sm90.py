@@ -119,7 +119,7 @@ def _dkdv_kernel(
                         head = hk * GROUP + g
                         col = head * HEAD_DIM
                         listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
-                        p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB)
+                        p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
                         for t in range(p0, p3, STEP):  # the positions the consumers walk (dkdv_steps)
                             m0 = block_at(listed, t, BLOCK_M, SPARSE, SUB)
                             slot, phase = ring_slot(q_cnt, NUM_Q)
@@ -163,7 +163,7 @@ def _dkdv_kernel(
                         dq_col = head * HEAD_DIM
                         dq = (desc_dq, ds_tiles, dq_stages, dq_col)
                         listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
-                        p0, p1, p2, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB)
+                        p0, p1, p2, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
                         seq = (lq, lk, q_start, listed)
                         dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p0, p1, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
                         dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p1, p2, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)

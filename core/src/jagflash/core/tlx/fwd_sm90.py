@@ -123,7 +123,7 @@ def _fwd_kernel(
                 if live:
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                     listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)
-                    p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_N, SPARSE)
+                    p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_N, SPARSE, 1, True)
                     row = q_row(q_start, m0, Q_SHARED)
                     qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
                     for c in tl.static_range(2):
@@ -164,7 +164,7 @@ def _fwd_kernel(
                 if live:
                     lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                     listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)
-                    blocks = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_N, SPARSE)
+                    blocks = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_N, SPARSE, 1, True)
                     rows = m0 + cid * HALF + tl.arange(0, HALF)
                     bounds = band_bounds(rows, lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
                     qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
