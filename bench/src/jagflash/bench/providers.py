@@ -518,12 +518,14 @@ def _fa4_block_sparse_prepare(w: Workload, batch: Batch, grad: bool) -> Prepared
         reasons.append(FA4_NO_SPARSE_BWD)
     if w.has_window:
         reasons.append("window with a block mask not wired for FA4")
+    varlen = None
     try:
         from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+
+        _, varlen = _fa4_funcs()
     except ImportError as e:
-        reasons.append(f"flash_attn.cute has no block_sparsity module ({e})")
-    _, varlen = _fa4_funcs()
-    if "block_sparse_tensors" not in inspect.signature(varlen).parameters:
+        reasons.append(f"flash_attn.cute.block_sparsity not importable ({e})")
+    if varlen is not None and "block_sparse_tensors" not in inspect.signature(varlen).parameters:
         reasons.append("this flash_attn_varlen_func takes no block_sparse_tensors")
     if reasons:
         raise NotImplementedError("; ".join(reasons))

@@ -13,6 +13,8 @@ seed). ``--smoke`` runs :meth:`Workload.smoke`: the same kind and features (caus
 length distribution family) shrunk to a few sequences of at most 40 tokens, 2 heads of dim 32,
 float32 (the Triton interpreter gets bfloat16 wrong: docs/architecture.md, "Backends"), each
 bounded window side cut to at most ``SMOKE_WINDOW`` (so that a smoke window is still a band).
+A block-sparse workload's smoke version keeps its pattern on ``SMOKE_BLOCK``-row blocks, so its
+sequences are a few blocks long (at most ``SMOKE_BS_MAX_LEN`` tokens).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from jagflash.bench.sparsity import BlockPattern
 __all__ = [
     "BLOCK_SPARSE_WORKLOADS",
     "KINDS",
+    "SMOKE_BLOCK",
+    "SMOKE_BS_MAX_LEN",
     "SMOKE_DEFAULT",
     "SMOKE_WINDOW",
     "WINDOW_WORKLOADS",
@@ -53,6 +57,8 @@ SMOKE_MAX_LEN = 40
 SMOKE_WINDOW = 7
 #: The block size of a smoke block-sparse workload (the smallest a BlockMask takes).
 SMOKE_BLOCK = 64
+#: The longest sequence of a smoke block-sparse workload (a few SMOKE_BLOCK blocks).
+SMOKE_BS_MAX_LEN = 200
 
 
 class LengthSpec(Protocol):
@@ -274,7 +280,7 @@ _HEAVY_TAIL_SMOKE = Mix((Fixed(1, SMOKE_MAX_LEN), Uniform(3, 2, 12)))
 _TINY = Uniform(2048, 1, 64)
 _BIMODAL = Bimodal(112, 16)
 #: Smoke lengths of the block-sparse workloads: a few 64-blocks per sequence, partial ones too.
-_BS_SMOKE = Mix((Fixed(1, 200), Uniform(2, 60, 140)), shuffle=False)
+_BS_SMOKE = Mix((Fixed(1, SMOKE_BS_MAX_LEN), Uniform(2, 60, 140)), shuffle=False)
 
 
 def _bs(batch: str, pattern: str, blocks: BlockPattern, priority: int) -> Workload:
@@ -283,7 +289,7 @@ def _bs(batch: str, pattern: str, blocks: BlockPattern, priority: int) -> Worklo
     kind, lengths = ("jagged", _LOGNORMAL) if batch == "lognormal" else ("dense", Fixed(4, 8192))
     return Workload(
         f"bs-{batch}-{pattern}", kind, lengths, causal=True, blocks=blocks, baseline=base,
-        smoke_lengths=_BS_SMOKE if kind == "jagged" else Fixed(2, 192), priority=priority,
+        smoke_lengths=_BS_SMOKE if kind == "jagged" else Fixed(2, 3 * SMOKE_BLOCK), priority=priority,
     )
 
 
