@@ -4,6 +4,9 @@
 #   bash bench/gpu.sh                          # ceilings, tests, demo, bench
 #   bash bench/gpu.sh bench -- --workloads 'jagged-*' --providers 'jagflash-*,varlen-fa2'
 #   bash bench/gpu.sh tests demo               # no bench
+#   bash bench/gpu.sh bench -- --workloads 'bs-*' --providers 'jagflash-tlx,flex,fa4' --rep-ms 40 --warmup-ms 10
+#                                              # block-sparse set (issue 22; + its two dense baselines
+#                                              # for jagflash-tlx): FA4 needs the step-3 carry below
 #
 # Carrying (the device tool moves at most 64 MiB a call; .gpu/ is git-ignored, name files in
 # `carry`): the TLX bundle is 53 MB and FA4 comes in two parts of 35 + 30 MB, so a full run is

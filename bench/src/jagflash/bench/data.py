@@ -18,6 +18,10 @@ k and v are ``[Tk, Hkv, D]`` with kv_offsets. A dense batch is jagged with equal
 ``q.view(B, N, Hq, D)`` is its ``[B, N, H, D]`` tensor without a copy. For broadcast_q,
 ``q_offsets`` describe the query block repeated once per sequence (what the expand-Q baseline and
 the reference run).
+
+A block-sparse workload's batch carries its ``block_mask`` (a ``jagflash.core.block_mask.BlockMask``
+built from the pattern's seeded grid with ``from_dense``, the same for every input set): the mask
+the providers run and the reference applies.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class Batch:
     dout: torch.Tensor
     q_offsets: torch.Tensor  # int32 [B+1]
     kv_offsets: torch.Tensor  # int32 [B+1]
+    block_mask: object | None = None  # jagflash.core.block_mask.BlockMask of a bs-* workload
 
     @property
     def device(self) -> torch.device:
@@ -129,6 +134,12 @@ def make_batch(
         dout = randn(len(kv_lens), w.q_len, w.heads, w.head_dim)
     else:
         dout = randn(tq, w.heads, w.head_dim)
+    q_offsets, kv_offsets = _offsets(q_lens, device), _offsets(kv_lens, device)
+    block_mask = None
+    if w.blocks is not None:
+        from jagflash.bench.sparsity import make_block_mask
+
+        block_mask = make_block_mask(w.blocks, q_lens, kv_lens, w.causal, q_offsets, kv_offsets)
     return Batch(
         workload=w,
         q_lens=[int(x) for x in q_lens],
@@ -137,6 +148,7 @@ def make_batch(
         k=k,
         v=v,
         dout=dout,
-        q_offsets=_offsets(q_lens, device),
-        kv_offsets=_offsets(kv_lens, device),
+        q_offsets=q_offsets,
+        kv_offsets=kv_offsets,
+        block_mask=block_mask,
     )

@@ -61,6 +61,11 @@ class Prepared:
     out_canon: Callable[[torch.Tensor], torch.Tensor] = _identity
     grads_canon: Callable[[tuple], tuple] = _identity
     note: Callable[[], str] = lambda: ""
+    # Block-sparse workloads: building the provider's mask from the pattern's mask_mod, timed
+    # as a row of its own ("build"); build_check(result) says why a build is wrong (None: right).
+    build: Callable[[], Any] | None = None
+    build_check: Callable[[Any], str | None] = lambda built: None
+    build_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,11 @@ class Provider:
     default_on: frozenset[str] | None = None
     # On a GPU run without an explicit --providers, only these workloads (globs); None: all.
     default_workloads: tuple[str, ...] | None = None
+    # Runs block-sparse workloads (``Workload.blocks``) with their mask; the others get an
+    # "unsupported" row there.
+    block_sparse: bool = False
+    # On those workloads it also times building its mask (a "build" row).
+    mask_build: bool = False
 
     def runs_on(self, device_type: str) -> bool:
         return device_type in self.devices
@@ -220,6 +230,8 @@ def _jagflash_prepare(backend: str) -> Callable[[Workload, Batch, bool], Prepare
                 dout=batch.dout,
                 note=_jagflash_choice_note("broadcast_q", backend),
             )
+        if w.blocks is not None:
+            return _block_sparse_prepare(w, batch, grad, backend, q, k, v)
         if w.has_window:
             return _sliding_window_prepare(w, batch, grad, backend, q, k, v)
         if w.kind == "dense":
@@ -286,6 +298,43 @@ def _sliding_window_prepare(w: Workload, batch: Batch, grad: bool, backend: str,
         leaves=(q, k, v),
         dout=batch.dout,
         note=_jagflash_choice_note("sliding_window", backend),
+    )
+
+
+def _block_sparse_prepare(w: Workload, batch: Batch, grad: bool, backend: str, q, k, v) -> Prepared:
+    """A block-sparse workload on the block-sparse variant (jagged rows and offsets, dense
+    batches too), its plan built once outside the timing for the batch's mask; the ``build``
+    row times ``BlockMask.from_mask_mod`` of the pattern's mask_mod on the device, checked to
+    list exactly the workload's blocks."""
+    try:
+        mod = importlib.import_module("jagflash.variants.block_sparse")
+    except ImportError as e:
+        raise _Unavailable(f"jagflash-block-sparse is not installed ({e})") from None
+    from jagflash.bench.sparsity import mask_mod
+
+    fn, m = mod.block_sparse_attention, batch.block_mask
+    qo, ko, mq, mk = batch.q_offsets, batch.kv_offsets, batch.max_q, batch.max_kv
+    mask = dict(causal=w.causal, window=tuple(w.window) if w.has_window else None)
+    kw = _plan_once(mod.make_plan, backend, grad, q, k, qo, ko, m, **mask)
+    rule, want = mask_mod(w.blocks, m), m.to_dense()
+
+    def build():
+        return mod.BlockMask.from_mask_mod(rule, qo, ko, 1, m.block_size, max_seqlen_q=mq, max_seqlen_kv=mk)
+
+    def check(built) -> str | None:
+        got = built.to_dense()
+        if got.shape != want.shape or not torch.equal(got, want):
+            return "BlockMask.from_mask_mod listed other blocks than the workload's mask"
+        return None
+
+    return Prepared(
+        fwd=lambda: fn(q, k, v, qo, ko, m, **mask, backend=backend, **kw),
+        leaves=(q, k, v),
+        dout=batch.dout,
+        note=_jagflash_choice_note("block_sparse", backend),
+        build=build,
+        build_check=check,
+        build_note=f"BlockMask.from_mask_mod on the device ({w.blocks.kind} mask_mod, max lengths given)",
     )
 
 
@@ -454,7 +503,49 @@ def _fa4_window_kw(w: Workload) -> dict[str, Any]:
     return {"window_size": (None if left < 0 else left, None if right < 0 else right)}
 
 
+#: Why FA4 has no block-sparse backward here (its own sources, flash-attn-4 4.0.0b36).
+FA4_NO_SPARSE_BWD = (
+    "FA4 block-sparse backward: flash_attn/cute/interface.py _flash_attn_bwd asserts 'Varlen "
+    "backward with block sparsity is not yet supported' (4.0.0b36); its varlen forward is timed"
+)
+
+
+def _fa4_block_sparse_prepare(w: Workload, batch: Batch, grad: bool) -> Prepared:
+    """FA4's varlen block-sparse forward on the workload's mask (every listed block a "mask"
+    block, causal applied inside; :func:`jagflash.bench.sparsity.fa4_block_sparse`)."""
+    reasons = []
+    if grad:
+        reasons.append(FA4_NO_SPARSE_BWD)
+    if w.has_window:
+        reasons.append("window with a block mask not wired for FA4")
+    varlen = None
+    try:
+        from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+
+        _, varlen = _fa4_funcs()
+    except ImportError as e:
+        reasons.append(f"flash_attn.cute.block_sparsity not importable ({e})")
+    if varlen is not None and "block_sparse_tensors" not in inspect.signature(varlen).parameters:
+        reasons.append("this flash_attn_varlen_func takes no block_sparse_tensors")
+    if reasons:
+        raise NotImplementedError("; ".join(reasons))
+    from jagflash.bench.sparsity import fa4_block_sparse
+
+    sparse = fa4_block_sparse(batch.block_mask, BlockSparseTensorsTorch)
+    q, k, v = (_leaf(t, False) for t in (batch.q, batch.k, batch.v))
+    kw = dict(cu_seqlens_q=batch.q_offsets, cu_seqlens_k=batch.kv_offsets)
+    kw.update(_kwargs_for(varlen, max_seqlen_q=batch.max_q, max_seqlen_k=batch.max_kv))
+    return Prepared(
+        fwd=lambda: _first(varlen(q, k, v, softmax_scale=None, causal=w.causal, block_sparse_tensors=sparse, **kw)),
+        leaves=(q, k, v),
+        dout=batch.dout,
+        note=lambda: "FA4 varlen block-sparse forward",
+    )
+
+
 def _fa4_prepare(w: Workload, batch: Batch, grad: bool) -> Prepared:
+    if w.blocks is not None:
+        return _fa4_block_sparse_prepare(w, batch, grad)
     func, varlen = _fa4_funcs()
     q, k, v = (_leaf(t, grad) for t in (batch.q, batch.k, batch.v))
     extra = _fa4_window_kw(w)
@@ -532,39 +623,61 @@ def _flex_no_backward(device: torch.device) -> str | None:
     return "FlexAttention has no backward on CPU" if device.type == "cpu" else None
 
 
-def _flex_prepare(w: Workload, batch: Batch, grad: bool, compiled: bool | None = None) -> Prepared:
-    """Document mask over the concatenated sequences; compiled on a GPU (``compiled`` forces it
-    either way, e.g. to try the compiled path on a CPU)."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
+def _flex_document_mask(batch: Batch, left: int, right: int, block_mask=None) -> Callable:
+    """FlexAttention's ``mask_mod`` over the concatenated sequences (indices into the packed
+    rows): same document (sequence), the band ``[left, right]`` around each document's
+    bottom-right diagonal (-1 unbounded) and, given a ``block_mask`` (a block-sparse
+    workload's), its listed blocks in the document's own coordinates. One function (a grid
+    lookup) for every block pattern, so one compiled kernel serves every workload of a shape."""
     dev = batch.device
-    on_gpu = dev.type == "cuda" if compiled is None else compiled
-    nseq, hq, dim = batch.num_seqs, w.heads, w.head_dim
-    bq = w.kind == "broadcast_q"
     q_lens = torch.tensor(batch.q_lens, device=dev, dtype=torch.int64)
     kv_lens = torch.tensor(batch.kv_lens, device=dev, dtype=torch.int64)
-    docs = torch.arange(nseq, device=dev)
+    docs = torch.arange(batch.num_seqs, device=dev)
     q_doc = torch.repeat_interleave(docs, q_lens)
     kv_doc = torch.repeat_interleave(docs, kv_lens)
     q_start, kv_start = batch.q_offsets64[:-1], batch.kv_offsets64[:-1]
     shift = kv_lens - q_lens
-    left, right = mask_bounds(w.causal, w.window)
+    grid = None if block_mask is None else block_mask.to_dense()[:, 0]  # [B, nQ, nK]
+    (bm, bn) = (1, 1) if block_mask is None else block_mask.block_size
 
     def document_mask(b, h, q_idx, kv_idx):
         d = q_doc[q_idx]
         m = d == kv_doc[kv_idx]
+        qi, kj = q_idx - q_start[d], kv_idx - kv_start[d]
+        if grid is not None:
+            nq, nk = grid.shape[1], grid.shape[2]
+            m = m & grid[d, (qi // bm).clamp(0, nq - 1), (kj // bn).clamp(0, nk - 1)]
         if left >= 0 or right >= 0:
-            # key offset relative to the bottom-right diagonal of document d
-            rel = (kv_idx - kv_start[d]) - (q_idx - q_start[d]) - shift[d]
+            rel = kj - qi - shift[d]  # key offset relative to document d's bottom-right diagonal
             if right >= 0:
                 m = m & (rel <= right)
             if left >= 0:
                 m = m & (rel >= -left)
         return m
 
+    return document_mask
+
+
+def _flex_prepare(w: Workload, batch: Batch, grad: bool, compiled: bool | None = None) -> Prepared:
+    """Document mask over the concatenated sequences (and a block-sparse workload's blocks:
+    :func:`_flex_document_mask`); compiled on a GPU (``compiled`` forces it either way, e.g. to
+    try the compiled path on a CPU). ``build`` is ``create_block_mask`` itself (the "build" row
+    of block-sparse workloads; the mask the forward uses was built outside the timing)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    dev = batch.device
+    on_gpu = dev.type == "cuda" if compiled is None else compiled
+    nseq, hq, dim = batch.num_seqs, w.heads, w.head_dim
+    bq = w.kind == "broadcast_q"
+    left, right = mask_bounds(w.causal, w.window)
     tq, tk = batch.total_q, batch.total_kv
     kw = _kwargs_for(create_block_mask, _compile=on_gpu)
-    block_mask = create_block_mask(document_mask, None, None, tq, tk, device=dev, **kw)
+    rule = _flex_document_mask(batch, left, right, batch.block_mask)
+
+    def build():
+        return create_block_mask(rule, None, None, tq, tk, device=dev, **kw)
+
+    block_mask = build()
     flex = _flex_compiled() if on_gpu else flex_attention
 
     def bhtd(t: torch.Tensor) -> torch.Tensor:  # [T, H, D] -> [1, H, T, D], contiguous
@@ -594,6 +707,9 @@ def _flex_prepare(w: Workload, batch: Batch, grad: bool, compiled: bool | None =
         out_canon=out_canon,
         grads_canon=grads_canon,
         note=lambda: "" if on_gpu else "eager (no torch.compile on CPU)",
+        build=None if w.blocks is None else build,
+        build_note="create_block_mask over the packed batch (document + band + blocks)"
+        + ("" if on_gpu else ", not compiled"),
     )
 
 
@@ -741,6 +857,8 @@ def _jagflash(
         available=_jagflash_available,
         supports=_jagflash_supports,
         default_on=None if default_on is None else frozenset(default_on),
+        block_sparse=True,
+        mask_build=True,
     )
 
 
@@ -768,9 +886,11 @@ PROVIDERS: dict[str, Provider] = {
             "fa4",
             frozenset({"dense", "jagged"}),
             _fa4_prepare,
-            "FlashAttention-4 (flash_attn.cute flash_attn_func / flash_attn_varlen_func)",
+            "FlashAttention-4 (flash_attn.cute flash_attn_func / flash_attn_varlen_func; "
+            "block-sparse workloads: its varlen block-sparse forward)",
             available=_fa4_available,
             needs_host_triton=True,
+            block_sparse=True,
         ),
         Provider(
             "fa4-expand-q",
@@ -835,7 +955,10 @@ PROVIDERS: dict[str, Provider] = {
                 "jagged-lognormal-causal-d128",
                 "bq-lq256-b64",
                 "*-left*",  # the sliding-window rows (block mask: window + document)
+                "bs-*",  # block-sparse rows: one compile per batch shape (one mask_mod for all)
             ),
+            block_sparse=True,
+            mask_build=True,
         ),
         *(
             Provider(

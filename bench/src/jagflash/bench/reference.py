@@ -8,12 +8,16 @@ dQ/dK/dV. Two things keep it affordable on the largest workloads:
 * past ``flop_budget`` forward FLOPs only the first few KV-head groups are checked (heads are
   independent, so a subset of heads is a complete check of those heads). The row says so.
 
+A block-sparse batch's ``block_mask`` is applied (cut to each chunk's sequences and heads); the
+FLOP budget then counts the band's pairs, an upper bound of the visible ones.
+
 A provider passes when ``||x - ref|| / ||ref|| <= tol`` on the output and, for the backward, on
 each of dQ, dK and dV; NaN or Inf never passes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -98,6 +102,16 @@ def _chunks(batch: Batch, heads: int, max_elems: int) -> list[tuple[int, int]]:
     return out
 
 
+def _chunk_mask(block_mask, b0: int, b1: int, q_off: torch.Tensor, k_off: torch.Tensor, heads: int):
+    """Sequences ``b0:b1`` (and the first ``heads`` mask heads) of ``block_mask``, on the chunk's
+    offsets; None stays None."""
+    if block_mask is None:
+        return None
+    h = slice(None) if block_mask.heads == 1 else slice(0, heads)
+    cut = {f: getattr(block_mask, f)[b0:b1, h] for f in ("kv_counts", "kv_indices", "q_counts", "q_indices")}
+    return dataclasses.replace(block_mask, **cut, q_offsets=q_off, kv_offsets=k_off)
+
+
 def compute_reference(
     batch: Batch,
     *,
@@ -131,8 +145,10 @@ def compute_reference(
             vc = v_all[ko[b0] : ko[b1]].clone().requires_grad_(grads)
             q_off = batch.q_offsets[b0 : b1 + 1] - qo[b0]
             k_off = batch.kv_offsets[b0 : b1 + 1] - ko[b0]
+            mask = _chunk_mask(batch.block_mask, b0, b1, q_off, k_off, hq)
             out, _ = fn(
-                qc, kc, vc, q_off, k_off, causal=w.causal, window=tuple(w.window), compute_dtype=f32
+                qc, kc, vc, q_off, k_off, causal=w.causal, window=tuple(w.window), compute_dtype=f32,
+                block_mask=mask,
             )
             if bq:
                 out = out.reshape(n, w.q_len, hq, w.head_dim)

@@ -55,6 +55,7 @@ COLUMNS = (
     "causal",
     "window",
     "smoke",
+    "block_density",
     "timer",
     "runs",
     "device",
@@ -78,7 +79,7 @@ _CELL = {
     "failed": "FAIL",
     "skipped": "skip",
 }
-_NUMERIC = ("ms_p20", "ms_p50", "ms_p80", "tflops", "peak_mib", "rel_err")
+_NUMERIC = ("ms_p20", "ms_p50", "ms_p80", "tflops", "peak_mib", "rel_err", "block_density")
 _INTS = (
     "flops",
     "num_seqs",
@@ -141,7 +142,71 @@ def _cell(row: dict | None) -> str:
             if row["tflops"] >= 1
             else (f"**{row['tflops']:.3g}**<br>{row['ms_p50']:.3g} ms{mem}")
         )
+    if row["status"] == "ok" and row.get("ms_p50") is not None:  # a mask build: no FLOPs
+        return f"{row['ms_p50']:.3g} ms"
     return _CELL.get(row["status"], row["status"])
+
+
+def _ms(index: dict, workload: str, provider: str, direction: str) -> float | None:
+    r = index.get((workload, provider, direction))
+    return r["ms_p50"] if r is not None and r["status"] == "ok" and r.get("ms_p50") else None
+
+
+def _ratio(num: float | None, den: float | None, fmt: str = "{:.2f}x") -> str:
+    return "-" if num is None or den is None or den <= 0 else fmt.format(num / den)
+
+
+#: The issue's goals for the block-sparse rows (H200, bf16, D128), printed under their table.
+BLOCK_SPARSE_GOALS = (
+    "goals at 25 %: fwd and bwd >= 3.2x dense; >= 2x flex fwd+bwd; >= 1.2x FA4 fwd; build <= 10 % of fwd"
+)
+
+
+def block_sparse_lines(rows: list[dict]) -> list[str]:
+    """Speed-ups of the block-sparse rows (``bs-*`` workloads), one line per workload and
+    jagflash provider: the median time of the same provider's rows on the workload's baseline
+    (the same batch without the mask) over its own, forward and backward; FlexAttention's
+    fwd + bwd time over its own; FA4's forward over its forward; its mask build (``build``
+    row) and FlexAttention's as % of that provider's forward. Empty when no such rows."""
+    from jagflash.bench.workloads import WORKLOADS
+
+    index = {(r["workload"], r["provider"], r["direction"]): r for r in rows}
+    density = {r["workload"]: r.get("block_density") for r in rows}
+    lines = []
+    for wl in _ordered(r["workload"] for r in rows):
+        w = WORKLOADS.get(wl)
+        if w is None or w.blocks is None:
+            continue
+        base = w.baseline
+        flex_fb = [_ms(index, wl, "flex", d) for d in ("fwd", "bwd")]
+        flex_sum = None if None in flex_fb else sum(flex_fb)
+        for p in _ordered(r["provider"] for r in rows if r["workload"] == wl and r["provider"].startswith("jagflash-")):
+            f, b = _ms(index, wl, p, "fwd"), _ms(index, wl, p, "bwd")
+            if f is None and b is None:
+                continue
+            d = density.get(wl)
+            lines.append(
+                f"{wl[:26]:<26} {_short(p):>10} {'-' if d is None else f'{d:.0%}':>4} "
+                f"{_ratio(_ms(index, base, p, 'fwd'), f):>7} {_ratio(_ms(index, base, p, 'bwd'), b):>7} "
+                f"{_ratio(flex_sum, None if f is None or b is None else f + b):>7} "
+                f"{_ratio(_ms(index, wl, 'fa4', 'fwd'), f):>7} "
+                f"{_ratio(_ms(index, wl, p, 'build'), f, '{:.1%}'):>7} "
+                f"{_ratio(_ms(index, wl, 'flex', 'build'), _ms(index, wl, 'flex', 'fwd'), '{:.0%}'):>8}"
+            )
+    if not lines:
+        return []
+    head = (
+        f"{'block-sparse':<26} {'provider':>10} {'dens':>4} {'fwd/dns':>7} {'bwd/dns':>7} "
+        f"{'/flexFB':>7} {'/FA4 f':>7} {'build%':>7} {'flexbld%':>8}"
+    )
+    return [
+        head,
+        *lines,
+        "(x: the other's median time over this provider's; dens: listed share of the causal band's blocks; build%: its",
+        " from_mask_mod as % of its forward, flexbld%: create_block_mask as % of Flex's forward;",
+        " FA4 forward is an inference forward, jagflash's a training one)",
+        BLOCK_SPARSE_GOALS,
+    ]
 
 
 def _meta_lines(meta: dict, rows: list[dict]) -> list[str]:
@@ -225,6 +290,9 @@ def markdown(rows: list[dict], meta: dict | None = None) -> str:
                 tag = f"{r['workload']} {r['direction']}"
                 if tag not in notes[key]:
                     notes[key].append(tag)
+    bs = block_sparse_lines(rows)
+    if bs:
+        out += ["## Block-sparse speed-ups", "", "```", *bs, "```", ""]
     if notes:
         out += ["## Notes", ""]
         for (prov, status, reason), where in notes.items():
@@ -250,7 +318,7 @@ def plots(rows: list[dict], out_dir: Path, ceiling_tflops: float | None = None) 
             continue
         workloads = _ordered(r["workload"] for r in rows if r["kind"] == kind)
         providers = _ordered(r["provider"] for r in ok)
-        directions = _ordered(r["direction"] for r in rows if r["kind"] == kind)
+        directions = _ordered(r["direction"] for r in rows if r["kind"] == kind and r["direction"] != "build")
         index = {(r["workload"], r["provider"], r["direction"]): r for r in ok}
         height = max(2.5, 0.28 * len(workloads) * max(len(providers), 1) + 1.2)
         fig, axes = plt.subplots(
@@ -380,7 +448,7 @@ def summary_text(rows: list[dict], meta: dict | None = None) -> str:
         width = max(10, *(len(_short(p)) for p in provs))
         name_w = min(34, max(len(r["workload"]) for r in krows))
         lines.append("")
-        lines.append(f"{kind:<{name_w}} dir " + " ".join(f"{_short(p):>{width}}" for p in provs))
+        lines.append(f"{kind:<{name_w}} dir   " + " ".join(f"{_short(p):>{width}}" for p in provs))
         for wl in _ordered(r["workload"] for r in krows):
             for d in _ordered(r["direction"] for r in krows if r["workload"] == wl):
                 cells = []
@@ -390,11 +458,16 @@ def summary_text(rows: list[dict], meta: dict | None = None) -> str:
                         cells.append("")
                     elif r["status"] == "ok" and r.get("tflops") is not None:
                         cells.append(_tf(r["tflops"]))
+                    elif r["status"] == "ok" and r.get("ms_p50") is not None:
+                        cells.append(f"{r['ms_p50']:.3g}ms")
                     else:
                         cells.append(_SUMMARY_CELL.get(r["status"], r["status"]))
                 lines.append(
-                    f"{wl[:name_w]:<{name_w}} {d:<3} " + " ".join(f"{c:>{width}}" for c in cells)
+                    f"{wl[:name_w]:<{name_w}} {d:<5} " + " ".join(f"{c:>{width}}" for c in cells)
                 )
+    bs = block_sparse_lines(rows)
+    if bs:
+        lines += ["", *bs]
     return "\n".join(lines)
 
 

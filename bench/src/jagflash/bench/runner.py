@@ -134,14 +134,23 @@ class _WorkloadState:
         return {**self._base, "_flops": dict(self._base["_flops"])}
 
     def _make_base_row(self) -> dict:
-        from jagflash.bench.flops import bwd_flops, fwd_flops
+        from jagflash.bench.flops import block_mask_pairs, bwd_flops, fwd_flops
+        from jagflash.bench.sparsity import band_density
 
         w = self.w
         q_lens, kv_lens = self._lengths
-        f = fwd_flops(
-            q_lens, kv_lens, heads=w.heads, head_dim=w.head_dim, causal=w.causal, window=w.window
-        )
+        extra = {}
+        if w.blocks is not None:
+            # FLOPs on the pairs the mask lets through: TFLOP/s compare across providers
+            mask = self.batches(1)[0].block_mask
+            f = 4 * w.head_dim * block_mask_pairs(mask, w.heads, w.causal, w.window)
+            extra["block_density"] = round(band_density(mask, w.causal), 4)
+        else:
+            f = fwd_flops(
+                q_lens, kv_lens, heads=w.heads, head_dim=w.head_dim, causal=w.causal, window=w.window
+            )
         return {
+            **extra,
             "workload": w.name,
             "kind": w.kind,
             "num_seqs": len(kv_lens),
@@ -156,7 +165,7 @@ class _WorkloadState:
             "causal": w.causal,
             "window": "" if not w.has_window else f"{w.window[0]}:{w.window[1]}",
             "smoke": w.is_smoke,
-            "_flops": {"fwd": f, "bwd": bwd_flops(f)},
+            "_flops": {"fwd": f, "bwd": bwd_flops(f), "build": 0},
         }
 
     def free(self) -> None:
@@ -263,7 +272,8 @@ class Worker:
         self.emit({"type": "row", **row})
         what = f"{row['workload']} · {row['provider']} · {row['direction']} · {row['status']}"
         if row["status"] == "ok":
-            what += f" {row['tflops']:.4g} TFLOP/s {row['ms_p50']:.4g} ms"
+            rate = "" if row.get("tflops") is None else f" {row['tflops']:.4g} TFLOP/s"
+            what += f"{rate} {row['ms_p50']:.4g} ms"
         elif row.get("note"):
             what += f": {row['note'][:100]}"
         self.progress.advance(what)
@@ -314,6 +324,12 @@ class Worker:
         return self._available[prov.name]
 
     def _measure(self, prov, state: _WorkloadState, remaining_items: int) -> None:
+        prep = self._measure_dirs(prov, state, remaining_items)
+        if prep is not None and prep.build is not None and "fwd" in self.plan.directions:
+            self._measure_build(prov, prep, state, self._timing_kw(remaining_items))
+
+    def _measure_dirs(self, prov, state: _WorkloadState, remaining_items: int):
+        """Check and time ``prov``'s directions; its first Prepared when the forward passed."""
         from jagflash.bench.reference import rel_err, tolerance
         from jagflash.bench.timing import Rotator, measure
 
@@ -377,10 +393,10 @@ class Worker:
                 )
                 self._emit_timed(state, prov.name, "fwd", t, err_fwd, notes_fwd, n_sets, peak)
         if not want_bwd:
-            return
+            return preps[0] if fwd_ok else None
         if no_bwd is not None:
             self._emit_row(self._row(state, prov.name, "bwd", "unsupported", no_bwd))
-            return
+            return preps[0] if fwd_ok else None
         if not fwd_ok:
             self._emit_row(
                 self._row(
@@ -392,7 +408,7 @@ class Worker:
                     rel_err=err_fwd,
                 )
             )
-            return
+            return preps[0] if fwd_ok else None
         p0 = preps[0]
         grads = torch.autograd.grad(out, p0.leaves, p0.dout, retain_graph=True, allow_unused=True)
         dq, dk, dv = p0.grads_canon(tuple(grads))
@@ -417,7 +433,7 @@ class Worker:
                     rel_err=errs[worst],
                 )
             )
-            return
+            return preps[0] if fwd_ok else None
         outs = [out]
         with torch.enable_grad():
             outs += [p.fwd() for p in preps[1:]]
@@ -430,6 +446,24 @@ class Worker:
             x.grad = None
         t = measure(Rotator(fns), dev, grad_to_none=leaves, **timing_kw)
         self._emit_timed(state, prov.name, "bwd", t, errs[worst], notes, n_sets, peak)
+        return preps[0]
+
+    def _measure_build(self, prov, prep, state: _WorkloadState, timing_kw: dict) -> None:
+        """The ``build`` row of a provider whose Prepared builds a block mask: its result checked
+        (``build_check``), then timed like the other rows (FLOPs 0: ms only)."""
+        from jagflash.bench.timing import measure
+
+        try:
+            problem = prep.build_check(prep.build())
+            if problem:
+                self._emit_row(self._row(state, prov.name, "build", "wrong", problem))
+                return
+            t = measure(prep.build, self.device, **timing_kw)
+        except Exception as e:  # a failing build is a row, like a failing provider
+            traceback.print_exc(limit=-8, file=sys.stderr)
+            self._emit_row(self._row(state, prov.name, "build", "failed", _short(e)))
+            return
+        self._emit_timed(state, prov.name, "build", t, None, [prep.build_note], 1)
 
     def _emit_timed(self, state, provider, direction, t, err, notes, n_sets, peak=None) -> None:
         row = self._row(
@@ -445,7 +479,7 @@ class Worker:
             timer=t.timer,
             runs=t.runs,
         )
-        row["tflops"] = row["flops"] / (t.p50 * 1e-3) / 1e12 if t.p50 > 0 else None
+        row["tflops"] = row["flops"] / (t.p50 * 1e-3) / 1e12 if t.p50 > 0 and row["flops"] else None
         row["peak_mib"] = peak
         if n_sets > 1:
             row["timer"] += f", {n_sets} input sets"
@@ -501,6 +535,8 @@ class Worker:
             self._all_dirs(state, prov.name, "unavailable", reason)
             return
         reason = prov.supports(state.w)
+        if state.w.blocks is not None and not prov.block_sparse:
+            reason = "takes no block mask (block-sparse workloads run on the providers that do)"
         if reason:
             self._all_dirs(state, prov.name, "unsupported", reason)
             return

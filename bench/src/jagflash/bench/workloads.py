@@ -13,6 +13,8 @@ seed). ``--smoke`` runs :meth:`Workload.smoke`: the same kind and features (caus
 length distribution family) shrunk to a few sequences of at most 40 tokens, 2 heads of dim 32,
 float32 (the Triton interpreter gets bfloat16 wrong: docs/architecture.md, "Backends"), each
 bounded window side cut to at most ``SMOKE_WINDOW`` (so that a smoke window is still a band).
+A block-sparse workload's smoke version keeps its pattern on ``SMOKE_BLOCK``-row blocks, so its
+sequences are a few blocks long (at most ``SMOKE_BS_MAX_LEN`` tokens).
 """
 
 from __future__ import annotations
@@ -24,13 +26,19 @@ from typing import Protocol
 
 import numpy as np
 
+from jagflash.bench.sparsity import BlockPattern
+
 __all__ = [
+    "BLOCK_SPARSE_WORKLOADS",
     "KINDS",
+    "SMOKE_BLOCK",
+    "SMOKE_BS_MAX_LEN",
     "SMOKE_DEFAULT",
     "SMOKE_WINDOW",
     "WINDOW_WORKLOADS",
     "WORKLOADS",
     "Bimodal",
+    "BlockPattern",
     "Fixed",
     "LengthSpec",
     "Lognormal",
@@ -47,6 +55,10 @@ DTYPES = ("bfloat16", "float16", "float32")
 SMOKE_MAX_LEN = 40
 #: The widest window side of a smoke workload (odd, below the interpreter's 32-row tiles).
 SMOKE_WINDOW = 7
+#: The block size of a smoke block-sparse workload (the smallest a BlockMask takes).
+SMOKE_BLOCK = 64
+#: The longest sequence of a smoke block-sparse workload (a few SMOKE_BLOCK blocks).
+SMOKE_BS_MAX_LEN = 200
 
 
 class LengthSpec(Protocol):
@@ -163,7 +175,10 @@ class Workload:
     have the same lengths (self-attention), for ``broadcast_q`` one shared query block of
     ``q_len`` rows attends to every K/V sequence. ``kv_heads`` defaults to ``heads`` (GQA when
     smaller). ``window`` is ``(left, right)`` with -1 unbounded, aligned bottom-right like
-    ``causal``.
+    ``causal``. ``blocks`` makes it a block-sparse workload (:mod:`jagflash.bench.sparsity`):
+    every provider that takes a block mask runs that mask, the others say they take none;
+    ``baseline`` names the workload of the same batch without the mask (the dense rows its
+    speed-ups are against; the CLI adds it for the jagflash providers).
     """
 
     name: str
@@ -182,6 +197,8 @@ class Workload:
     is_smoke: bool = False
     # Run order (lower first) when a time budget may cut the run short; tables keep WORKLOADS order.
     priority: int = 5
+    blocks: BlockPattern | None = None
+    baseline: str | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -193,6 +210,8 @@ class Workload:
             problems.append(f"heads {self.heads} not a multiple of kv_heads {self.hkv}")
         if (self.kind == "broadcast_q") != (self.q_len is not None):
             problems.append("q_len is set exactly for broadcast_q workloads")
+        if self.blocks is not None and self.kind == "broadcast_q":
+            problems.append("block patterns are for dense and jagged workloads")
         if problems:
             raise ValueError(f"workload {self.name}: " + "; ".join(problems))
 
@@ -235,6 +254,7 @@ class Workload:
             dtype=dtype,
             q_len=None if self.q_len is None else min(self.q_len, self.smoke_q_len),
             window=tuple(s if s < 0 else min(s, SMOKE_WINDOW) for s in self.window),
+            blocks=None if self.blocks is None else dataclasses.replace(self.blocks, block=SMOKE_BLOCK),
             is_smoke=True,
         )
 
@@ -249,6 +269,8 @@ class Workload:
             bits.append("causal")
         if self.has_window:
             bits.append(f"window {tuple(self.window)}")
+        if self.blocks is not None:
+            bits.append(self.blocks.describe())
         return ", ".join(bits)
 
 
@@ -257,6 +279,27 @@ _HEAVY_TAIL = Mix((Fixed(2, 4096), Uniform(120, 32, 768)))
 _HEAVY_TAIL_SMOKE = Mix((Fixed(1, SMOKE_MAX_LEN), Uniform(3, 2, 12)))
 _TINY = Uniform(2048, 1, 64)
 _BIMODAL = Bimodal(112, 16)
+#: Smoke lengths of the block-sparse workloads: a few 64-blocks per sequence, partial ones too.
+_BS_SMOKE = Mix((Fixed(1, SMOKE_BS_MAX_LEN), Uniform(2, 60, 140)), shuffle=False)
+
+
+def _bs(batch: str, pattern: str, blocks: BlockPattern, priority: int) -> Workload:
+    """A block-sparse workload (causal, H16 D128 bf16) on the batch of its ``baseline``."""
+    base = {"lognormal": "jagged-lognormal-causal-d128", "dense8k": "dense-b4h16n8192d128-causal"}[batch]
+    kind, lengths = ("jagged", _LOGNORMAL) if batch == "lognormal" else ("dense", Fixed(4, 8192))
+    return Workload(
+        f"bs-{batch}-{pattern}", kind, lengths, causal=True, blocks=blocks, baseline=base,
+        smoke_lengths=_BS_SMOKE if kind == "jagged" else Fixed(2, 3 * SMOKE_BLOCK), priority=priority,
+    )
+
+
+def _bs_set(batch: str, before: int, k: int, priority: int) -> tuple[Workload, ...]:
+    rnd = [_bs(batch, f"d{round(100 * d)}", BlockPattern("random", density=d, seed=22), priority + (d != 0.25)) for d in (0.1, 0.25, 0.5)]
+    return (
+        *rnd,
+        _bs(batch, "local-global", BlockPattern("local_global", before=before, sinks=1), priority),
+        _bs(batch, "topk", BlockPattern("top_k", k=k, seed=22), priority + 1),
+    )
 
 
 def _bq(q_len: int, count: int, priority: int = 5) -> Workload:
@@ -307,8 +350,15 @@ WORKLOADS: dict[str, Workload] = {
         _bq(256, 256),
         _bq(256, 64, priority=2),
         _bq(1024, 64),
+        # block-sparse (causal; density = share of the causal band's blocks): the lognormal batch
+        # (median 4 blocks a sequence) and dense 4 x 8192 (64 blocks), against their baselines
+        *_bs_set("lognormal", before=1, k=2, priority=6),
+        *_bs_set("dense8k", before=3, k=8, priority=6),
     )
 }
+
+#: The block-sparse workloads (``bs-*``).
+BLOCK_SPARSE_WORKLOADS = tuple(name for name, w in WORKLOADS.items() if w.blocks is not None)
 
 #: The sliding-window workloads (``*-left*``): their smoke versions, the bench's window check.
 WINDOW_WORKLOADS = tuple(name for name, w in WORKLOADS.items() if w.has_window)
