@@ -1,7 +1,9 @@
 """A small forward + backward of every TLX path the backends pick (jagged short and long
 sequences: tile ring and dynamic walk; causal; GQA; the one-pass and the deterministic two-pass
 backward; plans of every schedule: static, dynamic, grouped, none; sliding windows; dense; broadcast-Q;
-block-sparse on 128 x 128 masks: per-head lists, causal, one pass and deterministic), for
+block-sparse on 128 x 128 masks: per-head lists, causal, one pass and deterministic), and the
+decode forward (``jagflash.core.portable.decode``, plain Triton: packed sequences, keys split and
+merged) that the TLX backend hands short-query batches, with the TLX backward at its LSE, for
 compute-sanitizer's tools (``bench/gpu.sh sanitize`` runs all four):
 
     python bench/probes/sanitize_case.py                       # warm Triton's cache first
@@ -39,6 +41,13 @@ def main() -> None:
             plan = make_plan(q, k, offs, offs, causal=True, schedule=schedule, backward_schedule=schedule)
             out = jagged_attention(q, k, v, offs, offs, causal=True, deterministic=det, plan=plan)
             torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    # the decode path: at most 16 queries a sequence (packed, a 900-key sequence split), GQA
+    q_lens, k_lens = (1, 3, 0, 16, 2, 1), (40, 0, 900, 70, 1, 0)
+    q_offs, k_offs = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32).cuda() for n in (q_lens, k_lens))
+    for causal in (False, True):
+        q, k, v = rand(sum(q_lens), 8, 128), rand(sum(k_lens), 2, 128), rand(sum(k_lens), 2, 128)
+        out = jagged_attention(q, k, v, q_offs, k_offs, causal=causal)
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     # sliding windows: the one pass with a bounded left side, the deterministic two passes, GQA
     from jagflash.variants.sliding_window import sliding_window_attention
 

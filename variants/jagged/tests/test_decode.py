@@ -25,20 +25,6 @@ DEVICE = "cuda" if ON_GPU else "cpu"
 interpret_or_gpu = pytest.mark.gpu if ON_GPU else pytest.mark.interpret
 
 
-def _kernel(causal: bool, **kw):
-    def run(q, k, v, q_offsets, kv_offsets):
-        return jagged_attention(q, k, v, q_offsets, kv_offsets, causal=causal, return_lse=True, **kw)
-
-    return run
-
-
-def _reference(causal: bool):
-    def run(q, k, v, q_offsets, kv_offsets, dtype):
-        return jagged_reference(q, k, v, q_offsets, kv_offsets, causal=causal, dtype=dtype)
-
-    return run
-
-
 def _check(case: JaggedCase, device: str, *, grad: bool = True, **kw) -> JaggedCase:
     """``case`` (fp32 made ``FLOAT``) against the reference; returns the case it ran."""
     if case.dtype == torch.float32:
@@ -46,7 +32,9 @@ def _check(case: JaggedCase, device: str, *, grad: bool = True, **kw) -> JaggedC
     t = case.build(device, requires_grad=grad)
     dout = t.pop("dout")
     check_against_reference(
-        _kernel(case.causal, **kw), _reference(case.causal), t, atol=SPEC.atol[case.dtype], dout=dout if grad else None
+        lambda **jagged: jagged_attention(**jagged, causal=case.causal, return_lse=True, **kw),
+        lambda **jagged: jagged_reference(**jagged, causal=case.causal),
+        t, atol=SPEC.atol[case.dtype], dout=dout if grad else None,
     )
     return case
 
