@@ -25,7 +25,8 @@
 # initcheck, each over bench/probes/sanitize_case.py after one warm-up run that fills Triton's cache:
 # logs $OUT/sanitize-<tool>.log, then bench/probes/sanitize_summary.py classifies every report
 # against its documented false positives into $OUT/sanitize.log; SANITIZE_TOOLS (the four),
-# SANITIZE_TIMEOUT_S (150 each)),
+# SANITIZE_TIMEOUT_S (150 each), SANITIZE_WARM_PARTS (8 warm-up processes), SANITIZE_PARALLEL (1:
+# the tools side by side)),
 # recsys (docs/examples/recsys/train_gpu.py into $OUT/recsys; RECSYS_TIMEOUT_S, 300), schedule-ab (bench/probes/schedule_ab.py:
 # plan build time, then the portable kernels under schedules none / static / dynamic / grouped), probe (python $PROBE, a script of
 # bench/probes/), ncu (Nsight Compute, --clock-control none, on
@@ -218,13 +219,37 @@ if has_step demo; then
 fi
 if has_step sanitize; then  # compute-sanitizer over every TLX path the backends pick (#19)
     CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-    run_step sanitize-warm "$(cap 240 "$bench_reserve")" "$PY" bench/probes/sanitize_case.py
+    # The warm-up fills Triton's cache in SANITIZE_WARM_PARTS processes (every N-th case each:
+    # one process compiles its ~40 kernels one after another), then the tools run side by side
+    # (each its own process and CUDA context; SANITIZE_PARALLEL=0: one after another).
+    parts=${SANITIZE_WARM_PARTS:-8}
+    run_step sanitize-warm "$(cap 240 "$bench_reserve")" bash -c \
+        "fail=0; for i in \$(seq 0 $((parts - 1))); do '$PY' bench/probes/sanitize_case.py --part \$i/$parts & done; for p in \$(jobs -p); do wait \$p || fail=1; done; exit \$fail"
     logs=()
-    for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
-        run_step "sanitize-$tool" "$(cap "${SANITIZE_TIMEOUT_S:-150}" "$bench_reserve")" \
-            "$CS" --tool "$tool" --print-limit 2000 "$PY" bench/probes/sanitize_case.py
-        logs+=("$OUT/sanitize-$tool.log")
-    done
+    tools=${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
+    if [ "${SANITIZE_PARALLEL:-1}" = 1 ]; then
+        t=$(cap "${SANITIZE_TIMEOUT_S:-150}" "$bench_reserve")
+        t0=$(date +%s)
+        log "== sanitize tools side by side (timeout ${t}s each): $tools"
+        for tool in $tools; do
+            ( timeout -s INT -k 15 "$t" "$CS" --tool "$tool" --print-limit 2000 "$PY" bench/probes/sanitize_case.py \
+                > "$OUT/sanitize-$tool.log" 2>&1; echo $? > "$OUT/sanitize-$tool.rc" ) &
+            logs+=("$OUT/sanitize-$tool.log")
+        done
+        wait
+        for tool in $tools; do
+            RC[sanitize-$tool]=$(cat "$OUT/sanitize-$tool.rc" 2>/dev/null || echo 1)
+            SECS[sanitize-$tool]=$(( $(date +%s) - t0 ))
+            rm -f "$OUT/sanitize-$tool.rc"
+            log "== sanitize-$tool: exit ${RC[sanitize-$tool]}"
+        done
+    else
+        for tool in $tools; do
+            run_step "sanitize-$tool" "$(cap "${SANITIZE_TIMEOUT_S:-150}" "$bench_reserve")" \
+                "$CS" --tool "$tool" --print-limit 2000 "$PY" bench/probes/sanitize_case.py
+            logs+=("$OUT/sanitize-$tool.log")
+        done
+    fi
     run_step sanitize 30 "$PY" bench/probes/sanitize_summary.py "${logs[@]}"
 fi
 if has_step schedule-ab; then  # plan build time, portable kernels with each schedule (bench/probes/schedule_ab.py)
