@@ -75,7 +75,7 @@ def _launch_parts(name: str, kernel, grid, args, kw) -> None:
     compiled = kernel[grid](*args, **kw)  # returns the CompiledKernel it launched
     bound, _, _ = binder(*args, **kw)
     values = tuple(bound.values())
-    runner = compiled[grid]
+    runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # the compiled runner takes all three
     full = _rate(lambda: kernel[grid](*args, **kw))
     bind = _rate(lambda: binder(*args, **kw))
     direct = _rate(lambda: runner(*values))

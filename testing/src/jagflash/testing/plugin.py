@@ -80,6 +80,18 @@ def _skip_reason(keywords) -> str | None:
     return None
 
 
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """After a GPU test, its cached blocks go back to the device: the GPU suite runs in several
+    xdist workers on one GPU, and a worker's caching allocator otherwise keeps its largest
+    test's memory (8 workers held 10-31 GiB each and starved a 139 GiB H200: 2026-12-02,
+    session 13, call 3)."""
+    if "gpu" in item.keywords or "sm90" in item.keywords:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs (for --shard)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
