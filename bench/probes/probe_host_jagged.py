@@ -226,6 +226,7 @@ def _graphs(b: dict, extra: dict) -> None:
     do they capture, do replays equal eager calls bit for bit, and what does a replay cost."""
     from triton.testing import do_bench
 
+    from jagflash.testing.graphs import capture
     from jagflash.variants.jagged import jagged_attention
 
     q, k, v, qo, ko = b["q"], b["k"], b["v"], b["q_offsets"], b["kv_offsets"]
@@ -242,15 +243,7 @@ def _graphs(b: dict, extra: dict) -> None:
 
     for label, fn in (("fwd", fwd), ("fwd+bwd", step)):
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    fn()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                captured = fn()
+            graph, captured = capture(fn, warmups=3)
         except Exception as e:  # report why it does not capture, and go on
             print(f"\n== CUDA graph {label}: capture FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
             continue

@@ -1,10 +1,26 @@
-"""CUDA-graph capture for tests: a training step captured once and replayed on new inputs."""
+"""CUDA-graph capture for tests and probes: a call captured once (:func:`capture`), and a training
+step captured once and replayed on new inputs (:func:`replay_in_cuda_graph`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 import torch
+
+
+def capture(fn: Callable[[], object], warmups: int = 2) -> tuple[torch.cuda.CUDAGraph, object]:
+    """``fn`` run ``warmups`` times on a side stream (compiles, caches, plans), then captured
+    once: ``(graph, what the captured call returned)``, whose tensors hold each replay's results."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
 
 
 def replay_in_cuda_graph(
@@ -16,15 +32,7 @@ def replay_in_cuda_graph(
     in-place changes, such as new offsets) and replay the graph twice.
     Returns the captured output tensor, which (with the leaves' ``.grad``) now holds the
     replay's results, to compare with eager calls on the new inputs."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = capture(step)
     with torch.no_grad():
         for x in leaves:
             x.copy_(torch.randn_like(x))
