@@ -347,15 +347,18 @@ def test_packed_tiles_are_kept_per_offsets_and_follow_in_place_writes() -> None:
 
     offs = torch.tensor([0, 3, 3 + pad, 3 + pad, 4 + 2 * pad], dtype=torch.int32)
     first = bwd_preprocess.packed_tiles(offs)
-    assert first.dtype == torch.int32 and first.tolist() == want(offs)
+    assert first.dtype == torch.int32
+    assert first.tolist() == want(offs)
     assert bwd_preprocess.packed_tiles(offs) is first
     other = torch.tensor([0, 1, 2 + pad], dtype=torch.int32)
     assert bwd_preprocess.packed_tiles(other).tolist() == want(other)
     offs[1:] += 1  # same storage, new version: a fresh vec_tile
     moved = bwd_preprocess.packed_tiles(offs)
-    assert moved is not first and moved.tolist() == want(offs)
+    assert moved is not first
+    assert moved.tolist() == want(offs)
     copy = offs.clone()
-    assert bwd_preprocess.packed_tiles(copy) is not moved and bwd_preprocess.packed_tiles(copy).tolist() == want(offs)
+    assert bwd_preprocess.packed_tiles(copy) is not moved
+    assert bwd_preprocess.packed_tiles(copy).tolist() == want(offs)
     with _Passthrough():
         assert bwd_preprocess.packed_tiles(offs) is not moved
     lse = torch.zeros(2, int(offs[-1]))
