@@ -200,6 +200,14 @@ def test_plan_info_roundtrip_and_repr() -> None:
     assert ints == p.info.to_ints()
     with pytest.raises(InvalidInput, match="not the info of a jagflash Plan"):
         PlanInfo.from_ints([1, 2, 3])
+    with pytest.raises(InvalidInput, match="not the info of a jagflash Plan"):
+        PlanInfo.from_ints([1, 2, 3])  # a refusal is not kept
+    # the decoded infos are kept: the same ints (of any int type) decode to the same info, of ints
+    assert PlanInfo.from_ints(ints) is PlanInfo.from_ints(list(ints))
+    as_numpy = PlanInfo.from_ints(np.array(ints, dtype=np.int64))
+    assert as_numpy is PlanInfo.from_ints(ints)
+    assert type(as_numpy.batch) is int
+    assert PlanInfo.from_ints(mixed.info.to_ints()) != PlanInfo.from_ints(ints)
 
 
 def test_build_plan_opcheck() -> None:
