@@ -122,7 +122,7 @@ def occupancies() -> dict[str, int]:
 #: many dynamic launches), and int32 per counter: 4 (16 bytes), so that every counter has the
 #: 16-byte alignment Triton specialises pointers on, as a fresh allocation has (same binary).
 COUNTER_SLOTS, _SLOT_INTS = 1024, 4
-#: ``(device, stream handle) -> [buffer [COUNTER_SLOTS, 4] int32, next free slot]``.
+#: ``(device, stream handle) -> [buffer [COUNTER_SLOTS, 4] int32, its slots' views, next free slot]``.
 _counter_pools: dict[tuple, list] = {}
 _counter_lock = threading.Lock()
 
@@ -153,13 +153,14 @@ def tile_counter(plan: Plan, pass_: str) -> torch.Tensor:
     with _counter_lock:
         pool = _counter_pools.get(key)
         if pool is None:
-            pool = _counter_pools[key] = [torch.zeros((COUNTER_SLOTS, _SLOT_INTS), dtype=torch.int32, device=device), 0]
-        elif pool[1] >= len(pool[0]):
-            pool[0].zero_()
-            pool[1] = 0
-        slot = pool[1]
-        pool[1] = slot + 1
-    return pool[0][slot, :1]
+            buffer = torch.zeros((COUNTER_SLOTS, _SLOT_INTS), dtype=torch.int32, device=device)
+            pool = _counter_pools[key] = [buffer, buffer[:, :1].unbind(0), 0]  # each slot's [1] view
+        buffer, views, slot = pool
+        if slot == len(views):
+            buffer.zero_()
+            slot = 0
+        pool[2] = slot + 1
+        return views[slot]
 
 
 def launch(kernel, plan: Plan, pass_: str, tensors: Sequence, scalars: Sequence, **kw) -> None:
