@@ -90,7 +90,7 @@ def test_kept_tile_counters_give_the_fresh_counters_bits(device: str, monkeypatc
     monkeypatch.undo()
     monkeypatch.setattr(tile_scheduler, "_counter_pools", {})
     monkeypatch.setattr(tile_scheduler, "COUNTER_SLOTS", 2)
-    for _ in range(3):
+    for _ in range(2):  # 3 launches a step on 2 slots: zeroed again inside each step
         for a, b in zip(want, step(), strict=True):
             assert torch.equal(a, b)
     assert tile_scheduler._counter_pools  # the kept buffer served the calls
