@@ -200,6 +200,14 @@ def test_plan_info_roundtrip_and_repr() -> None:
     assert ints == p.info.to_ints()
     with pytest.raises(InvalidInput, match="not the info of a jagflash Plan"):
         PlanInfo.from_ints([1, 2, 3])
+    with pytest.raises(InvalidInput, match="not the info of a jagflash Plan"):
+        PlanInfo.from_ints([1, 2, 3])  # a refusal is not kept
+    # the decoded infos are kept: the same ints (of any int type) decode to the same info, of ints
+    assert PlanInfo.from_ints(ints) is PlanInfo.from_ints(list(ints))
+    as_numpy = PlanInfo.from_ints(np.array(ints, dtype=np.int64))
+    assert as_numpy is PlanInfo.from_ints(ints)
+    assert type(as_numpy.batch) is int
+    assert PlanInfo.from_ints(mixed.info.to_ints()) != PlanInfo.from_ints(ints)
 
 
 def test_build_plan_opcheck() -> None:
@@ -377,6 +385,45 @@ def test_tlx_kernels_deal_static_tables_zigzag_and_dynamic_ones_by_counter() -> 
                 assert first.dtype == torch.int32
                 assert first.tolist() == [0]
                 assert first.data_ptr() != second.data_ptr()
+
+
+class _Passthrough(torch.overrides.TorchFunctionMode):
+    """A torch function mode that changes nothing (as a tracer's or a mode's presence)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_tile_counters_are_unshared_aligned_zeros_refilled_by_one_fill(monkeypatch) -> None:
+    """The dynamic launches' counters (``tile_counter``): in plain eager mode slots of one kept
+    buffer, each 16-byte aligned (the alignment class of a fresh allocation: the same Triton
+    specialisation), no two launches given the same one; a slot a kernel counted up is never
+    handed out again before the buffer is zeroed, once, when its slots are used up. Under a
+    torch function mode (as under tracing; so during a CUDA graph capture) a fresh zeroed tensor."""
+    from jagflash.core import tile_scheduler
+
+    monkeypatch.setattr(tile_scheduler, "_counter_pools", {})
+    monkeypatch.setattr(tile_scheduler, "COUNTER_SLOTS", 3)
+    qo = torch.tensor([0, 5, 300], dtype=torch.int32)
+    plan = make_plan(qo, qo, total_q=300, total_kv=300, heads_q=2, heads_kv=2, block_m=128, block_n=128, schedule="dynamic")
+    seen = []
+    for _ in range(3):
+        c = tile_scheduler.tile_counter(plan, "fwd")
+        assert c.dtype == torch.int32
+        assert c.tolist() == [0]
+        assert c.data_ptr() % 16 == 0
+        c[0] = 7  # what a launch leaves in it
+        seen.append(c.data_ptr())
+    assert len(set(seen)) == 3
+    after = tile_scheduler.tile_counter(plan, "fwd")  # the buffer's slots are used up: zeroed
+    assert after.data_ptr() == seen[0]
+    assert after.tolist() == [0]
+    buffer = tile_scheduler._counter_pools[(qo.device, None)][0]
+    assert buffer.sum().item() == 0
+    with _Passthrough():
+        fresh = tile_scheduler.tile_counter(plan, "fwd")
+    assert fresh.data_ptr() not in seen
+    assert fresh.tolist() == [0]
 
 
 def test_sequences_in_flight_counts_distinct_sequences_per_round() -> None:

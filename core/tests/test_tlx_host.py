@@ -256,7 +256,7 @@ class _Launches:
 @pytest.mark.parametrize("schedule", ["grouped", "dynamic"])
 def test_launches_bind_to_the_kernels_signatures(monkeypatch, schedule) -> None:
     """forward, backward (one pass) and backward_dkdv launch their kernels with every argument
-    bound once; a dynamic plan hands each launch a fresh zeroed int32 tile counter, the others
+    bound once; a dynamic plan hands each launch a zeroed int32 tile counter of its own, the others
     pass an unused tensor and DYNAMIC off; a forced config reaches the kernel as its constexprs
     (by default: two Q tiles; the tile ring, as these K/V sequences average 100 keys, under one
     K/V tile)."""
@@ -324,3 +324,42 @@ def test_head_walk_visits_every_table_row_once_kv_head_by_kv_head(heads, group, 
         assert h // group == n // span  # one K/V head at a time
         assert s == (n % span) // group  # slot after slot, its GROUP query heads side by side
 
+
+
+class _Passthrough(torch.overrides.TorchFunctionMode):
+    """A torch function mode that changes nothing (as a tracer's or a mode's presence)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_packed_tiles_are_kept_per_offsets_and_follow_in_place_writes() -> None:
+    """``vec_tile`` of jagged offsets (``bwd_preprocess.packed_tiles``) is made once per offsets
+    tensor and version: equal to a fresh computation, the same tensor again for the same
+    offsets, a fresh one for other offsets with other values, after an in-place write to the
+    offsets, and for the same values in another tensor; none kept under a torch function mode."""
+    pad = tuning.VEC_PAD
+    bwd_preprocess.VEC_TILE_MEMO.clear()
+
+    def want(offs):
+        lens = (offs[1:] - offs[:-1]).tolist()
+        return [0, *torch.tensor([-(-n // pad) for n in lens]).cumsum(0).tolist()]
+
+    offs = torch.tensor([0, 3, 3 + pad, 3 + pad, 4 + 2 * pad], dtype=torch.int32)
+    first = bwd_preprocess.packed_tiles(offs)
+    assert first.dtype == torch.int32
+    assert first.tolist() == want(offs)
+    assert bwd_preprocess.packed_tiles(offs) is first
+    other = torch.tensor([0, 1, 2 + pad], dtype=torch.int32)
+    assert bwd_preprocess.packed_tiles(other).tolist() == want(other)
+    offs[1:] += 1  # same storage, new version: a fresh vec_tile
+    moved = bwd_preprocess.packed_tiles(offs)
+    assert moved is not first
+    assert moved.tolist() == want(offs)
+    copy = offs.clone()
+    assert bwd_preprocess.packed_tiles(copy) is not moved
+    assert bwd_preprocess.packed_tiles(copy).tolist() == want(offs)
+    with _Passthrough():
+        assert bwd_preprocess.packed_tiles(offs) is not moved
+    lse = torch.zeros(2, int(offs[-1]))
+    assert bwd_preprocess.backward_vectors(lse, offs, delta=lse)[2] is moved

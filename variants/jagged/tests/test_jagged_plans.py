@@ -71,6 +71,37 @@ def test_one_worker_noncausal(device: str) -> None:
     _check_with(plan, t, causal=False)
 
 
+def test_kept_tile_counters_give_the_fresh_counters_bits(device: str, monkeypatch) -> None:
+    """Dynamic plans' launches on counters of the kept buffer (``tile_scheduler.tile_counter``,
+    made small here so that it is zeroed again between calls) compute the same bits, forward
+    and backward, as on a fresh zeroed counter per launch."""
+    from jagflash.core import tile_scheduler
+
+    t = _case(device, seed=5)
+    args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
+    plan = make_plan(
+        t["q"], t["k"], t["q_offsets"], t["kv_offsets"], causal=True, schedule="dynamic",
+        backward_schedule="dynamic", workers=2,
+    )
+    assert plan.info.backward_schedule == "dynamic"
+
+    def step():
+        out = jagged_attention(*args, causal=True, plan=plan)
+        return (out, *torch.autograd.grad(out, args[:3], t["dout"]))
+
+    monkeypatch.setattr(tile_scheduler, "memo_allowed", lambda tensors: False)
+    want = step()
+    monkeypatch.undo()
+    monkeypatch.setattr(tile_scheduler, "_counter_pools", {})
+    monkeypatch.setattr(tile_scheduler, "COUNTER_SLOTS", 2)
+    for _ in range(2):  # 3 launches a step on 2 slots: zeroed again inside each step
+        for a, b in zip(want, step(), strict=True):
+            assert torch.equal(a, b)
+    (pool,) = tile_scheduler._counter_pools.values()  # the kept buffer served the calls
+    if device == "cpu":  # portable: 3 launches a step, 6 on 2 slots, the buffer zeroed twice between
+        assert pool[2] == 2
+
+
 def test_plan_shared_by_two_layers(device: str) -> None:
     """One plan, built once, serves two layers' forward and backward; the second layer passes
     offsets that are other tensors with the same values."""

@@ -13,8 +13,9 @@ through ``jagflash.core.tlx.pipeline.walk_first``). Deals, by schedule kind:
   against round-robin simulation is in bench/NOTES.md).
 - ``dynamic``: each worker takes the next tile from an atomic counter (greedy list scheduling,
   the Hopper stand-in for Blackwell's cluster launch control), ahead of the one it runs so that
-  locating a tile never stalls it. The counter is a fresh zeroed int32 per launch, so concurrent
-  launches of one Plan never share it and a CUDA graph replays it correctly.
+  locating a tile never stalls it. The counter is a zeroed int32 no other launch gets
+  (:func:`tile_counter`), so concurrent launches of one Plan never share it and a CUDA graph
+  replays it correctly.
 - ``none``: one program per table row, the hardware's block scheduler.
 
 W is the plan's ``workers``, else the SM count times the programs of the kernel one SM holds
@@ -24,12 +25,14 @@ W is the plan's ``workers``, else the SM count times the programs of the kernel 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 
 import torch
 import triton
 import triton.language as tl
 
+from jagflash.core.memo import memo_allowed
 from jagflash.core.plan.model import PASSES, Plan, PlanInfo
 
 __all__ = [
@@ -115,21 +118,57 @@ def occupancies() -> dict[str, int]:
     return {f"{getattr(k[0], '__name__', k[0])} {dict(k[3])}": v for k, v in _occupancies.items()}
 
 
+#: Counters per zeroed buffer of :func:`tile_counter` (a buffer is zeroed by one fill per this
+#: many dynamic launches), and int32 per counter: 4 (16 bytes), so that every counter has the
+#: 16-byte alignment Triton specialises pointers on, as a fresh allocation has (same binary).
+COUNTER_SLOTS, _SLOT_INTS = 1024, 4
+#: ``(device, stream handle) -> [buffer [COUNTER_SLOTS, 4] int32, its slots' views, next free slot]``.
+_counter_pools: dict[tuple, list] = {}
+_counter_lock = threading.Lock()
+
+
+def _stream_key(device: torch.device) -> tuple:
+    if device.type == "cuda":
+        return (device, torch.cuda.current_stream(device).cuda_stream)
+    return (device, None)
+
+
 def tile_counter(plan: Plan, pass_: str) -> torch.Tensor:
     """The ``COUNTER`` argument of one launch of a persistent kernel over ``pass_``: for a dynamic
-    schedule a fresh zeroed int32 (so that no two launches ever share one, and a CUDA graph
-    replays it from zero), else ``plan.meta`` (never read)."""
-    if plan.info.schedule_of(pass_) == "dynamic":
-        return torch.zeros(1, dtype=torch.int32, device=plan.tiles.device)
-    return plan.meta
+    schedule a zeroed int32 no other launch ever gets, else ``plan.meta`` (never read).
+
+    In plain eager mode outside a CUDA graph capture (``jagflash.core.memo.memo_allowed``) the
+    counter is the next unused slot of a buffer kept per device and stream, zeroed by one fill
+    when it is made and when its :data:`COUNTER_SLOTS` slots are used up: the fill is queued on
+    the stream after every launch that used a slot, so a launch on that stream (the one
+    current here, which the launch that follows uses) always starts from zero, and a call costs
+    no fill kernel. Under tracing, modes and capture it is a fresh ``torch.zeros(1)`` (a graph's
+    replays zero it again)."""
+    if plan.info.schedule_of(pass_) != "dynamic":
+        return plan.meta
+    device = plan.tiles.device
+    if not memo_allowed((plan.tiles,)):
+        return torch.zeros(1, dtype=torch.int32, device=device)
+    key = _stream_key(device)
+    with _counter_lock:
+        pool = _counter_pools.get(key)
+        if pool is None:
+            buffer = torch.zeros((COUNTER_SLOTS, _SLOT_INTS), dtype=torch.int32, device=device)
+            pool = _counter_pools[key] = [buffer, buffer[:, :1].unbind(0), 0]  # each slot's [1] view
+        buffer, views, slot = pool
+        if slot == len(views):
+            buffer.zero_()
+            slot = 0
+        pool[2] = slot + 1
+        return views[slot]
 
 
 def launch(kernel, plan: Plan, pass_: str, tensors: Sequence, scalars: Sequence, **kw) -> None:
     """Launch a persistent ``kernel(*tensors, TILES, COUNT, COUNTER, *scalars, n_workers,
     DYNAMIC=, ZIGZAG=, **kw)`` over one pass of ``plan`` (the loop it runs is in
     ``jagflash.core.portable``): the pass's table section, its count on the device, a fresh
-    zeroed counter for a dynamic schedule (so that no two launches ever share one, and a CUDA
-    graph replays it from zero), and the programs (:func:`plan_launch`) as the grid.
+    zeroed counter for a dynamic schedule (:func:`tile_counter`: no two launches ever share one,
+    and a CUDA graph replays it from zero), and the programs (:func:`plan_launch`) as the grid.
 
     ``n_workers`` should be ``do_not_specialize``-d, so that every worker count runs one binary.
     """

@@ -139,8 +139,23 @@ class PlanInfo:
     @classmethod
     def from_ints(cls, ints: Sequence[int]) -> PlanInfo:
         """The info a Plan's ``op_args`` carried (every call with a plan decodes it: the
-        decoded, frozen infos of the last plans are kept)."""
-        return _info_from_ints(tuple(int(x) for x in ints))
+        decoded, frozen infos of the last plans are kept, found without converting each int
+        where the ints are those of a kept one: the list ``op_args`` made)."""
+        try:
+            return _decoded[tuple(ints)]
+        except (KeyError, TypeError):  # not decoded yet, or unhashable items (SymInts)
+            pass
+        key = tuple(int(x) for x in ints)
+        info = _info_from_ints(key)
+        if len(_decoded) >= 64:
+            _decoded.clear()
+        _decoded[key] = info
+        return info
+
+
+#: :meth:`PlanInfo.from_ints`' decoded infos by their ints (Python ints; a sequence of equal
+#: ints of other int types finds the same entry).
+_decoded: dict[tuple[int, ...], PlanInfo] = {}
 
 
 @functools.lru_cache(maxsize=64)

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from jagflash.core.jagged import seq_lengths
+from jagflash.core.memo import TensorMemo
 from jagflash.core.ops import stepped_arange
 from jagflash.core.seqlen import upper_bound
 from jagflash.core.softmax import attn_delta, lse_to_log2
@@ -55,6 +56,27 @@ def _vectors_kernel(
     tl.store(DELTA + h * vec_rows + p, delta, mask=in_range)
 
 
+#: :func:`packed_tiles` by offsets (storage and version counter: ``jagflash.core.memo``).
+VEC_TILE_MEMO = TensorMemo(8)
+
+
+def packed_tiles(q_offsets: torch.Tensor) -> torch.Tensor:
+    """``vec_tile`` ``[B + 1]`` int32 of :func:`backward_vectors` for jagged ``q_offsets``: the
+    prefix sum of each sequence's ``VEC_PAD``-row tiles (``vec_tile[0] = 0``). A function of the
+    offsets' values only, so in plain eager mode outside a CUDA graph capture it is kept per
+    offsets tensor (:data:`VEC_TILE_MEMO`: an in-place write to the offsets makes a fresh one)
+    and the backward of every layer on one batch makes it once (five torch ops fewer a call);
+    nothing may write it."""
+    key = VEC_TILE_MEMO.key((q_offsets,), "vec_tile")
+    hit = VEC_TILE_MEMO.get(key)
+    if hit is not None:
+        return hit
+    vec_tile = torch.zeros(q_offsets.numel(), dtype=torch.int32, device=q_offsets.device)
+    vec_tile[1:] = torch.cumsum(torch.div(seq_lengths(q_offsets) + VEC_PAD - 1, VEC_PAD, rounding_mode="floor"), 0)
+    VEC_TILE_MEMO.put(key, (q_offsets,), vec_tile)
+    return vec_tile
+
+
 def backward_vectors(
     lse: torch.Tensor,
     q_offsets: torch.Tensor,
@@ -70,7 +92,8 @@ def backward_vectors(
     = rowsum(dO * O) of ``out`` and ``dout`` (``[Tq, Hq, D]``), or given (laid out as ``lse``,
     from the portable dQ pass). One kernel writes every packed row, padding included (no
     fills); for sequences of one length ``vec_tile`` is ``arange(B + 1) * ceil(L / VEC_PAD)``,
-    kept in plain eager mode (``core.ops.stepped_arange``). No host synchronisation:
+    kept in plain eager mode (``core.ops.stepped_arange``), else :func:`packed_tiles`' (kept per
+    offsets tensor). No host synchronisation:
     ``vec_rows`` is the bound ``Tq + VEC_PAD * B``."""
     n_seqs = q_offsets.numel() - 1
     if lse.dim() == 3:
@@ -80,8 +103,7 @@ def backward_vectors(
     else:
         hq, tq = lse.shape
         lse_strides = (tq, 1)
-        vec_tile = torch.zeros(n_seqs + 1, dtype=torch.int32, device=lse.device)
-        vec_tile[1:] = torch.cumsum(torch.div(seq_lengths(q_offsets) + VEC_PAD - 1, VEC_PAD, rounding_mode="floor"), 0)
+        vec_tile = packed_tiles(q_offsets)
     vec_rows = triton.cdiv(tq + VEC_PAD * n_seqs, 16) * 16  # 16-divisible: aligned per-head rows
     if not (tq and n_seqs):
         lse2 = torch.full((hq, vec_rows), float("inf"), dtype=torch.float32, device=lse.device)
