@@ -140,6 +140,32 @@ def test_broadcast_q_lengths():
     assert kv_lens.size == 64
 
 
+def test_power_law_is_mostly_short_with_a_tail():
+    _, lens = W.get("short-powerlaw-a1.1-d128").sample_lengths()
+    assert lens.size == 256
+    assert np.median(lens) < 30
+    assert lens.min() >= 1
+    assert lens.max() == 1024  # the cap is reached at alpha 1.1
+    _, thin = W.get("short-powerlaw-a1.6-d128").sample_lengths()
+    assert thin.sum() < lens.sum()
+
+
+def test_cross_attention_lengths():
+    q_lens, kv_lens = W.get("short-xattn-q1-64-k1024-d128").sample_lengths()
+    assert q_lens.size == kv_lens.size == 512
+    assert q_lens.min() >= 1
+    assert q_lens.max() <= 64
+    assert kv_lens.min() >= 960
+    assert not np.array_equal(q_lens, kv_lens)
+    q1, kv1 = W.get("short-decode-q1-lognormal-d128").sample_lengths()
+    assert (q1 == 1).all()
+    assert kv1.size == 1024
+    with pytest.raises(ValueError, match="q_lengths drew 3 sequences, lengths 4"):
+        W.Workload("bad-x", "jagged", W.Fixed(4, 8), q_lengths=W.Fixed(3, 1)).sample_lengths()
+    with pytest.raises(ValueError, match="q_lengths"):
+        W.Workload("bad-bq", "broadcast_q", W.Fixed(4, 8), q_len=4, q_lengths=W.Fixed(4, 1))
+
+
 def test_smoke_variants_are_tiny_and_keep_features():
     for w in W.WORKLOADS.values():
         s = w.smoke()
@@ -232,6 +258,10 @@ def test_rel_err_rejects_nan_and_shape_mismatch():
     assert rel_err(torch.ones(4), ref) == 0
     assert rel_err(torch.tensor([1.0, float("nan"), 1, 1]), ref) == float("inf")
     assert rel_err(torch.ones(5), ref) == float("inf")
+    # a vanishing reference (dQ of one-key sequences) is measured at RMS_FLOOR, not divided by ~0
+    zero = torch.zeros(100)
+    assert rel_err(torch.full((100,), 1e-7), zero) < 1e-3
+    assert rel_err(torch.full((100,), 1e-4), zero) > 0.05
 
 
 def test_wallclock_timing_and_rotation():

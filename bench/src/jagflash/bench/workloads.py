@@ -31,6 +31,7 @@ from jagflash.bench.sparsity import BlockPattern
 __all__ = [
     "BLOCK_SPARSE_WORKLOADS",
     "KINDS",
+    "SHORT_WORKLOADS",
     "SMOKE_BLOCK",
     "SMOKE_BS_MAX_LEN",
     "SMOKE_DEFAULT",
@@ -43,6 +44,7 @@ __all__ = [
     "LengthSpec",
     "Lognormal",
     "Mix",
+    "PowerLaw",
     "Uniform",
     "Workload",
     "get",
@@ -139,6 +141,28 @@ class Lognormal:
 
 
 @dataclass(frozen=True)
+class PowerLaw:
+    """``count`` Pareto lengths ``round(floor * u ** (-1 / alpha))``, u ~ U(0, 1], clipped to
+    ``[1, cap]``: mostly short with a heavy tail (alpha 1.1, floor 6: median ~11 tokens, ~1 %
+    of the sequences at ``cap``; a larger alpha thins the tail)."""
+
+    count: int
+    alpha: float
+    floor: int
+    cap: int
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        u = rng.random(self.count)
+        return np.clip(np.rint(self.floor * u ** (-1.0 / self.alpha)), 1, self.cap).astype(np.int64)
+
+    def smoke(self) -> PowerLaw:
+        return PowerLaw(min(self.count, 4), self.alpha, min(self.floor, 2), SMOKE_MAX_LEN)
+
+    def describe(self) -> str:
+        return f"{self.count} x power-law(alpha {self.alpha:g}, floor {self.floor}) in [1, {self.cap}]"
+
+
+@dataclass(frozen=True)
 class Mix:
     """The sequences of every part, shuffled together (so long ones are not all first)."""
 
@@ -173,7 +197,10 @@ class Workload:
 
     ``lengths`` draws the K/V length of every sequence; for ``jagged`` and ``dense`` the queries
     have the same lengths (self-attention), for ``broadcast_q`` one shared query block of
-    ``q_len`` rows attends to every K/V sequence. ``kv_heads`` defaults to ``heads`` (GQA when
+    ``q_len`` rows attends to every K/V sequence; a ``jagged`` workload with ``q_lengths`` is
+    cross-attention: sequence ``i`` has ``q_lengths``' i-th draw of queries against
+    ``lengths``' i-th draw of keys (both specs draw the same count; ``smoke_q_lengths`` is its
+    smoke version, default ``q_lengths.smoke()``). ``kv_heads`` defaults to ``heads`` (GQA when
     smaller). ``window`` is ``(left, right)`` with -1 unbounded, aligned bottom-right like
     ``causal``. ``blocks`` makes it a block-sparse workload (:mod:`jagflash.bench.sparsity`):
     every provider that takes a block mask runs that mask, the others say they take none;
@@ -194,6 +221,8 @@ class Workload:
     seed: int = 0
     smoke_lengths: LengthSpec | None = None
     smoke_q_len: int = 8
+    q_lengths: LengthSpec | None = None
+    smoke_q_lengths: LengthSpec | None = None
     is_smoke: bool = False
     # Run order (lower first) when a time budget may cut the run short; tables keep WORKLOADS order.
     priority: int = 5
@@ -212,6 +241,8 @@ class Workload:
             problems.append("q_len is set exactly for broadcast_q workloads")
         if self.blocks is not None and self.kind == "broadcast_q":
             problems.append("block patterns are for dense and jagged workloads")
+        if self.q_lengths is not None and self.kind != "jagged":
+            problems.append("q_lengths (cross-attention) is for jagged workloads")
         if problems:
             raise ValueError(f"workload {self.name}: " + "; ".join(problems))
 
@@ -236,6 +267,11 @@ class Workload:
         kv = np.asarray(self.lengths.sample(np.random.default_rng(self.seed)), dtype=np.int64)
         if self.kind == "broadcast_q":
             return np.full(kv.shape, self.q_len, dtype=np.int64), kv
+        if self.q_lengths is not None:
+            q = np.asarray(self.q_lengths.sample(np.random.default_rng([self.seed, 1])), dtype=np.int64)
+            if q.shape != kv.shape:
+                raise ValueError(f"workload {self.name}: q_lengths drew {q.size} sequences, lengths {kv.size}")
+            return q, kv
         return kv.copy(), kv
 
     def smoke(self, dtype: str = "float32") -> Workload:
@@ -253,6 +289,8 @@ class Workload:
             head_dim=32,
             dtype=dtype,
             q_len=None if self.q_len is None else min(self.q_len, self.smoke_q_len),
+            q_lengths=None if self.q_lengths is None else (self.smoke_q_lengths or self.q_lengths.smoke()),
+            smoke_q_lengths=None,
             window=tuple(s if s < 0 else min(s, SMOKE_WINDOW) for s in self.window),
             blocks=None if self.blocks is None else dataclasses.replace(self.blocks, block=SMOKE_BLOCK),
             is_smoke=True,
@@ -262,6 +300,8 @@ class Workload:
         bits = [self.kind]
         if self.kind == "broadcast_q":
             bits.append(f"Lq {self.q_len} vs")
+        if self.q_lengths is not None:
+            bits.append(f"queries {self.q_lengths.describe()} vs keys")
         bits.append(self.lengths.describe())
         bits.append(f"H{self.heads}" + (f"/{self.hkv}" if self.gqa else "") + f" D{self.head_dim}")
         bits.append(self.dtype)
@@ -278,6 +318,8 @@ _LOGNORMAL = Lognormal(128, 512, 1.0, 4096)
 _HEAVY_TAIL = Mix((Fixed(2, 4096), Uniform(120, 32, 768)))
 _HEAVY_TAIL_SMOKE = Mix((Fixed(1, SMOKE_MAX_LEN), Uniform(3, 2, 12)))
 _TINY = Uniform(2048, 1, 64)
+#: Mostly-short histories with a heavy tail (issue 20's batch: most under 30 tokens, a few at 1,024).
+_POWER_LAW = PowerLaw(256, 1.1, 6, 1024)
 _BIMODAL = Bimodal(112, 16)
 #: Smoke lengths of the block-sparse workloads: a few 64-blocks per sequence, partial ones too.
 _BS_SMOKE = Mix((Fixed(1, SMOKE_BS_MAX_LEN), Uniform(2, 60, 140)), shuffle=False)
@@ -354,6 +396,28 @@ WORKLOADS: dict[str, Workload] = {
         # (median 4 blocks a sequence) and dense 4 x 8192 (64 blocks), against their baselines
         *_bs_set("lognormal", before=1, k=2, priority=6),
         *_bs_set("dense8k", before=3, k=8, priority=6),
+        # short and skewed (issue 20): calls whose work is microseconds, so per-call cost and
+        # tile shape decide them; the power-law batches at two exponents, one-token sequences,
+        # a few queries against ~1,000 keys (candidates against a history), one query or four
+        # (GQA) per sequence against lognormal histories (decode), and one tiny sequence (the
+        # fixed cost of a call, eager and with --cuda-graphs)
+        Workload("short-powerlaw-a1.1-d128", "jagged", _POWER_LAW, seed=20, priority=7),
+        Workload("short-powerlaw-a1.1-causal-d128", "jagged", _POWER_LAW, causal=True, seed=20, priority=7),
+        Workload("short-powerlaw-a1.6-d128", "jagged", PowerLaw(256, 1.6, 6, 1024), seed=20, priority=7),
+        Workload("short-1tok-b4096-d128", "jagged", Fixed(4096, 1), smoke_lengths=Fixed(5, 1), priority=7),
+        Workload(
+            "short-xattn-q1-64-k1024-d128", "jagged", Uniform(512, 960, 1089), q_lengths=Uniform(512, 1, 65),
+            smoke_lengths=Uniform(3, 20, 41), smoke_q_lengths=Uniform(3, 1, 9), priority=7,
+        ),
+        Workload(
+            "short-decode-q1-lognormal-d128", "jagged", Lognormal(1024, 512, 1.0, 4096), q_lengths=Fixed(1024, 1),
+            smoke_q_lengths=Fixed(3, 1), priority=7,
+        ),
+        Workload(
+            "short-decode-q4-gqa4-lognormal-d128", "jagged", Lognormal(1024, 512, 1.0, 4096), kv_heads=4,
+            q_lengths=Fixed(1024, 4), smoke_q_lengths=Fixed(3, 4), priority=7,
+        ),
+        Workload("short-percall-b1n16-d128", "jagged", Fixed(1, 16), smoke_lengths=Fixed(1, 16), priority=7),
     )
 }
 
@@ -362,6 +426,9 @@ BLOCK_SPARSE_WORKLOADS = tuple(name for name, w in WORKLOADS.items() if w.blocks
 
 #: The sliding-window workloads (``*-left*``): their smoke versions, the bench's window check.
 WINDOW_WORKLOADS = tuple(name for name, w in WORKLOADS.items() if w.has_window)
+
+#: The short-and-skewed workloads (``short-*``, issue 20).
+SHORT_WORKLOADS = tuple(name for name in WORKLOADS if name.startswith("short-"))
 
 #: What ``--smoke`` runs unless ``--workloads`` says otherwise: one of each kind and feature.
 SMOKE_DEFAULT = (
