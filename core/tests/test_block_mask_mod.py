@@ -50,9 +50,11 @@ def _padded_grid(mask_mod, q_offsets, kv_offsets, heads, bm, bn, nq, nk) -> torc
 
 
 def _same_lists(a: BlockMask, b: BlockMask) -> None:
-    assert a.grid == b.grid and a.block_size == b.block_size
+    assert a.grid == b.grid
+    assert a.block_size == b.block_size
     for x, y in zip((a.kv_counts, a.kv_indices, a.q_counts, a.q_indices), (b.kv_counts, b.kv_indices, b.q_counts, b.q_indices)):
-        assert x.dtype == y.dtype == torch.int32 and x.is_contiguous()
+        assert x.dtype == y.dtype == torch.int32
+        assert x.is_contiguous()
         assert torch.equal(x, y)
 
 
@@ -124,7 +126,8 @@ def test_slots_of_enumerates_sequence_major() -> None:
     assert item.tolist() == [0, 1, 2, 0, 0]
     assert valid.tolist() == [True, True, True, True, False]
     seq, item, valid = slots_of(torch.zeros(0, dtype=torch.int64), 3)
-    assert not valid.any() and item.tolist() == [0, 0, 0]
+    assert not valid.any()
+    assert item.tolist() == [0, 0, 0]
 
 
 def test_compiled_equals_eager_without_recompiles() -> None:
