@@ -26,6 +26,9 @@ import sys
 
 import torch
 
+#: The bench batches the probe times by default (bench workloads: tested).
+DEFAULT_WORKLOADS = ("bs-lognormal-local-global", "bs-dense8k-local-global")
+
 
 def document_mask_mod(batch, median: int = 200, seed: int = 0):
     """Causal documents inside each sequence: token ``t`` of the packed batch has a document id
@@ -94,7 +97,7 @@ def workload_rows(name: str, smoke: bool, dev: torch.device) -> list[tuple]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--workloads", default="bs-lognormal-local-global,bs-dense8k-local-global")
+    ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
     ap.add_argument("--smoke", action="store_true", help="the workloads' smoke versions (CPU interpreter)")
     ap.add_argument("--csv", default=None)
     a = ap.parse_args()

@@ -180,3 +180,14 @@ def test_gpu_compiled_eager_padded_agree_without_sync(size) -> None:
         finally:
             torch.cuda.set_sync_debug_mode("default")
         _same_lists(c, again)
+
+
+def test_refuses_bad_bounds_and_compile_with_every_reason() -> None:
+    from jagflash.core.capability import InvalidInput
+
+    o = _offsets([100, 20])
+    with pytest.raises(InvalidInput) as e:
+        BlockMask.from_mask_mod(lambda b, h, q, k: k <= q, o, o, 1, (64, 64), total_q=-1, max_seqlen_kv=True, compile="yes")
+    text = str(e.value)
+    for want in ("total_q must be", "max_seqlen_kv must be", "compile must be"):
+        assert want in text

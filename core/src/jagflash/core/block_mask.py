@@ -136,6 +136,10 @@ def _evaluate(mask_mod, heads, bm, bn, per, nk_b, lq, lk, s0, count, nq, nk):
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def _compile_supported() -> bool:
+    return bool(torch._dynamo.is_dynamo_supported())
+
+
 def _compiled(mask_mod, heads: int, bm: int, bn: int):
     try:
         per_mod = _COMPILED.setdefault(mask_mod, {})
@@ -302,8 +306,8 @@ class BlockMask:
         ``compile``: evaluate through ``torch.compile`` (one fused kernel per chunk: the
         mask_mod's ops and the any-reduction, the ``bm x bn`` pairs never stored; dynamic shapes,
         so a new batch does not recompile; cached per ``mask_mod`` object) or eagerly in chunks of
-        at most ``2**24`` pairs. Default: compiled on CUDA, eager elsewhere. Both list the same
-        blocks.
+        at most ``2**24`` pairs. Default: compiled on CUDA where ``torch.compile`` is supported,
+        eager elsewhere; ``compile=True`` where it is not is refused. Both list the same blocks.
 
         Host syncs: none when both ``max_seqlen_*`` are given; ``total_q`` / ``total_kv`` (the
         rows of q and k) then tighten the enumeration's room from ``B * nQ * nK`` blocks to
@@ -321,6 +325,8 @@ class BlockMask:
                 reasons.append(f"{name} must be an int >= 0 or None, got {v!r}")
         if compile not in (None, True, False):
             reasons.append(f"compile must be True, False or None, got {compile!r}")
+        elif compile and not _compile_supported():
+            reasons.append("compile=True, but torch.compile is not supported in this Python (torch._dynamo.is_dynamo_supported())")
         if reasons:
             raise InvalidInput(_WHO, reasons)
         bm, bn = (int(x) for x in block_size)
@@ -339,7 +345,7 @@ class BlockMask:
                 room = min(room, (total_q + batch * (bm - 1)) // bm * nk)
             if total_kv is not None:
                 room = min(room, (total_kv + batch * (bn - 1)) // bn * nq)
-        use_compile = dev.type == "cuda" if compile is None else compile
+        use_compile = dev.type == "cuda" and _compile_supported() if compile is None else compile
         hits = torch.zeros(heads, batch * nq * nk + 1, dtype=torch.bool, device=dev)  # the last: invalid slots
         if room and nq and nk:
             evaluate = _compiled(mask_mod, heads, bm, bn) if use_compile else functools.partial(_evaluate, mask_mod, heads, bm, bn)
