@@ -18,21 +18,6 @@ def _offsets(lengths) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int32)
 
 
-def _brute_grid(mask_mod, lq, lk, heads, bm, bn, nq, nk) -> torch.Tensor:
-    """Block (i, j) of sequence b listed iff some in-range pair in it is visible: every pair of
-    each sequence evaluated, then each block scanned."""
-    grid = torch.zeros(len(lq), heads, nq, nk, dtype=torch.bool)
-    for b in range(len(lq)):
-        for h in range(heads):
-            i = torch.arange(lq[b])[:, None]
-            j = torch.arange(lk[b])[None, :]
-            seen = torch.as_tensor(mask_mod(torch.tensor(b), torch.tensor(h), i, j)).expand(lq[b], lk[b])
-            for bi in range(nq):
-                for bj in range(nk):
-                    grid[b, h, bi, bj] = bool(seen[bi * bm : (bi + 1) * bm, bj * bn : (bj + 1) * bn].any())
-    return grid
-
-
 def _check_lists(m: BlockMask, grid: torch.Tensor) -> None:
     """The CSR lists and their transpose are exactly ``grid``'s listed blocks, ascending."""
     nq, nk = m.grid
@@ -76,26 +61,6 @@ def test_from_dense_lists_and_transpose(lq, extra, size, heads, density, seed) -
     _check_lists(m, want)
     total = sum(-(-a // bm) * -(-c // bn) for a, c in zip(lq, lk)) * heads
     assert float(m.density()) == pytest.approx(int(want.sum()) / max(total, 1))
-
-
-def test_from_mask_mod_matches_brute_force_and_from_dense() -> None:
-    """A per-head mask_mod (documents of 50 tokens for head 0, a diagonal band for head 1):
-    from_mask_mod lists exactly the blocks a pair-by-pair scan finds; from_dense of that grid
-    gives the same lists."""
-    lq, lk = [130, 0, 70], [100, 5, 140]
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return torch.where(h == 0, q_idx // 50 == kv_idx // 50, (q_idx - kv_idx).abs() <= 3 + b)
-
-    m = BlockMask.from_mask_mod(mask_mod, _offsets(lq), _offsets(lk), heads=2, block_size=(64, 64))
-    grid = _brute_grid(mask_mod, lq, lk, 2, 64, 64, *m.grid)
-    _check_lists(m, grid)
-    d = BlockMask.from_dense(grid, _offsets(lq), _offsets(lk), (64, 64))
-    for a, b in zip((m.kv_counts, m.kv_indices, m.q_counts, m.q_indices), (d.kv_counts, d.kv_indices, d.q_counts, d.q_indices)):
-        assert torch.equal(a, b)
-    given = BlockMask.from_mask_mod(mask_mod, _offsets(lq), _offsets(lk), 2, (64, 64), max_seqlen_q=200, max_seqlen_kv=200)
-    assert given.grid == (4, 4)  # from the bounds, no read of the offsets
-    assert torch.equal(given.to_dense()[:, :, : m.grid[0], : m.grid[1]], grid)
 
 
 def test_patterns_equal_their_mask_mods() -> None:

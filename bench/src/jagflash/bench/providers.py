@@ -319,7 +319,9 @@ def _block_sparse_prepare(w: Workload, batch: Batch, grad: bool, backend: str, q
     rule, want = mask_mod(w.blocks, m), m.to_dense()
 
     def build():
-        return mod.BlockMask.from_mask_mod(rule, qo, ko, 1, m.block_size, max_seqlen_q=mq, max_seqlen_kv=mk)
+        return mod.BlockMask.from_mask_mod(
+            rule, qo, ko, 1, m.block_size, max_seqlen_q=mq, max_seqlen_kv=mk, total_q=batch.total_q, total_kv=batch.total_kv
+        )
 
     def check(built) -> str | None:
         got = built.to_dense()
@@ -334,7 +336,7 @@ def _block_sparse_prepare(w: Workload, batch: Batch, grad: bool, backend: str, q
         note=_jagflash_choice_note("block_sparse", backend),
         build=build,
         build_check=check,
-        build_note=f"BlockMask.from_mask_mod on the device ({w.blocks.kind} mask_mod, max lengths given)",
+        build_note=f"BlockMask.from_mask_mod on the device ({w.blocks.kind} mask_mod, max lengths and totals given: no sync)",
     )
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["Rotator", "Timing", "estimate_ms", "measure", "rotation_sets"]
+__all__ = ["Rotator", "Timing", "estimate_ms", "first_call_ms", "measure", "rotation_sets"]
 
 QUANTILES = (0.2, 0.5, 0.8)
 
@@ -83,6 +83,16 @@ def estimate_ms(fn: Callable[[], object], device: torch.device) -> float:
     t0 = time.perf_counter()
     fn()
     return (time.perf_counter() - t0) * 1e3
+
+
+def first_call_ms(fn: Callable[[], object], device: torch.device) -> tuple[float, object]:
+    """One call of ``fn``, cold (where a compiled function compiles): wall-clock ms with the
+    device synchronised around it, and its result."""
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return (time.perf_counter() - t0) * 1e3, out
 
 
 def _wallclock(fn: Callable[[], object], reps: int) -> Timing:

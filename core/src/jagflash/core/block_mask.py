@@ -29,13 +29,16 @@ and :func:`top_k`. The kernels read the lists through ``jagflash.core.mask``'s b
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from jagflash.core.capability import InvalidInput
+from jagflash.core.jagged import slots_of
 
 __all__ = ["BLOCK_SIZES", "BLOCK_SIZE_FEATURES", "BlockMask", "local_global", "mask_features", "sessions", "strided", "top_k"]
 
@@ -54,8 +57,10 @@ def mask_features(block_size: tuple[int, int]) -> frozenset[str]:
 BLOCK_SIZE_FEATURES = frozenset().union(*(mask_features(b) for b in BLOCK_SIZES))
 
 _WHO = "BlockMask"
-#: Elements a :meth:`BlockMask.from_mask_mod` evaluation holds at once.
+#: Pairs an eager :meth:`BlockMask.from_mask_mod` evaluation holds at once.
 _CHUNK = 1 << 24
+#: Blocks one compiled evaluation takes (its memory: a few ints and ``heads`` bools a block).
+_COMPILED_BLOCKS = 1 << 18
 
 
 def _block_size(block_size: object) -> tuple[list[str], tuple[int, int]]:
@@ -100,6 +105,54 @@ def _compress(grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     order = torch.argsort((~grid).to(torch.int8), dim=-1, stable=True)  # listed first, ascending
     indices = torch.where(grid.gather(-1, order), order, 0).to(torch.int32)
     return counts.contiguous(), indices.contiguous()
+
+
+def _lengths(offsets: torch.Tensor) -> torch.Tensor:
+    return (offsets[1:] - offsets[:-1]).to(torch.int64)
+
+
+def _evaluate(mask_mod, heads, bm, bn, per, nk_b, lq, lk, s0, count, nq, nk):
+    """Blocks ``s0 .. s0 + count - 1`` of the batch's own blocks (sequence-major, q-block-major
+    in a sequence): their flat grid index ``(b * nq + i) * nk + j`` (``B * nq * nk`` for a slot
+    past the last block) ``[count]`` and whether any in-range pair is visible ``[count, heads]``.
+    One fused kernel under ``torch.compile``."""
+    seq, item, valid = slots_of(per, count, s0)
+    cols = nk_b[seq].clamp(min=1)
+    qb, kb = item // cols, item % cols
+    rq = torch.arange(bm, device=per.device)
+    rk = torch.arange(bn, device=per.device)
+    q_idx = (qb * bm).view(-1, 1, 1, 1) + rq.view(1, 1, -1, 1)
+    kv_idx = (kb * bn).view(-1, 1, 1, 1) + rk.view(1, 1, 1, -1)
+    b = seq.view(-1, 1, 1, 1)
+    h = torch.arange(heads, device=per.device).view(1, -1, 1, 1)
+    seen = torch.as_tensor(mask_mod(b, h, q_idx, kv_idx), device=per.device).to(torch.bool)
+    inside = valid.view(-1, 1, 1, 1) & (q_idx < lq[seq].view(-1, 1, 1, 1)) & (kv_idx < lk[seq].view(-1, 1, 1, 1))
+    hit = (seen & inside).expand(count, heads, bm, bn).reshape(count, heads, bm * bn).any(-1)
+    where = torch.where(valid, (seq * nq + qb) * nk + kb, per.numel() * nq * nk)
+    return where, hit
+
+
+#: Compiled :func:`_evaluate` per mask_mod object (weakly held) and (heads, block size).
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _compile_supported() -> bool:
+    return bool(torch._dynamo.is_dynamo_supported())
+
+
+def _compiled(mask_mod, heads: int, bm: int, bn: int):
+    try:
+        per_mod = _COMPILED.setdefault(mask_mod, {})
+    except TypeError:  # not weakly referenceable: compiled per call
+        per_mod = {}
+    key = (heads, bm, bn)
+    if key not in per_mod:
+
+        def blocks(per, nk_b, lq, lk, s0, count, nq, nk):  # heads and the block size: constants
+            return _evaluate(mask_mod, heads, bm, bn, per, nk_b, lq, lk, s0, count, nq, nk)
+
+        per_mod[key] = torch.compile(blocks, dynamic=True, fullgraph=True)
+    return per_mod[key]
 
 
 @dataclass(frozen=True, eq=False)
@@ -235,40 +288,76 @@ class BlockMask:
     def from_mask_mod(
         cls, mask_mod: Callable, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, heads: int = 1,
         block_size: tuple[int, int] = (128, 128), *, max_seqlen_q: int | None = None,
-        max_seqlen_kv: int | None = None,
+        max_seqlen_kv: int | None = None, total_q: int | None = None, total_kv: int | None = None,
+        compile: bool | None = None,
     ) -> BlockMask:
         """From FlexAttention's ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (vectorised over
-        broadcastable int64 index tensors; ``q_idx``, ``kv_idx`` count from each sequence's
-        first row): a block is listed when any of its in-range pairs is visible. ``heads``: 1
-        (``h`` is always 0) or the query heads. Evaluated on the device in chunks of q-blocks;
-        no host sync when both ``max_seqlen_*`` are given (else one reads them)."""
+        broadcastable int64 index tensors; ``b`` the sequence, ``h`` the head, ``q_idx``,
+        ``kv_idx`` positions counted from each sequence's first row): a block is listed when any
+        of its in-range pairs is visible. ``heads``: 1 (``h`` is always 0) or the query heads.
+
+        Only each sequence's own blocks are evaluated: the (sequence, q-block, kv-block) triples
+        are enumerated on the device, sequence-major, and each block's ``bm x bn`` pairs are
+        evaluated and reduced with ``any``. ``mask_mod`` sees ``q_idx < ceil(Lq_b / bm) * bm`` and
+        ``kv_idx < ceil(Lk_b / bn) * bn`` (pairs past the lengths are evaluated, then dropped), and
+        ``b``, ``h``, ``q_idx``, ``kv_idx`` shaped ``[C, 1, 1, 1]``, ``[1, heads, 1, 1]``,
+        ``[C, 1, bm, 1]``, ``[C, 1, 1, bn]`` for a chunk of ``C`` blocks.
+
+        ``compile``: evaluate through ``torch.compile`` (one fused kernel per chunk: the
+        mask_mod's ops and the any-reduction, the ``bm x bn`` pairs never stored; dynamic shapes,
+        so a new batch does not recompile; cached per ``mask_mod`` object) or eagerly in chunks of
+        at most ``2**24`` pairs. Default: compiled on CUDA where ``torch.compile`` is supported,
+        eager elsewhere; ``compile=True`` where it is not is refused. Both list the same blocks.
+
+        Host syncs: none when both ``max_seqlen_*`` are given; ``total_q`` / ``total_kv`` (the
+        rows of q and k) then tighten the enumeration's room from ``B * nQ * nK`` blocks to
+        ``min(B nQ nK, Sq nK, Sk nQ)`` (``S``: the bound of the batch's q- or kv-blocks from the
+        totals). Without the max lengths one sync reads them and the exact block count.
+        """
         reasons = _offsets_reasons(q_offsets, kv_offsets)
         reasons += _block_size(block_size)[0]
         if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1:
             reasons.append(f"heads must be an int >= 1, got {heads!r}")
         if not callable(mask_mod):
             reasons.append("mask_mod must be callable")
+        for name, v in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv), ("total_q", total_q), ("total_kv", total_kv)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                reasons.append(f"{name} must be an int >= 0 or None, got {v!r}")
+        if compile not in (None, True, False):
+            reasons.append(f"compile must be True, False or None, got {compile!r}")
+        elif compile and not _compile_supported():
+            reasons.append("compile=True, but torch.compile is not supported in this Python (torch._dynamo.is_dynamo_supported())")
         if reasons:
             raise InvalidInput(_WHO, reasons)
         bm, bn = (int(x) for x in block_size)
         dev = q_offsets.device
-        nq, nk = _grid_blocks(q_offsets, bm, max_seqlen_q), _grid_blocks(kv_offsets, bn, max_seqlen_kv)
         batch = q_offsets.numel() - 1
-        lq = (q_offsets[1:] - q_offsets[:-1]).to(torch.int64)
-        lk = (kv_offsets[1:] - kv_offsets[:-1]).to(torch.int64)
-        b = torch.arange(batch, device=dev).view(-1, 1, 1, 1)
-        h = torch.arange(heads, device=dev).view(1, -1, 1, 1)
-        kv_idx = torch.arange(nk * bn, device=dev).view(1, 1, 1, -1)
-        step = max(1, _CHUNK // max(1, batch * heads * bm * nk * bn))
-        parts = []
-        for i0 in range(0, nq, step):  # host-known shapes only: no sync
-            rows = min(step, nq - i0)
-            q_idx = torch.arange(i0 * bm, (i0 + rows) * bm, device=dev).view(1, 1, -1, 1)
-            seen = torch.as_tensor(mask_mod(b, h, q_idx, kv_idx), device=dev).to(torch.bool)
-            seen = seen & (q_idx < lq.view(-1, 1, 1, 1)) & (kv_idx < lk.view(-1, 1, 1, 1))
-            seen = seen.expand(batch, heads, rows * bm, nk * bn)
-            parts.append(seen.reshape(batch, heads, rows, bm, nk, bn).any(-1).any(3))
-        grid = torch.cat(parts, 2) if parts else torch.zeros(batch, heads, 0, nk, dtype=torch.bool, device=dev)
+        nq_b, nk_b = _block_counts(q_offsets, bm), _block_counts(kv_offsets, bn)
+        if max_seqlen_q is None or max_seqlen_kv is None:  # one sync: the max lengths and the block count
+            read = torch.stack([nq_b.max(), nk_b.max(), (nq_b * nk_b).sum()]) if batch else torch.zeros(3, dtype=torch.int64)
+            mq, mk, room = read.tolist()
+            nq = mq if max_seqlen_q is None else _grid_blocks(q_offsets, bm, max_seqlen_q)
+            nk = mk if max_seqlen_kv is None else _grid_blocks(kv_offsets, bn, max_seqlen_kv)
+        else:
+            nq, nk = _grid_blocks(q_offsets, bm, max_seqlen_q), _grid_blocks(kv_offsets, bn, max_seqlen_kv)
+            room = batch * nq * nk
+            if total_q is not None:
+                room = min(room, (total_q + batch * (bm - 1)) // bm * nk)
+            if total_kv is not None:
+                room = min(room, (total_kv + batch * (bn - 1)) // bn * nq)
+        use_compile = dev.type == "cuda" and _compile_supported() if compile is None else compile
+        hits = torch.zeros(heads, batch * nq * nk + 1, dtype=torch.bool, device=dev)  # the last: invalid slots
+        if room and nq and nk:
+            evaluate = _compiled(mask_mod, heads, bm, bn) if use_compile else functools.partial(_evaluate, mask_mod, heads, bm, bn)
+            lq, lk = _lengths(q_offsets), _lengths(kv_offsets)
+            per = nq_b * nk_b
+            chunk = _COMPILED_BLOCKS if use_compile else max(1, _CHUNK // (heads * bm * bn))
+            room = max(room, 2)  # a chunk of >= 2 blocks: torch.compile specialises sizes 0 and 1
+            for s0 in range(0, room, chunk):  # host-known sizes only: no sync
+                c = max(min(chunk, room - s0), 2)
+                where, hit = evaluate(per, nk_b, lq, lk, s0, c, nq, nk)
+                hits[:, where] = hit.T
+        grid = hits[:, :-1].view(heads, batch, nq, nk).transpose(0, 1)
         return cls.from_dense(grid, q_offsets, kv_offsets, (bm, bn))
 
     @classmethod

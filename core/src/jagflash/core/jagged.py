@@ -17,6 +17,7 @@ __all__ = [
     "max_seqlen",
     "offsets_from_lengths",
     "seq_lengths",
+    "slots_of",
     "tile_starts",
     "to_jagged",
     "to_padded",
@@ -61,6 +62,25 @@ def tile_starts(offsets: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.
     first = torch.cumsum(counts, 0) - counts
     start = (torch.arange(seq.numel(), device=offsets.device) - first[seq]) * block
     return seq, start
+
+
+def slots_of(counts: torch.Tensor, slots: int, first: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lay ``counts[b]`` items of every sequence ``b`` out sequence-major in slots (host ints:
+    ``first + slots`` need not reach ``counts.sum()``, slots past it are invalid), on the device
+    and without a host sync; returns slots ``first .. first + slots - 1``.
+
+    Returns ``(seq, item, valid)`` int64, int64, bool ``[slots]``: slot ``t`` holds item
+    ``item[t]`` (``0 <= item < counts[seq]``) of sequence ``seq[t]`` where ``valid[t]``; slots
+    past ``counts.sum()`` are invalid, with ``seq`` the last sequence and ``item`` 0.
+    """
+    batch = counts.numel()
+    last = torch.cumsum(counts.to(torch.int64), 0)
+    slot = torch.arange(first, first + slots, device=counts.device)
+    seq = torch.searchsorted(last, slot, right=True)
+    valid = seq < batch
+    seq = seq.clamp(max=max(batch - 1, 0))
+    item = torch.where(valid, slot - (last - counts)[seq] if batch else slot, 0)
+    return seq, item, valid
 
 
 def to_padded(

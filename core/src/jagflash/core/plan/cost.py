@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from jagflash.core.jagged import slots_of
 from jagflash.core.mask import dkdv_q_ranges, kv_tile_ranges, listed_blocks
 from jagflash.core.plan.model import PassLayout
 
@@ -70,12 +71,8 @@ def _section(
     if batch == 0 or lay.tiles == 0:
         return torch.full((lay.rows, 3), -1, dtype=torch.int32, device=dev), torch.zeros((), dtype=torch.int64, device=dev)
     per_seq = torch.div(lengths.clamp(min=0) + block - 1, block, rounding_mode="floor")
-    last = torch.cumsum(per_seq, 0)
-    slot = torch.arange(lay.tiles, device=dev)
-    seq = torch.searchsorted(last, slot, right=True)
-    valid = seq < batch
-    seq = seq.clamp(max=batch - 1)
-    start = (slot - (last - per_seq)[seq]) * block
+    seq, item, valid = slots_of(per_seq, lay.tiles)
+    start = item * block
     if listed is None:
         cost = tile_costs(side, start, lq[seq], lk[seq], lay.block_m, lay.block_n, left, right)
         seq_cost = _seq_cost(lq[seq], lk[seq], lay.block_m, lay.block_n)
@@ -90,7 +87,7 @@ def _section(
     head = torch.arange(lay.heads, device=dev)
     rows = torch.stack(torch.broadcast_tensors(seq[:, None], head[None, :], start[:, None]), -1)
     rows = torch.where(valid[:, None, None], rows, -1).to(torch.int32).reshape(lay.rows, 3)
-    count = torch.clamp(last[-1], max=lay.tiles) * lay.heads
+    count = torch.clamp(per_seq.sum(), max=lay.tiles) * lay.heads
     return rows, count
 
 

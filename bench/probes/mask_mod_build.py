@@ -1,0 +1,116 @@
+"""Probe (one GPU; issue 22): what ``BlockMask.from_mask_mod`` costs beside one forward of the
+same batch (the goal: <= 10 %).
+
+    python bench/probes/mask_mod_build.py                      # bs-lognormal and bs-dense8k, H200
+    python bench/probes/mask_mod_build.py --csv $OUT/mask_mod_build.csv
+    TRITON_INTERPRET=1 python bench/probes/mask_mod_build.py --smoke   # the CPU, tiny, no figures
+
+For each workload (default ``bs-lognormal-local-global`` and ``bs-dense8k-local-global``: the
+bench's batches, ``jagflash.bench.data.make_batch``) and each mask_mod (the bench's local +
+global rule, ``jagflash.bench.sparsity.mask_mod``, and a causal document mask_mod: documents of
+lognormal lengths, median 200 rows, inside each sequence, looked up per token from a packed id
+tensor) it times, after the first call (its wall clock printed on its own: where the compiled
+builder compiles), ``from_mask_mod`` with the max lengths and totals given (no host sync) on the
+builder's default path (compiled on CUDA) and on the eager path, and one forward of
+``jagged_attention`` (dense, causal) and of ``block_sparse_attention`` with the workload's
+mask, plans built outside the timing. Times are ``jagflash.bench.timing.measure`` p50 (CUDA
+events, many repetitions; wall clock on the CPU). Rows: ``workload, what, path, ms_p50,
+first_call_ms, build / dense forward, build / sparse forward, listed blocks``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+
+import torch
+
+#: The bench batches the probe times by default (bench workloads: tested).
+DEFAULT_WORKLOADS = ("bs-lognormal-local-global", "bs-dense8k-local-global")
+
+
+def document_mask_mod(batch, median: int = 200, seed: int = 0):
+    """Causal documents inside each sequence: token ``t`` of the packed batch has a document id
+    (lognormal document lengths, median ``median``, restarted at every sequence), q and k of one
+    sequence see each other where they share a document and ``kv_idx <= q_idx``."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = []
+    for n in batch.q_lens:
+        lengths = (torch.randn(max(1, n // 8 + 1), generator=gen) + float(torch.tensor(median).log())).exp().long().clamp(min=1)
+        ids.append(torch.repeat_interleave(torch.arange(lengths.numel()), lengths)[:n])
+    dev = batch.q_offsets.device
+    doc = torch.cat([*ids, torch.zeros(1, dtype=torch.int64)]).to(dev)
+    last = doc.numel() - 1
+    start = batch.q_offsets.to(torch.int64)
+
+    def documents(b, h, q_idx, kv_idx):
+        qd = doc[(start[b] + q_idx).clamp(max=last)]
+        kd = doc[(start[b] + kv_idx).clamp(max=last)]
+        return (qd == kd) & (kv_idx <= q_idx)
+
+    return documents
+
+
+def workload_rows(name: str, smoke: bool, dev: torch.device) -> list[tuple]:
+    """The probe's rows of one workload (module docstring)."""
+    from jagflash.bench.data import make_batch
+    from jagflash.bench.sparsity import mask_mod
+    from jagflash.bench.timing import first_call_ms, measure
+    from jagflash.bench.workloads import get
+    from jagflash.core.block_mask import BlockMask
+    from jagflash.variants.block_sparse import block_sparse_attention
+    from jagflash.variants.block_sparse import make_plan as sparse_plan
+    from jagflash.variants.jagged import jagged_attention
+    from jagflash.variants.jagged import make_plan as jagged_plan
+
+    w = get(name, smoke=smoke)
+    b = make_batch(w, dev)
+    q, k, v, qo, ko, m = b.q, b.k, b.v, b.q_offsets, b.kv_offsets, b.block_mask
+    bounds = dict(max_seqlen_q=b.max_q, max_seqlen_kv=b.max_kv)
+    with torch.no_grad():
+        jp = jagged_plan(q, k, qo, ko, causal=w.causal, **bounds)
+        dense = measure(lambda: jagged_attention(q, k, v, qo, ko, causal=w.causal, **bounds, plan=jp), dev).p50
+        sp = sparse_plan(q, k, qo, ko, m, causal=w.causal)
+        sparse = measure(lambda: block_sparse_attention(q, k, v, qo, ko, m, causal=w.causal, plan=sp), dev).p50
+    rows = [
+        (name, "jagged_attention fwd", "default", dense, "", "", "", ""),
+        (name, "block_sparse_attention fwd", "default", sparse, "", "", "", int(m.kv_counts.sum())),
+    ]
+    for rule_name, rule in (("local+global", mask_mod(w.blocks, m)), ("document", document_mask_mod(b))):
+        for path, compile_ in (("default", None), ("eager", False)):
+            def build(rule=rule, compile_=compile_):
+                return BlockMask.from_mask_mod(
+                    rule, qo, ko, 1, m.block_size, **bounds, total_q=b.total_q, total_kv=b.total_kv, compile=compile_
+                )
+
+            first, built = first_call_ms(build, dev)
+            if rule_name == "local+global" and not torch.equal(built.to_dense(), m.to_dense()):
+                raise SystemExit(f"{name}: from_mask_mod of the local+global rule listed other blocks than the workload's mask")
+            t = measure(build, dev).p50
+            rows.append((
+                name, f"from_mask_mod {rule_name}", path, t, round(first, 1), round(t / dense, 3), round(t / sparse, 3),
+                int(built.kv_counts.sum()),
+            ))
+    return [tuple(round(x, 4) if isinstance(x, float) else x for x in r) for r in rows]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
+    ap.add_argument("--smoke", action="store_true", help="the workloads' smoke versions (CPU interpreter)")
+    ap.add_argument("--csv", default=None)
+    a = ap.parse_args()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    table = [["workload", "what", "path", "ms_p50", "first_call_ms", "build_over_dense_fwd", "build_over_sparse_fwd", "listed_blocks"]]
+    for name in a.workloads.split(","):
+        table += workload_rows(name, a.smoke, dev)
+    csv.writer(sys.stdout).writerows(table)
+    if a.csv:
+        with open(a.csv, "w", newline="") as f:
+            csv.writer(f).writerows(table)
+    print(f"# device {torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu'}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
