@@ -104,6 +104,48 @@ def test_own_blocks_match_brute_force_and_the_padded_grid(lq, extra, size, heads
     _same_lists(m, BlockMask.from_dense(_padded_grid(mm, qo, ko, heads, bm, bn, nq, nk), qo, ko, size))
 
 
+@given(
+    lq=length_lists(max_batch=5, max_len=300),
+    extra=st.lists(st.integers(-40, 140), min_size=5, max_size=5),
+    size=st.sampled_from([(64, 64), (128, 128)]),
+    heads=st.sampled_from([1, 2]),
+    kind=st.sampled_from(["causal", "window", "document", "table", "per_head"]),
+    arg=st.integers(1, 150),
+    given_bounds=st.sampled_from(["none", "max+totals"]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_shared_grid_of_a_mask_mod_without_b(lq, extra, size, heads, kind, arg, given_bounds, seed) -> None:
+    """``per_sequence=False`` (the mask_mod does not read b): the longest grid evaluated once
+    plus each sequence's partial edges lists what the brute force lists, for mask_mods whose
+    every visible pair sits in full blocks, in edges, or in both."""
+    lk = [max(0, a + e) for a, e in zip(lq, extra)]
+    table = torch.rand(1, 2, 300 // 7 + 20, 440 // 11 + 20, generator=torch.Generator().manual_seed(seed)) < 0.05
+    inner = _mask_mod(kind, arg, table)
+    mm = lambda b, h, q, k: inner(torch.zeros_like(b), h, q, k)  # b ignored
+    qo, ko = _offsets(lq), _offsets(lk)
+    kw = dict(max_seqlen_q=max(lq), max_seqlen_kv=max(lk), total_q=sum(lq), total_kv=sum(lk)) if given_bounds != "none" else {}
+    m = BlockMask.from_mask_mod(mm, qo, ko, heads, size, compile=False, per_sequence=False, **kw)
+    brute = BlockMask.from_dense(_brute_grid(mm, lq, lk, heads, *size, *m.grid), qo, ko, size)
+    _same_lists(m, brute)
+
+
+@pytest.mark.parametrize("size", [(64, 64), (128, 128)])
+def test_shared_grid_edges_are_evaluated_on_their_own(size) -> None:
+    """A mask_mod visible only at each block's last pair lists every full block and no partial
+    one: the shared grid says yes for every block, so each partial row, column and corner must
+    come from its own evaluation (sequences partial in q, in kv, in both, in neither)."""
+    bm, bn = size
+    mm = lambda b, h, q, k: (q % bm == bm - 1) & (k % bn == bn - 1)
+    lq = [3 * bm, 3 * bm - 5, 2 * bm, 2 * bm + 1, bm - 1, 0]
+    lk = [2 * bn - 7, 3 * bn, 4 * bn + 3, 2 * bn, bn, bn]
+    qo, ko = _offsets(lq), _offsets(lk)
+    for kw in ({}, dict(max_seqlen_q=max(lq), max_seqlen_kv=max(lk), total_q=sum(lq), total_kv=sum(lk))):
+        m = BlockMask.from_mask_mod(mm, qo, ko, 1, size, compile=False, per_sequence=False, **kw)
+        want = [(a // bm) * (c // bn) for a, c in zip(lq, lk)]  # the full blocks
+        assert m.kv_counts.sum(-1).flatten().tolist() == want
+        _same_lists(m, BlockMask.from_dense(_brute_grid(mm, lq, lk, 1, bm, bn, *m.grid), qo, ko, size))
+
+
 def test_empty_batches_and_chunks(monkeypatch) -> None:
     """No sequence, only empty sequences, and chunks of 2 blocks (the eager chunking path: every
     chunk boundary inside a sequence) give the brute-force lists."""
@@ -146,7 +188,7 @@ def test_compiled_equals_eager_without_recompiles() -> None:
         e = BlockMask.from_mask_mod(mm, qo, ko, 2, (64, 64), compile=False)
         _same_lists(c, e)
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
-    assert set(bmod._COMPILED[mm]) == {(2, 64, 64)}
+    assert set(bmod._COMPILED[mm]) == {(2, 64, 64, False)}
 
 
 @pytest.mark.gpu
@@ -180,6 +222,9 @@ def test_gpu_compiled_eager_padded_agree_without_sync(size) -> None:
         finally:
             torch.cuda.set_sync_debug_mode("default")
         _same_lists(c, again)
+        if heads == 1:  # the local+global rule reads no b: the shared grid, compiled and eager
+            for compile_ in (None, False):
+                _same_lists(c, BlockMask.from_mask_mod(mm, qo, ko, heads, size, compile=compile_, per_sequence=False, **kw))
 
 
 def test_refuses_bad_bounds_and_compile_with_every_reason() -> None:
@@ -187,7 +232,7 @@ def test_refuses_bad_bounds_and_compile_with_every_reason() -> None:
 
     o = _offsets([100, 20])
     with pytest.raises(InvalidInput) as e:
-        BlockMask.from_mask_mod(lambda b, h, q, k: k <= q, o, o, 1, (64, 64), total_q=-1, max_seqlen_kv=True, compile="yes")
+        BlockMask.from_mask_mod(lambda b, h, q, k: k <= q, o, o, 1, (64, 64), total_q=-1, max_seqlen_kv=True, compile="yes", per_sequence=None)
     text = str(e.value)
-    for want in ("total_q must be", "max_seqlen_kv must be", "compile must be"):
+    for want in ("total_q must be", "max_seqlen_kv must be", "compile must be", "per_sequence must be"):
         assert want in text

@@ -310,17 +310,18 @@ def _block_sparse_prepare(w: Workload, batch: Batch, grad: bool, backend: str, q
         mod = importlib.import_module("jagflash.variants.block_sparse")
     except ImportError as e:
         raise _Unavailable(f"jagflash-block-sparse is not installed ({e})") from None
-    from jagflash.bench.sparsity import mask_mod
+    from jagflash.bench.sparsity import mask_mod, mask_mod_reads_b
 
     fn, m = mod.block_sparse_attention, batch.block_mask
     qo, ko, mq, mk = batch.q_offsets, batch.kv_offsets, batch.max_q, batch.max_kv
     mask = dict(causal=w.causal, window=tuple(w.window) if w.has_window else None)
     kw = _plan_once(mod.make_plan, backend, grad, q, k, qo, ko, m, **mask)
-    rule, want = mask_mod(w.blocks, m), m.to_dense()
+    rule, want, per_sequence = mask_mod(w.blocks, m), m.to_dense(), mask_mod_reads_b(w.blocks)
 
     def build():
         return mod.BlockMask.from_mask_mod(
-            rule, qo, ko, 1, m.block_size, max_seqlen_q=mq, max_seqlen_kv=mk, total_q=batch.total_q, total_kv=batch.total_kv
+            rule, qo, ko, 1, m.block_size, max_seqlen_q=mq, max_seqlen_kv=mk, total_q=batch.total_q, total_kv=batch.total_kv,
+            per_sequence=per_sequence,
         )
 
     def check(built) -> str | None:
@@ -336,7 +337,10 @@ def _block_sparse_prepare(w: Workload, batch: Batch, grad: bool, backend: str, q
         note=_jagflash_choice_note("block_sparse", backend),
         build=build,
         build_check=check,
-        build_note=f"BlockMask.from_mask_mod on the device ({w.blocks.kind} mask_mod, max lengths and totals given: no sync)",
+        build_note=(
+            f"BlockMask.from_mask_mod on the device ({w.blocks.kind} mask_mod"
+            f"{'' if per_sequence else ', per_sequence=False: b not read'}, max lengths and totals given: no sync)"
+        ),
     )
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PATTERN_KINDS", "BlockPattern", "band_density", "fa4_block_sparse", "grid", "make_block_mask", "mask_mod"]
+__all__ = ["PATTERN_KINDS", "BlockPattern", "band_density", "fa4_block_sparse", "grid", "make_block_mask", "mask_mod", "mask_mod_reads_b"]
 
 PATTERN_KINDS = ("random", "local_global", "top_k")
 
@@ -152,6 +152,12 @@ def mask_mod(pattern: BlockPattern, block_mask):
         return dense[b, (q_idx // bs).clamp(0, nq - 1), (kv_idx // bs).clamp(0, nk - 1)]
 
     return lookup
+
+
+def mask_mod_reads_b(pattern: BlockPattern) -> bool:
+    """Whether :func:`mask_mod` of ``pattern`` reads its ``b`` (the lookups do; the local +
+    global rule is the same in every sequence): ``per_sequence`` of ``BlockMask.from_mask_mod``."""
+    return pattern.kind != "local_global"
 
 
 def fa4_block_sparse(block_mask, tensors_type):

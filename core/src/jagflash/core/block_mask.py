@@ -111,19 +111,28 @@ def _lengths(offsets: torch.Tensor) -> torch.Tensor:
     return (offsets[1:] - offsets[:-1]).to(torch.int64)
 
 
-def _evaluate(mask_mod, heads, bm, bn, per, nk_b, lq, lk, s0, count, nq, nk):
+def _evaluate(mask_mod, heads, bm, bn, edges, per, nq_b, nk_b, lq, lk, s0, count, nq, nk):
     """Blocks ``s0 .. s0 + count - 1`` of the batch's own blocks (sequence-major, q-block-major
-    in a sequence): their flat grid index ``(b * nq + i) * nk + j`` (``B * nq * nk`` for a slot
-    past the last block) ``[count]`` and whether any in-range pair is visible ``[count, heads]``.
-    One fused kernel under ``torch.compile``."""
+    in a sequence; ``edges``: only each sequence's partial last q-block row then its partial last
+    kv-block column, ``per`` their counts, evaluated with ``b = 0``): their flat grid index
+    ``(b * nq + i) * nk + j`` (``B * nq * nk`` for a slot past the last block) ``[count]`` and
+    whether any in-range pair is visible ``[count, heads]``. One fused kernel under
+    ``torch.compile``."""
     seq, item, valid = slots_of(per, count, s0)
-    cols = nk_b[seq].clamp(min=1)
-    qb, kb = item // cols, item % cols
+    cols = nk_b[seq]
+    if edges:
+        row = (lq[seq] % bm != 0).to(torch.int64) * cols  # the partial q-block's kv-blocks come first
+        in_row = item < row
+        qb = torch.where(in_row, nq_b[seq] - 1, item - row)
+        kb = torch.where(in_row, item, cols - 1)
+        b = torch.zeros_like(seq).view(-1, 1, 1, 1)
+    else:
+        qb, kb = item // cols.clamp(min=1), item % cols.clamp(min=1)
+        b = seq.view(-1, 1, 1, 1)
     rq = torch.arange(bm, device=per.device)
     rk = torch.arange(bn, device=per.device)
     q_idx = (qb * bm).view(-1, 1, 1, 1) + rq.view(1, 1, -1, 1)
     kv_idx = (kb * bn).view(-1, 1, 1, 1) + rk.view(1, 1, 1, -1)
-    b = seq.view(-1, 1, 1, 1)
     h = torch.arange(heads, device=per.device).view(1, -1, 1, 1)
     seen = torch.as_tensor(mask_mod(b, h, q_idx, kv_idx), device=per.device).to(torch.bool)
     inside = valid.view(-1, 1, 1, 1) & (q_idx < lq[seq].view(-1, 1, 1, 1)) & (kv_idx < lk[seq].view(-1, 1, 1, 1))
@@ -140,16 +149,16 @@ def _compile_supported() -> bool:
     return bool(torch._dynamo.is_dynamo_supported())
 
 
-def _compiled(mask_mod, heads: int, bm: int, bn: int):
+def _compiled(mask_mod, heads: int, bm: int, bn: int, edges: bool):
     try:
         per_mod = _COMPILED.setdefault(mask_mod, {})
     except TypeError:  # not weakly referenceable: compiled per call
         per_mod = {}
-    key = (heads, bm, bn)
+    key = (heads, bm, bn, edges)
     if key not in per_mod:
 
-        def blocks(per, nk_b, lq, lk, s0, count, nq, nk):  # heads and the block size: constants
-            return _evaluate(mask_mod, heads, bm, bn, per, nk_b, lq, lk, s0, count, nq, nk)
+        def blocks(per, nq_b, nk_b, lq, lk, s0, count, nq, nk):  # heads, block size, edges: constants
+            return _evaluate(mask_mod, heads, bm, bn, edges, per, nq_b, nk_b, lq, lk, s0, count, nq, nk)
 
         per_mod[key] = torch.compile(blocks, dynamic=True, fullgraph=True)
     return per_mod[key]
@@ -289,7 +298,7 @@ class BlockMask:
         cls, mask_mod: Callable, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, heads: int = 1,
         block_size: tuple[int, int] = (128, 128), *, max_seqlen_q: int | None = None,
         max_seqlen_kv: int | None = None, total_q: int | None = None, total_kv: int | None = None,
-        compile: bool | None = None,
+        compile: bool | None = None, per_sequence: bool = True,
     ) -> BlockMask:
         """From FlexAttention's ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (vectorised over
         broadcastable int64 index tensors; ``b`` the sequence, ``h`` the head, ``q_idx``,
@@ -309,6 +318,13 @@ class BlockMask:
         at most ``2**24`` pairs. Default: compiled on CUDA where ``torch.compile`` is supported,
         eager elsewhere; ``compile=True`` where it is not is refused. Both list the same blocks.
 
+        ``per_sequence=False`` declares that ``mask_mod`` does not read ``b`` (as FlexAttention's
+        ``B=None``; it is called with ``b = 0``): the longest sequence's grid is evaluated once
+        for the full blocks of every sequence, and only each sequence's partial last q-block row
+        and kv-block column on their own, so a batch costs about one long sequence's pairs and
+        its edges instead of every sequence's pairs. The same blocks as the default wherever the
+        declaration holds.
+
         Host syncs: none when both ``max_seqlen_*`` are given; ``total_q`` / ``total_kv`` (the
         rows of q and k) then tighten the enumeration's room from ``B * nQ * nK`` blocks to
         ``min(B nQ nK, Sq nK, Sk nQ)`` (``S``: the bound of the batch's q- or kv-blocks from the
@@ -323,6 +339,8 @@ class BlockMask:
         for name, v in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv), ("total_q", total_q), ("total_kv", total_kv)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 reasons.append(f"{name} must be an int >= 0 or None, got {v!r}")
+        if per_sequence not in (True, False):
+            reasons.append(f"per_sequence must be True or False, got {per_sequence!r}")
         if compile not in (None, True, False):
             reasons.append(f"compile must be True, False or None, got {compile!r}")
         elif compile and not _compile_supported():
@@ -334,29 +352,45 @@ class BlockMask:
         batch = q_offsets.numel() - 1
         nq_b, nk_b = _block_counts(q_offsets, bm), _block_counts(kv_offsets, bn)
         if max_seqlen_q is None or max_seqlen_kv is None:  # one sync: the max lengths and the block count
-            read = torch.stack([nq_b.max(), nk_b.max(), (nq_b * nk_b).sum()]) if batch else torch.zeros(3, dtype=torch.int64)
-            mq, mk, room = read.tolist()
+            read = torch.stack([nq_b.max(), nk_b.max(), (nq_b * nk_b).sum(), (nq_b + nk_b).sum()]) if batch else torch.zeros(4, dtype=torch.int64)
+            mq, mk, room, edge_room = read.tolist()
             nq = mq if max_seqlen_q is None else _grid_blocks(q_offsets, bm, max_seqlen_q)
             nk = mk if max_seqlen_kv is None else _grid_blocks(kv_offsets, bn, max_seqlen_kv)
         else:
             nq, nk = _grid_blocks(q_offsets, bm, max_seqlen_q), _grid_blocks(kv_offsets, bn, max_seqlen_kv)
-            room = batch * nq * nk
+            room, edge_room = batch * nq * nk, batch * (nq + nk)
             if total_q is not None:
                 room = min(room, (total_q + batch * (bm - 1)) // bm * nk)
             if total_kv is not None:
                 room = min(room, (total_kv + batch * (bn - 1)) // bn * nq)
+            if total_q is not None and total_kv is not None:
+                edge_room = min(edge_room, (total_q + batch * (bm - 1)) // bm + (total_kv + batch * (bn - 1)) // bn)
         use_compile = dev.type == "cuda" and _compile_supported() if compile is None else compile
-        hits = torch.zeros(heads, batch * nq * nk + 1, dtype=torch.bool, device=dev)  # the last: invalid slots
-        if room and nq and nk:
-            evaluate = _compiled(mask_mod, heads, bm, bn) if use_compile else functools.partial(_evaluate, mask_mod, heads, bm, bn)
-            lq, lk = _lengths(q_offsets), _lengths(kv_offsets)
-            per = nq_b * nk_b
+
+        def run(hits, edges, per, nq_b, nk_b, lq, lk, room, nq, nk):  # hits[:, flat block] of the chunks' blocks
+            if not (room and nq and nk):
+                return
+            fn = _compiled(mask_mod, heads, bm, bn, edges) if use_compile else functools.partial(_evaluate, mask_mod, heads, bm, bn, edges)
             chunk = _COMPILED_BLOCKS if use_compile else max(1, _CHUNK // (heads * bm * bn))
             room = max(room, 2)  # a chunk of >= 2 blocks: torch.compile specialises sizes 0 and 1
             for s0 in range(0, room, chunk):  # host-known sizes only: no sync
-                c = max(min(chunk, room - s0), 2)
-                where, hit = evaluate(per, nk_b, lq, lk, s0, c, nq, nk)
+                where, hit = fn(per, nq_b, nk_b, lq, lk, s0, max(min(chunk, room - s0), 2), nq, nk)
                 hits[:, where] = hit.T
+
+        lq, lk = _lengths(q_offsets), _lengths(kv_offsets)
+        hits = torch.zeros(heads, batch * nq * nk + 1, dtype=torch.bool, device=dev)  # the last: invalid slots
+        if per_sequence:
+            run(hits, False, nq_b * nk_b, nq_b, nk_b, lq, lk, room, nq, nk)
+        elif batch and nq and nk:
+            # the longest grid once (every pair in range, b = 0) for every sequence's full blocks,
+            # then each sequence's partial last row and column on their own
+            one = torch.ones(1, dtype=torch.int64, device=dev)
+            shared = torch.zeros(heads, nq * nk + 1, dtype=torch.bool, device=dev)
+            run(shared, False, one * (nq * nk), one * nq, one * nk, one * (nq * bm), one * (nk * bn), nq * nk, nq, nk)
+            hits[:, :-1] = shared[:, :-1].view(heads, 1, nq * nk).expand(heads, batch, nq * nk).reshape(heads, -1)
+            part_q, part_k = (lq % bm != 0).to(torch.int64), (lk % bn != 0).to(torch.int64)
+            edges = part_q * nk_b + part_k * (nq_b - part_q)
+            run(hits, True, edges, nq_b, nk_b, lq, lk, edge_room, nq, nk)
         grid = hits[:, :-1].view(heads, batch, nq, nk).transpose(0, 1)
         return cls.from_dense(grid, q_offsets, kv_offsets, (bm, bn))
 
