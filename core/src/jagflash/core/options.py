@@ -25,6 +25,7 @@ Which set a function takes:
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 import textwrap
 from collections.abc import Callable
@@ -206,6 +207,9 @@ def resolve(who: str, options: type, given: dict[str, Any]) -> dict[str, Any]:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: An argument's line in a docstring's ``Args:`` (``    name:`` or ``    name, other:``).
+_ARG_LINE = re.compile(r"^    (\w+(?:, \w+)*):", re.MULTILINE)
+
 
 def _annotation(options: type, name: str) -> object:
     hint = options.__annotations__[name]
@@ -223,16 +227,17 @@ def _docs(options: type, names: list[str], own: tuple[str, ...], variant: str) -
     return "\n".join(["Keyword Args:", *lines]) if lines else ""
 
 
-def takes(options: type, *, variant: str, order: str | None = None, own_docs: str = "") -> Callable[[F], F]:
+def takes(options: type, *, order: str | None = None) -> Callable[[F], F]:
     """Decorates a function ``f(..., *, <own keywords>, **options: Unpack[options])``: sets its
     ``__signature__`` to the explicit one (the shared keywords as keyword-only parameters with
-    their :data:`DEFAULTS` and annotations, where ``**options`` stood) and appends the shared
-    keywords' docs (:data:`CALL_DOCS` / :data:`PLAN_DOCS`, ``{variant}`` filled in) to its
-    docstring under ``Keyword Args:``, except those in ``own_docs`` (space-separated names the
-    function documents itself, where their meaning is its own). ``order``: the keyword-only
-    parameters' names (the function's own and the shared ones), space-separated, in the order
-    the signature shows them; default the shared ones in ``_ORDER``'s order, then the
-    function's own. Returns the function itself (nothing wraps it: calls and tracing see it)."""
+    their :data:`DEFAULTS` and annotations, where ``**options`` stood) and appends the docs of
+    the shared keywords its docstring's ``Args:`` does not give itself (there their meaning is
+    the function's own) under ``Keyword Args:``, from :data:`CALL_DOCS` / :data:`PLAN_DOCS`
+    (``{variant}``: the name of the package ``jagflash.variants.<name>`` the function is in).
+    ``order``: the keyword-only parameters' names (the function's own and the shared ones),
+    space-separated, in the order the signature shows them; default the shared ones in
+    ``_ORDER``'s order, then the function's own. Returns the function itself (nothing wraps it:
+    calls and tracing see it as written)."""
 
     def apply(fn: F) -> F:
         sig = inspect.signature(fn)
@@ -251,9 +256,12 @@ def takes(options: type, *, variant: str, order: str | None = None, own_docs: st
         if sorted(names) != sorted([*own, *shared]):
             raise TypeError(f"{fn.__qualname__}: order {names} is not its keywords {[*own, *shared]}")
         fn.__signature__ = sig.replace(parameters=[*head, *({**own, **shared}[n] for n in names)])  # type: ignore[attr-defined]
-        docs = _docs(options, [n for n in names if n in shared], tuple(own_docs.split()), variant)
+        variant = fn.__module__.split(".")[2] if fn.__module__.startswith("jagflash.variants.") else fn.__module__
+        doc = inspect.cleandoc(fn.__doc__ or "")
+        documented = tuple(n for entry in _ARG_LINE.findall(doc) for n in entry.split(", "))
+        docs = _docs(options, [n for n in names if n in shared], documented, variant)
         if docs:
-            fn.__doc__ = f"{inspect.cleandoc(fn.__doc__ or '')}\n\n{docs}\n"
+            fn.__doc__ = f"{doc}\n\n{docs}\n"
         return fn
 
     return apply

@@ -25,7 +25,7 @@ from jagflash.variants.jagged.spec import SPEC
 __all__ = ["SPEC", "VARIANT", "jagged_attention", "jagged_attention_backward", "make_plan"]
 
 
-@takes(JaggedOptions, variant="jagged", own_docs="causal return_lse plan")
+@takes(JaggedOptions)
 def jagged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -104,7 +104,7 @@ def jagged_attention(
     return call_result(renest(out, nested_offsets), lse, o)
 
 
-@takes(JaggedPlanOptions, variant="jagged")
+@takes(JaggedPlanOptions)
 def make_plan(
     q: torch.Tensor,
     k: torch.Tensor,
