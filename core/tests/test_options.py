@@ -71,6 +71,9 @@ def test_resolve_applies_defaults_and_refuses_unknown_keywords_as_python_does() 
         "scale": None, "return_lse": False, "deterministic": False, "plan": None, "backend": None, "causal": True,
         "max_seqlen_q": None, "max_seqlen_kv": None,
     }
+    assert set(resolve("f", MaskedPlanOptions, {})) == {
+        "schedule", "backward_schedule", "workers", "backward", "backend", "causal"
+    }
     with pytest.raises(TypeError) as python:
         _f(window=1)  # type: ignore[call-arg]
     with pytest.raises(TypeError) as ours:
@@ -95,7 +98,8 @@ def test_takes_builds_the_signature_and_appends_only_undocumented_keywords() -> 
         "backward=True, backend=None)"
     )
     doc = make.__doc__
-    assert "my own causal" in doc and doc.count("causal:") == 1
+    assert "my own causal" in doc
+    assert doc.count("causal:") == 1
     assert doc.index("Keyword Args:") < doc.index("    schedule:") < doc.index("    backend:")
     assert make(1, workers=3)["workers"] == 3
     with pytest.raises(TypeError, match="order"):

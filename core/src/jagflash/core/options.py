@@ -66,25 +66,6 @@ class CallOptions(TypedDict, total=False):
     backend: str | None
 
 
-class MaskedOptions(CallOptions, total=False):
-    """:class:`CallOptions` and ``causal``."""
-
-    causal: bool
-
-
-class JaggedOptions(MaskedOptions, total=False):
-    """:class:`MaskedOptions` and the jagged lengths' bounds."""
-
-    max_seqlen_q: int | None
-    max_seqlen_kv: int | None
-
-
-class BroadcastQOptions(CallOptions, total=False):
-    """:class:`CallOptions` and the K/V lengths' bound (no mask: the queries belong to no sequence)."""
-
-    max_seqlen_kv: int | None
-
-
 class PlanOptions(TypedDict, total=False):
     """The keywords of every variant's ``make_plan``."""
 
@@ -95,23 +76,40 @@ class PlanOptions(TypedDict, total=False):
     backend: str | None
 
 
-class MaskedPlanOptions(PlanOptions, total=False):
-    """:class:`PlanOptions` and ``causal``."""
-
+class _Causal(TypedDict, total=False):
     causal: bool
 
 
-class JaggedPlanOptions(MaskedPlanOptions, total=False):
+class _KvLength(TypedDict, total=False):
+    max_seqlen_kv: int | None
+
+
+class _Lengths(_KvLength, total=False):
+    max_seqlen_q: int | None
+
+
+class MaskedOptions(CallOptions, _Causal, total=False):
+    """:class:`CallOptions` and ``causal``."""
+
+
+class JaggedOptions(CallOptions, _Causal, _Lengths, total=False):
+    """:class:`MaskedOptions` and the jagged lengths' bounds."""
+
+
+class BroadcastQOptions(CallOptions, _KvLength, total=False):
+    """:class:`CallOptions` and the K/V lengths' bound (no mask: the queries belong to no sequence)."""
+
+
+class MaskedPlanOptions(PlanOptions, _Causal, total=False):
+    """:class:`PlanOptions` and ``causal``."""
+
+
+class JaggedPlanOptions(PlanOptions, _Causal, _Lengths, total=False):
     """:class:`MaskedPlanOptions` and the jagged lengths' bounds."""
 
-    max_seqlen_q: int | None
-    max_seqlen_kv: int | None
 
-
-class BroadcastQPlanOptions(PlanOptions, total=False):
+class BroadcastQPlanOptions(PlanOptions, _KvLength, total=False):
     """:class:`PlanOptions` and the K/V lengths' bound."""
-
-    max_seqlen_kv: int | None
 
 
 #: Every shared keyword's default.
