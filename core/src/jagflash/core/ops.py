@@ -22,7 +22,7 @@ import numbers
 import torch
 
 from jagflash.core.capability import InvalidInput, Problem
-from jagflash.core.checks import readable
+from jagflash.core.checks import check_qkv, raise_if, readable
 from jagflash.core.memo import capturing, plain_eager
 from jagflash.core.tuning import BACKEND_DEFAULT, resolve_schedules
 
@@ -32,11 +32,15 @@ __all__ = [
     "alloc_like",
     "attention_ops",
     "call_problem",
+    "call_result",
     "default_scale",
     "for_kernel",
+    "jagged_rows",
     "layout_plan",
     "make_problem",
+    "op_tail",
     "plain_eager",
+    "plan_maker",
     "poison_outputs",
     "register_autograd",
     "stepped_arange",
@@ -298,6 +302,33 @@ def layout_plan(
     )
 
 
+def jagged_rows(q, k, q_offsets, kv_offsets, o: dict) -> tuple[list[str], dict]:
+    """:func:`plan_maker`'s ``rows`` for a jagged batch ``[T, H, D]`` with its offsets: the
+    structural problems of q, k and :func:`layout_plan`'s rows (every sequence's queries)."""
+    reasons = check_qkv(q, k, k, rank=3, layout_doc="[T, H, D]")
+    return reasons, {"q": q, "k": k, "q_offsets": q_offsets, "kv_offsets": kv_offsets, "total_q": q.shape[0]}
+
+
+def plan_maker(spec, *, layout: str, who: str, options: type, rows=jagged_rows):
+    """The body of a variant's ``make_plan`` over rows the kernels walk as a jagged batch:
+    ``make(q, k, q_offsets, kv_offsets, given, **own) -> Plan``, ``given`` the call's shared
+    keywords (``options``: a ``jagflash.core.options`` set, resolved with its defaults, unknown
+    ones refused), ``own`` the variant's own (its mask). ``rows(q, k, q_offsets, kv_offsets, o,
+    **own)`` (``o``: the resolved keywords) returns ``(reasons, lay)``: every problem of the
+    inputs (raised together as :class:`InvalidInput` of ``who``) and :func:`layout_plan`'s
+    ``q, k, q_offsets, kv_offsets, total_q`` and whatever it sets beside ``o`` (``window``,
+    ``block_mask``, lengths the variant knows); :func:`jagged_rows` by default."""
+    from jagflash.core.options import resolve
+
+    def make(q, k, q_offsets, kv_offsets, given: dict, **own):
+        o = resolve("make_plan", options, given)
+        reasons, lay = rows(q, k, q_offsets, kv_offsets, o, **own)
+        raise_if(who, reasons)
+        return layout_plan(spec, layout, **{**o, **lay})
+
+    return make
+
+
 # --- the op factory ------------------------------------------------------------------------
 
 #: The arguments every variant's ops end with, after the variant's own.
@@ -305,6 +336,18 @@ _TAIL = (
     "float scale, bool return_lse, bool deterministic, str backend, Tensor? plan_tiles=None, "
     "Tensor? plan_meta=None, SymInt[]? plan_info=None"
 )
+
+
+def op_tail(o: dict, q: torch.Tensor) -> tuple[float, bool, bool, str]:
+    """``scale, return_lse, deterministic, backend`` of :data:`_TAIL` from a public call's
+    resolved keywords (``jagflash.core.options.resolve``): the scale checked and defaulted for
+    q's head dim (:func:`default_scale`), the flags as bools, ``""`` for no backend."""
+    return default_scale(o["scale"], q.shape[-1]), bool(o["return_lse"]), bool(o["deterministic"]), o["backend"] or ""
+
+
+def call_result(out: torch.Tensor, lse: torch.Tensor, o: dict):
+    """What a public call returns: ``(out, lse)`` where it asked for the LSE, else ``out``."""
+    return (out, lse) if o["return_lse"] else out
 _FWD_HEAD, _BWD_HEAD = ("q", "k", "v"), ("dout", "q", "k", "v", "out", "lse")
 
 

@@ -12,12 +12,12 @@ import torch
 
 from jagflash.core.block_mask import BlockMask, local_global, sessions, strided, top_k
 from jagflash.core.capability import InvalidInput
-from jagflash.core.checks import check_jagged_call, check_qkv, check_window, raise_if
+from jagflash.core.checks import check_jagged_call, check_window, raise_if
 from jagflash.core.jagged_call import op_lengths, op_plan
-from jagflash.core.ops import call_problem, default_scale, layout_plan
+from jagflash.core.ops import call_problem, call_result, jagged_rows, op_tail, plan_maker
+from jagflash.core.options import MaskedOptions, MaskedPlanOptions, Unpack, resolve, takes
 from jagflash.core.plan.model import Plan
 from jagflash.core.registry import Variant
-from jagflash.core.tuning import BACKEND_DEFAULT
 from jagflash.variants.block_sparse import op
 from jagflash.variants.block_sparse.spec import SPEC
 
@@ -37,6 +37,7 @@ def _mask_reasons(block_mask: object, q_offsets: object, kv_offsets: object, q: 
     return block_mask.call_reasons(q_offsets, kv_offsets, q.shape[1])  # type: ignore[arg-type, union-attr]
 
 
+@takes(MaskedOptions, order="causal window scale return_lse deterministic plan backend")
 def block_sparse_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -45,13 +46,8 @@ def block_sparse_attention(
     kv_offsets: torch.Tensor,
     block_mask: BlockMask,
     *,
-    causal: bool = False,
     window: tuple[int, int] | None = None,
-    scale: float | None = None,
-    return_lse: bool = False,
-    deterministic: bool = False,
-    plan: Plan | None = None,
-    backend: str | None = None,
+    **options: Unpack[MaskedOptions],
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of each query over the keys of the blocks its q-block lists.
 
@@ -79,10 +75,7 @@ def block_sparse_attention(
         block_mask: a :class:`~jagflash.core.block_mask.BlockMask` built for these offsets
             (1 head or Hq heads); the kernels tile by its ``block_size``.
         causal, window: element masks as for the jagged and sliding-window variants.
-        scale: softmax scale, default ``1/sqrt(D)``.
         return_lse: also return LSE ``[Hq, Tq]``, fp32, natural log.
-        deterministic: a bitwise repeatable backward (the portable one always is; the TLX one
-            then runs as two passes instead of adding dQ from every kv-tile).
         plan: a load-balancing Plan with the mask's block sizes (a call without one builds its
             own, costed by the listed blocks).
         backend: ``"tlx-sm90"`` (128 x 128 masks, D 64 and 128), ``"portable"``,
@@ -92,6 +85,8 @@ def block_sparse_attention(
     offsets or heads, a non-BlockMask, the jagged checks) and problems no backend implements
     :class:`~jagflash.core.capability.UnsupportedProblem`, each listing every reason.
     """
+    o = resolve(_WHO, MaskedOptions, options)
+    causal, plan = o["causal"], o["plan"]
     window = (-1, -1) if window is None else window
     reasons = check_window(window, causal) + _mask_reasons(block_mask, q_offsets, kv_offsets, q)
     nq, nk = block_mask.grid if isinstance(block_mask, BlockMask) else (0, 0)
@@ -107,17 +102,17 @@ def block_sparse_attention(
     left, right = (int(x) for x in window)
     plan_args = op_plan(
         SPEC, plan, q, k, q_offsets, kv_offsets, causal=bool(causal), window=(left, right),
-        max_seqlen_q=max_q, max_seqlen_kv=max_k, backward=needs_grad, backend=backend, block_mask=block_mask,
+        max_seqlen_q=max_q, max_seqlen_kv=max_k, backward=needs_grad, backend=o["backend"], block_mask=block_mask,
     )
     m = block_mask
     out, lse = op.call_fwd(
         q, k, v, q_offsets, kv_offsets, *op_lengths(max_q, max_k), bool(causal), left, right,
-        m.kv_counts, m.kv_indices, m.q_counts, m.q_indices, bm, bn,
-        default_scale(scale, q.shape[-1]), bool(return_lse), bool(deterministic), backend or "", *plan_args,
+        m.kv_counts, m.kv_indices, m.q_counts, m.q_indices, bm, bn, *op_tail(o, q), *plan_args,
     )
-    return (out, lse) if return_lse else out
+    return call_result(out, lse, o)
 
 
+@takes(MaskedPlanOptions, order="causal window schedule backward_schedule workers backward backend")
 def make_plan(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -125,31 +120,34 @@ def make_plan(
     kv_offsets: torch.Tensor,
     block_mask: BlockMask,
     *,
-    causal: bool = False,
     window: tuple[int, int] | None = None,
-    schedule: str = BACKEND_DEFAULT,
-    backward_schedule: str | None = BACKEND_DEFAULT,
-    workers: int | None = None,
-    backward: bool = True,
-    backend: str | None = None,
+    **options: Unpack[MaskedPlanOptions],
 ) -> Plan:
     """The load-balancing :class:`~jagflash.core.plan.model.Plan` of a batch for
     :func:`block_sparse_attention` with this ``block_mask``, ``causal`` and ``window``: tiles of
     the mask's blocks, each costed by its listed blocks; no host sync. ``q [Tq, Hq, D]`` and
-    ``k`` are read for shapes and device only; the other arguments as for
-    ``jagflash.variants.jagged.make_plan``. Layers that share the batch and the mask share it."""
-    who = "jagflash.variants.block_sparse.make_plan"
+    ``k`` are read for shapes and device only; the offsets, ``block_mask`` and ``window`` as
+    for :func:`block_sparse_attention`. Layers that share the batch and the mask share it."""
+    return _make_plan(q, k, q_offsets, kv_offsets, options, block_mask=block_mask, window=window)
+
+
+def _rows(q, k, q_offsets, kv_offsets, o: dict, *, block_mask, window) -> tuple[list[str], dict]:
+    """The rows of a plan: the jagged batch's, tiled and costed by ``block_mask``'s blocks."""
     window = (-1, -1) if window is None else window
-    reasons = check_window(window, causal) + check_qkv(q, k, k, rank=3, layout_doc="[T, H, D]")
-    reasons += _mask_reasons(block_mask, q_offsets, kv_offsets, q)
-    raise_if(who, reasons)
+    reasons, lay = jagged_rows(q, k, q_offsets, kv_offsets, o)
+    reasons = check_window(window, o["causal"]) + reasons + _mask_reasons(block_mask, q_offsets, kv_offsets, q)
+    if reasons:
+        return reasons, {}
     (nq, nk), (bm, bn) = block_mask.grid, block_mask.block_size
-    return layout_plan(
-        SPEC, "jagged", q, k, q_offsets, kv_offsets, total_q=q.shape[0], causal=bool(causal),
-        window=(int(window[0]), int(window[1])), backend=backend, schedule=schedule,
-        backward_schedule=backward_schedule, workers=workers, max_seqlen_q=nq * bm, max_seqlen_kv=nk * bn,
-        backward=backward, block_mask=block_mask,
-    )
+    return [], {
+        **lay, "causal": bool(o["causal"]), "window": (int(window[0]), int(window[1])), "max_seqlen_q": nq * bm,
+        "max_seqlen_kv": nk * bn, "block_mask": block_mask,
+    }
+
+
+_make_plan = plan_maker(
+    SPEC, layout="jagged", who="jagflash.variants.block_sparse.make_plan", options=MaskedPlanOptions, rows=_rows
+)
 
 
 #: Below the other jagged variants; a front-door call with ``block_mask=`` poses

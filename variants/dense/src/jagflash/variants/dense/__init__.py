@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.checks import check_dense_call
-from jagflash.core.ops import call_plan_layout, call_problem, default_scale
+from jagflash.core.ops import call_plan_layout, call_problem, call_result, op_tail
+from jagflash.core.options import MaskedOptions, MaskedPlanOptions, Unpack, resolve, takes
 from jagflash.core.plan.build import build_plan_ints
 from jagflash.core.plan.model import PTR_DENSE, Plan, PlanInfo
 from jagflash.core.registry import Variant
@@ -25,17 +26,12 @@ from jagflash.variants.dense.spec import SPEC
 __all__ = ["SPEC", "VARIANT", "dense_attention", "make_plan"]
 
 
+@takes(MaskedOptions)
 def dense_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    return_lse: bool = False,
-    deterministic: bool = False,
-    backend: str | None = None,
-    plan: Plan | None = None,
+    **options: Unpack[MaskedOptions],
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention over a dense batch.
 
@@ -51,16 +47,7 @@ def dense_attention(
                 q2  x x x x x
 
             A query that sees no key (Nq > Nk) outputs 0 with LSE -inf and zero gradients.
-        scale: softmax scale, default ``1/sqrt(D)``.
         return_lse: also return LSE ``[B, Hq, Nq]`` fp32, natural log (no gradient).
-        deterministic: make the backward bitwise repeatable. With ``False`` (the default) a
-            backend may sum dQ in a varying order where that is faster: the TLX backward
-            then runs one pass that adds dQ from every kv-tile (D 128, causal or not:
-            ``jagflash.core.tuning.use_one_pass``); with ``True`` it runs two
-            passes without atomics, like the portable backward always does.
-        backend: ``"tlx-sm90"``, ``"portable"``, ``"interpreter"``, ``"reference"`` or ``None``
-            for the fastest that runs the problem; ``jagflash.core.backend.last_choice("dense")``
-            tells which ran.
         plan: the tile schedule (:func:`make_plan`), built once and shared by every call of
             these shapes, forward and backward; without one the call builds its own. A plan
             built for other shapes, heads, mask or tile sizes is refused. The ``reference``
@@ -70,6 +57,8 @@ def dense_attention(
     :class:`~jagflash.core.capability.InvalidInput`, unimplemented ones
     :class:`~jagflash.core.capability.UnsupportedProblem`, each listing every reason.
     """
+    o = resolve("dense_attention", MaskedOptions, options)
+    plan, causal, backend = o["plan"], o["causal"], o["backend"]
     needs_grad = check_dense_call("dense_attention", q, k, v, plan=plan)
     if plan is not None:
         plan_args = plan.op_args()
@@ -77,11 +66,8 @@ def dense_attention(
         plan_args = (None, None, None)
     else:
         plan_args = _default_plan(q, k, causal, needs_grad, backend)
-    out, lse = op.call_fwd(
-        q, k, v, bool(causal), default_scale(scale, q.shape[-1]), bool(return_lse),
-        bool(deterministic), backend or "", *plan_args,
-    )
-    return (out, lse) if return_lse else out
+    out, lse = op.call_fwd(q, k, v, bool(causal), *op_tail(o, q), *plan_args)
+    return call_result(out, lse, o)
 
 
 _PLANS: dict[tuple, tuple[torch.Tensor, torch.Tensor, list[int]]] = {}
@@ -134,26 +120,17 @@ def _build(
     )
 
 
-def make_plan(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    *,
-    causal: bool = False,
-    schedule: str = BACKEND_DEFAULT,
-    backward_schedule: str | None = BACKEND_DEFAULT,
-    workers: int | None = None,
-    backward: bool = True,
-    backend: str | None = None,
-) -> Plan:
+@takes(MaskedPlanOptions)
+def make_plan(q: torch.Tensor, k: torch.Tensor, **options: Unpack[MaskedPlanOptions]) -> Plan:
     """The tile schedule (:class:`~jagflash.core.plan.model.Plan`) of :func:`dense_attention` for
     q ``[B, Nq, Hq, D]`` and k ``[B, Nk, Hkv, D]`` (only shapes and device are read): build it
-    once and pass ``plan=`` to every call of these shapes. ``schedule``, ``backward_schedule``,
-    ``workers``, ``backward`` and ``backend`` as for ``jagflash.variants.jagged.make_plan``."""
+    once and pass ``plan=`` to every call of these shapes."""
+    o = resolve("make_plan", MaskedPlanOptions, options)
     check_dense_call("jagflash.variants.dense.make_plan", q, k, k, plan=None, plan_only=True)
-    blocks, schedule, backward_schedule = _layout(q, k, causal, backend, schedule, backward_schedule)
+    blocks, schedule, backward_schedule = _layout(q, k, o["causal"], o["backend"], o["schedule"], o["backward_schedule"])
     tiles, meta, info = _build(
-        q, k, causal=causal, blocks=blocks, schedule=schedule, backward_schedule=backward_schedule,
-        workers=workers, backward=backward,
+        q, k, causal=o["causal"], blocks=blocks, schedule=schedule, backward_schedule=backward_schedule,
+        workers=o["workers"], backward=o["backward"],
     )
     return Plan(tiles, meta, PlanInfo.from_ints(info))
 

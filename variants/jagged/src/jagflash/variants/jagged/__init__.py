@@ -15,16 +15,17 @@ import torch
 
 from jagflash.core.checks import check_jagged_call, check_qkv, raise_if
 from jagflash.core.jagged_call import op_lengths, op_plan, renest, unnest
-from jagflash.core.ops import call_problem, default_scale, layout_plan
+from jagflash.core.ops import call_problem, call_result, default_scale, op_tail, plan_maker
+from jagflash.core.options import JaggedOptions, JaggedPlanOptions, Unpack, resolve, takes
 from jagflash.core.plan.model import Plan
 from jagflash.core.registry import Variant
-from jagflash.core.tuning import BACKEND_DEFAULT
 from jagflash.variants.jagged import op
 from jagflash.variants.jagged.spec import SPEC
 
 __all__ = ["SPEC", "VARIANT", "jagged_attention", "jagged_attention_backward", "make_plan"]
 
 
+@takes(JaggedOptions)
 def jagged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -32,15 +33,8 @@ def jagged_attention(
     q_offsets: torch.Tensor | None = None,
     kv_offsets: torch.Tensor | None = None,
     *,
-    causal: bool = False,
-    scale: float | None = None,
-    max_seqlen_q: int | None = None,
-    max_seqlen_kv: int | None = None,
-    return_lse: bool = False,
-    deterministic: bool = False,
-    backend: str | None = None,
-    plan: Plan | None = None,
     decode: bool | None = None,
+    **options: Unpack[JaggedOptions],
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of every query sequence over its own key/value sequence.
 
@@ -63,20 +57,8 @@ def jagged_attention(
                                     q3  x x .
                                     q4  x x x
 
-        scale: softmax scale, default ``1/sqrt(D)``.
-        max_seqlen_q, max_seqlen_kv: upper bounds of the lengths. Given both, no call on a GPU
-            synchronises with the host (the offsets are then checked on the device); without
-            them one synchronisation reads them and validates the offsets.
         return_lse: also return LSE ``[Hq, Tq]`` fp32, natural log, for merging partial
             attentions. It carries no gradient.
-        deterministic: make the backward bitwise repeatable. With ``False`` (the default) a
-            backend may sum dQ in a varying order where that is faster: the TLX backward
-            then runs one pass that adds dQ from every kv-tile (D 128, causal or not:
-            ``jagflash.core.tuning.use_one_pass``); with ``True`` it runs two
-            passes without atomics, like the portable backward always does.
-        backend: ``"tlx-sm90"``, ``"portable"``, ``"interpreter"``, ``"reference"``, or ``None`` for the fastest
-            that runs the problem (``JAGFLASH_BACKEND`` overrides ``None``).
-            ``jagflash.core.backend.last_choice("jagged")`` tells which ran and why.
         plan: the load-balancing schedule of this batch (:func:`make_plan`), built once and
             passed to every layer that shares the offsets; its backward reuses it. Without one
             the call builds its own (a few small device ops, no host sync), or takes the one an
@@ -104,38 +86,31 @@ def jagged_attention(
     no backend implements raise :class:`~jagflash.core.capability.UnsupportedProblem`, each
     listing every reason, before any kernel runs.
     """
+    o = resolve("jagged_attention", JaggedOptions, options)
     q, k, v, q_offsets, kv_offsets, nested_offsets = unnest("jagged_attention", q, k, v, q_offsets, kv_offsets)
     needs_grad = check_jagged_call(
-        "jagged_attention", q, k, v, q_offsets, kv_offsets, max_seqlen_q=max_seqlen_q,
-        max_seqlen_kv=max_seqlen_kv, plan=plan,
+        "jagged_attention", q, k, v, q_offsets, kv_offsets, max_seqlen_q=o["max_seqlen_q"],
+        max_seqlen_kv=o["max_seqlen_kv"], plan=o["plan"],
     )
     plan_args = op_plan(
-        SPEC, plan, q, k, q_offsets, kv_offsets, causal=causal, window=(-1, -1), max_seqlen_q=max_seqlen_q,
-        max_seqlen_kv=max_seqlen_kv, backward=needs_grad, backend=backend, decode=decode,
+        SPEC, o["plan"], q, k, q_offsets, kv_offsets, causal=o["causal"], window=(-1, -1),
+        max_seqlen_q=o["max_seqlen_q"], max_seqlen_kv=o["max_seqlen_kv"], backward=needs_grad,
+        backend=o["backend"], decode=decode,
     )
     out, lse = op.call_fwd(
-        q, k, v, q_offsets, kv_offsets, *op_lengths(max_seqlen_q, max_seqlen_kv), bool(causal),
-        default_scale(scale, q.shape[-1]), bool(return_lse), bool(deterministic), backend or "", *plan_args,
-        None if decode is None else bool(decode),
+        q, k, v, q_offsets, kv_offsets, *op_lengths(o["max_seqlen_q"], o["max_seqlen_kv"]), bool(o["causal"]),
+        *op_tail(o, q), *plan_args, None if decode is None else bool(decode),
     )
-    out = renest(out, nested_offsets)
-    return (out, lse) if return_lse else out
+    return call_result(renest(out, nested_offsets), lse, o)
 
 
+@takes(JaggedPlanOptions)
 def make_plan(
     q: torch.Tensor,
     k: torch.Tensor,
     q_offsets: torch.Tensor,
     kv_offsets: torch.Tensor,
-    *,
-    causal: bool = False,
-    schedule: str = BACKEND_DEFAULT,
-    backward_schedule: str | None = BACKEND_DEFAULT,
-    workers: int | None = None,
-    max_seqlen_q: int | None = None,
-    max_seqlen_kv: int | None = None,
-    backward: bool = True,
-    backend: str | None = None,
+    **options: Unpack[JaggedPlanOptions],
 ) -> Plan:
     """The load-balancing :class:`~jagflash.core.plan.model.Plan` of a jagged batch for
     :func:`jagged_attention`, with this variant's tile sizes; no host sync.
@@ -146,29 +121,12 @@ def make_plan(
     Args:
         q, k: tensors shaped like the calls' q ``[Tq, Hq, D]`` and k ``[Tk, Hkv, D]`` (only
             shapes and device are read).
-        q_offsets, kv_offsets, causal, max_seqlen_q, max_seqlen_kv: as for
-            :func:`jagged_attention` (the max lengths only tighten the table's size).
-        schedule: ``"default"`` (the fastest measured for the backend the plan is for:
-            ``jagflash.core.tuning.default_schedules``; ``"dynamic"`` for the TLX kernels,
-            ``"grouped"`` for the portable ones), ``"grouped"`` (sequences sorted by cost, each
-            one's tiles kept together for L2 locality, dealt zigzag to persistent workers),
-            ``"static"`` (tiles sorted by cost, dealt zigzag), ``"dynamic"`` (sorted, taken from
-            an atomic counter) or ``"none"`` (batch order, one program a tile: the baseline).
-        backward_schedule: the backward passes' own kind (``"default"``: as for ``schedule``;
-            the TLX one-pass backward's is ``"dynamic"``, else ``"none"``, batch order;
-            ``None``: ``schedule``'s).
-        workers: persistent programs per launch; default the GPU's SM count (4 on the CPU).
-        backward: lay out the backward passes too (``False`` for inference).
-        backend: the kernels the plan is for (their tile sizes): default the backend a call
-            with these shapes and mask picks (``tlx-sm90`` on an H100/H200 with TLX for head
-            dims 64 and 128, else ``portable`` on a GPU, ``interpreter`` on the CPU).
+        q_offsets, kv_offsets: as for :func:`jagged_attention`.
     """
-    raise_if("jagflash.variants.jagged.make_plan", check_qkv(q, k, k, rank=3, layout_doc="[T, H, D]"))
-    return layout_plan(
-        SPEC, "jagged", q, k, q_offsets, kv_offsets, total_q=q.shape[0], causal=causal, backend=backend,
-        schedule=schedule, backward_schedule=backward_schedule, workers=workers, max_seqlen_q=max_seqlen_q,
-        max_seqlen_kv=max_seqlen_kv, backward=backward,
-    )
+    return _make_plan(q, k, q_offsets, kv_offsets, options)
+
+
+_make_plan = plan_maker(SPEC, layout="jagged", who="jagflash.variants.jagged.make_plan", options=JaggedPlanOptions)
 
 
 def jagged_attention_backward(

@@ -25,10 +25,17 @@ from jagflash.core.checks import (
 )
 from jagflash.core.jagged import lse_by_sequence
 from jagflash.core.jagged_call import op_lengths, op_plan, renest, unnest
-from jagflash.core.ops import call_problem, default_scale, layout_plan, stepped_arange
+from jagflash.core.ops import (
+    call_problem,
+    call_result,
+    jagged_rows,
+    op_tail,
+    plan_maker,
+    stepped_arange,
+)
+from jagflash.core.options import JaggedOptions, JaggedPlanOptions, Unpack, resolve, takes
 from jagflash.core.plan.model import Plan
 from jagflash.core.registry import Variant
-from jagflash.core.tuning import BACKEND_DEFAULT
 from jagflash.variants.sliding_window import op
 from jagflash.variants.sliding_window.spec import SPEC
 
@@ -64,6 +71,7 @@ def _dense_max(given: object, n: int, name: str) -> list[str]:
     return []
 
 
+@takes(JaggedOptions, order="window causal scale max_seqlen_q max_seqlen_kv return_lse deterministic plan backend")
 def sliding_window_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -72,14 +80,7 @@ def sliding_window_attention(
     kv_offsets: torch.Tensor | None = None,
     *,
     window: tuple[int, int] = (-1, -1),
-    causal: bool = False,
-    scale: float | None = None,
-    max_seqlen_q: int | None = None,
-    max_seqlen_kv: int | None = None,
-    return_lse: bool = False,
-    deterministic: bool = False,
-    plan: Plan | None = None,
-    backend: str | None = None,
+    **options: Unpack[JaggedOptions],
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of every query over a band of keys around its bottom-right diagonal.
 
@@ -112,19 +113,10 @@ def sliding_window_attention(
             is full attention and ``(-1, 0)`` causal.
         causal: ``right = 0`` (bottom-right aligned, like the jagged variant's); an explicit
             ``right > 0`` beside it is refused, ``right`` 0 or -1 is accepted.
-        scale: softmax scale, default ``1/sqrt(D)``.
         max_seqlen_q, max_seqlen_kv: upper bounds of the jagged lengths (given both, no host
             sync on a GPU); dense calls know them (a value below N is refused).
         return_lse: also return LSE, fp32, natural log, without gradient: ``[Hq, Tq]``
             (dense: ``[B, Hq, Nq]``).
-        deterministic: make the backward bitwise repeatable (the TLX backward then runs two
-            passes without atomics; elsewhere it always is).
-        plan: the batch's load-balancing schedule (:func:`make_plan` with the same window and
-            causal flag), shared by every layer on these offsets; a plan for another mask,
-            shape or offsets is refused. The ``reference`` backend ignores it.
-        backend: ``"tlx-sm90"``, ``"portable"``, ``"interpreter"``, ``"reference"`` or ``None``
-            for the fastest that runs the problem (``JAGFLASH_BACKEND`` overrides ``None``);
-            ``jagflash.core.backend.last_choice("sliding_window")`` tells which ran and why.
 
     Returns:
         ``out`` in q's layout and dtype, and LSE if asked.
@@ -134,6 +126,8 @@ def sliding_window_attention(
     and problems no backend implements :class:`~jagflash.core.capability.UnsupportedProblem`,
     each listing every reason, before any kernel runs.
     """
+    o = resolve(_WHO, JaggedOptions, options)
+    causal, plan, max_seqlen_q, max_seqlen_kv = o["causal"], o["plan"], o["max_seqlen_q"], o["max_seqlen_kv"]
     reasons = check_window(window, causal)
     q, k, v, q_offsets, kv_offsets, nested_offsets = unnest(_WHO, q, k, v, q_offsets, kv_offsets)
     dense = q_offsets is None and kv_offsets is None
@@ -155,20 +149,24 @@ def sliding_window_attention(
     left, right = (int(x) for x in window)
     plan_args = op_plan(
         SPEC, plan, q, k, q_offsets, kv_offsets, causal=bool(causal), window=(left, right),
-        max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, backward=needs_grad, backend=backend,
+        max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, backward=needs_grad, backend=o["backend"],
     )
     out, lse = op.call_fwd(
         q, k, v, q_offsets, kv_offsets, *op_lengths(max_seqlen_q, max_seqlen_kv), bool(causal), left, right,
-        default_scale(scale, q.shape[-1]), bool(return_lse), bool(deterministic), backend or "", *plan_args,
+        *op_tail(o, q), *plan_args,
     )
     if dense:
         out = out.view(shape_q)
-        lse = lse_by_sequence(lse, batch) if return_lse else lse
+        lse = lse_by_sequence(lse, batch) if o["return_lse"] else lse
     else:
         out = renest(out, nested_offsets)
-    return (out, lse) if return_lse else out
+    return call_result(out, lse, o)
 
 
+@takes(
+    JaggedPlanOptions,
+    order="window causal schedule backward_schedule workers max_seqlen_q max_seqlen_kv backward backend",
+)
 def make_plan(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -176,36 +174,38 @@ def make_plan(
     kv_offsets: torch.Tensor | None = None,
     *,
     window: tuple[int, int] = (-1, -1),
-    causal: bool = False,
-    schedule: str = BACKEND_DEFAULT,
-    backward_schedule: str | None = BACKEND_DEFAULT,
-    workers: int | None = None,
-    max_seqlen_q: int | None = None,
-    max_seqlen_kv: int | None = None,
-    backward: bool = True,
-    backend: str | None = None,
+    **options: Unpack[JaggedPlanOptions],
 ) -> Plan:
     """The load-balancing :class:`~jagflash.core.plan.model.Plan` of a batch for
     :func:`sliding_window_attention` with this ``window`` and ``causal``: its tables hold every
     tile once, each costed by the blocks of its band (``jagflash.core.plan.cost``); no host sync.
     ``q`` ``[Tq, Hq, D]`` and ``k`` with offsets, or dense ``[B, N, H, D]`` without (only
-    shapes and device are read). ``schedule``, ``backward_schedule``, ``workers``,
-    ``max_seqlen_*``, ``backward`` and ``backend`` as for ``jagflash.variants.jagged.make_plan``
-    (the default schedules are the ones measured for the window's mask)."""
-    who = "jagflash.variants.sliding_window.make_plan"
-    reasons = check_window(window, causal)
+    shapes and device are read); the default schedules are the ones measured for the window's
+    mask."""
+    return _make_plan(q, k, q_offsets, kv_offsets, options, window=window)
+
+
+def _rows(q, k, q_offsets, kv_offsets, o: dict, *, window) -> tuple[list[str], dict]:
+    """The rows a plan lays out: a jagged batch as it is, a dense one as B sequences of N rows."""
+    reasons = check_window(window, o["causal"])
     if q_offsets is None and kv_offsets is None:
-        raise_if(who, reasons + check_qkv(q, k, k, rank=4, layout_doc="[B, N, H, D]"))
-        max_seqlen_q, max_seqlen_kv = q.shape[1], k.shape[1]
+        reasons += check_qkv(q, k, k, rank=4, layout_doc="[B, N, H, D]")
+        if reasons:
+            return reasons, {}
+        lengths = {"max_seqlen_q": q.shape[1], "max_seqlen_kv": k.shape[1]}
         q, k, _, q_offsets, kv_offsets = _dense_rows(q, k, k)
+        lay = {"q": q, "k": k, "q_offsets": q_offsets, "kv_offsets": kv_offsets, "total_q": q.shape[0], **lengths}
     else:
-        raise_if(who, reasons + check_qkv(q, k, k, rank=3, layout_doc="[T, H, D]"))
-    return layout_plan(
-        SPEC, "jagged", q, k, q_offsets, kv_offsets, total_q=q.shape[0], causal=bool(causal),
-        window=(int(window[0]), int(window[1])), backend=backend, schedule=schedule,
-        backward_schedule=backward_schedule, workers=workers, max_seqlen_q=max_seqlen_q,
-        max_seqlen_kv=max_seqlen_kv, backward=backward,
-    )
+        more, lay = jagged_rows(q, k, q_offsets, kv_offsets, o)
+        reasons += more
+    if reasons:
+        return reasons, {}
+    return [], {**lay, "causal": bool(o["causal"]), "window": (int(window[0]), int(window[1]))}
+
+
+_make_plan = plan_maker(
+    SPEC, layout="jagged", who="jagflash.variants.sliding_window.make_plan", options=JaggedPlanOptions, rows=_rows
+)
 
 
 def _problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call: object) -> Problem:
