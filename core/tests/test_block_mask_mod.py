@@ -188,7 +188,7 @@ def test_compiled_equals_eager_without_recompiles() -> None:
         e = BlockMask.from_mask_mod(mm, qo, ko, 2, (64, 64), compile=False)
         _same_lists(c, e)
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
-    assert set(bmod._COMPILED[mm]) == {(2, 64, 64, False)}
+    assert set(bmod._COMPILED[mm]) == {(2, 64, 64)}
 
 
 @pytest.mark.gpu

@@ -101,23 +101,26 @@ def _grid_blocks(offsets: torch.Tensor, block: int, max_seqlen: int | None) -> i
 
 def _compress(grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Counts ``[...]`` and ascending indices ``[..., n]`` (int32) of a bool grid ``[..., n]``."""
+    n = grid.shape[-1]
     counts = grid.sum(-1, dtype=torch.int32)
-    order = torch.argsort((~grid).to(torch.int8), dim=-1, stable=True)  # listed first, ascending
-    indices = torch.where(grid.gather(-1, order), order, 0).to(torch.int32)
-    return counts.contiguous(), indices.contiguous()
+    slot = torch.where(grid, grid.cumsum(-1) - 1, n)  # a listed j's place in its row; the rest: a spare column
+    indices = torch.zeros(*grid.shape[:-1], n + 1, dtype=torch.int32, device=grid.device)
+    indices.scatter_(-1, slot, torch.arange(n, dtype=torch.int32, device=grid.device).expand(grid.shape))
+    return counts.contiguous(), indices[..., :n].contiguous()
 
 
 def _lengths(offsets: torch.Tensor) -> torch.Tensor:
     return (offsets[1:] - offsets[:-1]).to(torch.int64)
 
 
-def _evaluate(mask_mod, heads, bm, bn, edges, per, nq_b, nk_b, lq, lk, s0, count, nq, nk):
+def _blocks(bm, bn, edges, per, nq_b, nk_b, lq, lk, s0, count, nq, nk):
     """Blocks ``s0 .. s0 + count - 1`` of the batch's own blocks (sequence-major, q-block-major
     in a sequence; ``edges``: only each sequence's partial last q-block row then its partial last
-    kv-block column, ``per`` their counts, evaluated with ``b = 0``): their flat grid index
-    ``(b * nq + i) * nk + j`` (``B * nq * nk`` for a slot past the last block) ``[count]`` and
-    whether any in-range pair is visible ``[count, heads]``. One fused kernel under
-    ``torch.compile``."""
+    kv-block column, ``per`` their counts, with ``b = 0``), ``[count]`` each: the ``b`` the
+    mask_mod sees, the first q and kv position, the lengths the pairs must stay under (0 for a
+    slot past the last block) and the flat grid index ``(b * nq + i) * nk + j`` (``B * nq * nk``
+    past the last block). Small per-block tensors: the pairs' evaluation reads them instead of
+    recomputing the enumeration for every pair."""
     seq, item, valid = slots_of(per, count, s0)
     cols = nk_b[seq]
     if edges:
@@ -125,23 +128,29 @@ def _evaluate(mask_mod, heads, bm, bn, edges, per, nq_b, nk_b, lq, lk, s0, count
         in_row = item < row
         qb = torch.where(in_row, nq_b[seq] - 1, item - row)
         kb = torch.where(in_row, item, cols - 1)
-        b = torch.zeros_like(seq).view(-1, 1, 1, 1)
+        b = torch.zeros_like(seq)
     else:
         qb, kb = item // cols.clamp(min=1), item % cols.clamp(min=1)
-        b = seq.view(-1, 1, 1, 1)
-    rq = torch.arange(bm, device=per.device)
-    rk = torch.arange(bn, device=per.device)
-    q_idx = (qb * bm).view(-1, 1, 1, 1) + rq.view(1, 1, -1, 1)
-    kv_idx = (kb * bn).view(-1, 1, 1, 1) + rk.view(1, 1, 1, -1)
-    h = torch.arange(heads, device=per.device).view(1, -1, 1, 1)
-    seen = torch.as_tensor(mask_mod(b, h, q_idx, kv_idx), device=per.device).to(torch.bool)
-    inside = valid.view(-1, 1, 1, 1) & (q_idx < lq[seq].view(-1, 1, 1, 1)) & (kv_idx < lk[seq].view(-1, 1, 1, 1))
-    hit = (seen & inside).expand(count, heads, bm, bn).reshape(count, heads, bm * bn).any(-1)
+        b = seq
     where = torch.where(valid, (seq * nq + qb) * nk + kb, per.numel() * nq * nk)
-    return where, hit
+    return b, qb * bm, kb * bn, torch.where(valid, lq[seq], 0), lk[seq], where
 
 
-#: Compiled :func:`_evaluate` per mask_mod object (weakly held) and (heads, block size).
+def _pairs(mask_mod, heads, bm, bn, b, q0, k0, lq, lk):
+    """Whether any in-range pair of each block is visible, ``[count, heads]``: the mask_mod on
+    ``b [C, 1, 1, 1]``, ``h [1, heads, 1, 1]``, ``q_idx [C, 1, bm, 1]``, ``kv_idx [C, 1, 1, bn]``
+    and ``any`` over the block. One fused kernel under ``torch.compile``."""
+    rq = torch.arange(bm, device=b.device)
+    rk = torch.arange(bn, device=b.device)
+    q_idx = q0.view(-1, 1, 1, 1) + rq.view(1, 1, -1, 1)
+    kv_idx = k0.view(-1, 1, 1, 1) + rk.view(1, 1, 1, -1)
+    h = torch.arange(heads, device=b.device).view(1, -1, 1, 1)
+    seen = torch.as_tensor(mask_mod(b.view(-1, 1, 1, 1), h, q_idx, kv_idx), device=b.device).to(torch.bool)
+    inside = (q_idx < lq.view(-1, 1, 1, 1)) & (kv_idx < lk.view(-1, 1, 1, 1))
+    return (seen & inside).expand(b.numel(), heads, bm, bn).reshape(b.numel(), heads, bm * bn).any(-1)
+
+
+#: Compiled :func:`_pairs` per mask_mod object (weakly held) and (heads, block size).
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -149,18 +158,18 @@ def _compile_supported() -> bool:
     return bool(torch._dynamo.is_dynamo_supported())
 
 
-def _compiled(mask_mod, heads: int, bm: int, bn: int, edges: bool):
+def _compiled(mask_mod, heads: int, bm: int, bn: int):
     try:
         per_mod = _COMPILED.setdefault(mask_mod, {})
     except TypeError:  # not weakly referenceable: compiled per call
         per_mod = {}
-    key = (heads, bm, bn, edges)
+    key = (heads, bm, bn)
     if key not in per_mod:
 
-        def blocks(per, nq_b, nk_b, lq, lk, s0, count, nq, nk):  # heads, block size, edges: constants
-            return _evaluate(mask_mod, heads, bm, bn, edges, per, nq_b, nk_b, lq, lk, s0, count, nq, nk)
+        def pairs(b, q0, k0, lq, lk):  # heads and the block size: constants
+            return _pairs(mask_mod, heads, bm, bn, b, q0, k0, lq, lk)
 
-        per_mod[key] = torch.compile(blocks, dynamic=True, fullgraph=True)
+        per_mod[key] = torch.compile(pairs, dynamic=True, fullgraph=True)
     return per_mod[key]
 
 
@@ -312,8 +321,9 @@ class BlockMask:
         ``b``, ``h``, ``q_idx``, ``kv_idx`` shaped ``[C, 1, 1, 1]``, ``[1, heads, 1, 1]``,
         ``[C, 1, bm, 1]``, ``[C, 1, 1, bn]`` for a chunk of ``C`` blocks.
 
-        ``compile``: evaluate through ``torch.compile`` (one fused kernel per chunk: the
-        mask_mod's ops and the any-reduction, the ``bm x bn`` pairs never stored; dynamic shapes,
+        ``compile``: evaluate through ``torch.compile`` (per chunk, the blocks' positions and
+        lengths are enumerated first, a few small ops, then one fused kernel evaluates the
+        mask_mod and reduces with ``any`` reading them, the ``bm x bn`` pairs never stored; dynamic shapes,
         so a new batch does not recompile; cached per ``mask_mod`` object) or eagerly in chunks of
         at most ``2**24`` pairs. Default: compiled on CUDA where ``torch.compile`` is supported,
         eager elsewhere; ``compile=True`` where it is not is refused. Both list the same blocks.
@@ -370,12 +380,12 @@ class BlockMask:
         def run(hits, edges, per, nq_b, nk_b, lq, lk, room, nq, nk):  # hits[:, flat block] of the chunks' blocks
             if not (room and nq and nk):
                 return
-            fn = _compiled(mask_mod, heads, bm, bn, edges) if use_compile else functools.partial(_evaluate, mask_mod, heads, bm, bn, edges)
+            pairs = _compiled(mask_mod, heads, bm, bn) if use_compile else functools.partial(_pairs, mask_mod, heads, bm, bn)
             chunk = _COMPILED_BLOCKS if use_compile else max(1, _CHUNK // (heads * bm * bn))
             room = max(room, 2)  # a chunk of >= 2 blocks: torch.compile specialises sizes 0 and 1
             for s0 in range(0, room, chunk):  # host-known sizes only: no sync
-                where, hit = fn(per, nq_b, nk_b, lq, lk, s0, max(min(chunk, room - s0), 2), nq, nk)
-                hits[:, where] = hit.T
+                *block, where = _blocks(bm, bn, edges, per, nq_b, nk_b, lq, lk, s0, max(min(chunk, room - s0), 2), nq, nk)
+                hits[:, where] = pairs(*block).T
 
         lq, lk = _lengths(q_offsets), _lengths(kv_offsets)
         hits = torch.zeros(heads, batch * nq * nk + 1, dtype=torch.bool, device=dev)  # the last: invalid slots
