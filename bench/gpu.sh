@@ -7,6 +7,10 @@
 #   bash bench/gpu.sh bench -- --workloads 'bs-*' --providers 'jagflash-tlx,flex,fa4' --rep-ms 40 --warmup-ms 10
 #                                              # block-sparse set (issue 22; + its two dense baselines
 #                                              # for jagflash-tlx): FA4 needs the step-3 carry below
+#   GRAPH_WORKLOADS='short-*,jagged-tiny-d128' GRAPH_PROVIDERS='jagflash-tlx,varlen-fa2,fa4,flex' \
+#     bash bench/gpu.sh bench graph-bench -- --workloads 'short-*,jagged-tiny-d128' --providers 'jagflash-tlx,varlen-fa2,fa4,flex'
+#                                              # short and skewed set (issue 20), eager then CUDA-graphed
+#   TESTS_SHARD=1/2 bash bench/gpu.sh tests    # half the GPU suite (the whole one needs ~520 s alone)
 #
 # Carrying (the device tool moves at most 64 MiB a call; .gpu/ is git-ignored, name files in
 # `carry`): the TLX bundle is 53 MB and FA4 comes in two parts of 35 + 30 MB, so a full run is
