@@ -113,15 +113,37 @@ def record_path(variant: str, path: str, why: str) -> None:
     """Add to ``variant``'s :func:`last_choice` (the forward's, just made) which forward kernels
     ran and why (:attr:`BackendChoice.path`)."""
     choice = _last.get(variant)
-    if choice is not None:
-        _last[variant] = dataclasses.replace(choice, path=path, path_why=why)
+    if choice is None:
+        return
+    key = (id(choice), path, why)
+    hit = _with_path.get(key)
+    if hit is None or hit[0] is not choice:  # the choice kept so that its id stays its own
+        if len(_with_path) >= _CHOICES_KEEP:
+            _with_path.clear()
+        hit = _with_path[key] = (choice, dataclasses.replace(choice, path=path, path_why=why))
+    _last[variant] = hit[1]
+
+
+#: record_path's choices with their path: (choice, with path) by (id of the choice, path, why);
+#: a choice is frozen, so the same choice with the same path is one object, made once.
+_with_path: dict[tuple, tuple] = {}
+
+
+@functools.cache
+def _triton_knobs():
+    """``triton.knobs``, or the ImportError that importing triton raised (asked once: every
+    call's selection reads the interpreter mode)."""
+    try:
+        from triton import knobs
+    except ImportError as e:  # pragma: no cover - triton is a dependency
+        return e
+    return knobs
 
 
 def _triton_reasons() -> list[str]:
-    try:
-        import triton  # noqa: F401
-    except ImportError as e:  # pragma: no cover - triton is a dependency
-        return [f"triton is not importable ({e})"]
+    knobs = _triton_knobs()
+    if isinstance(knobs, ImportError):  # pragma: no cover - triton is a dependency
+        return [f"triton is not importable ({knobs})"]
     return []
 
 
@@ -239,10 +261,9 @@ _CHOICES_KEEP = 256
 
 
 def _interpret_now() -> bool | None:
-    if _triton_reasons():
+    knobs = _triton_knobs()
+    if isinstance(knobs, ImportError):  # pragma: no cover - triton is a dependency
         return None
-    from triton import knobs
-
     return bool(knobs.runtime.interpret)
 
 
