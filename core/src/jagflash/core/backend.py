@@ -238,10 +238,7 @@ def select(
     :class:`InterpreterChanged`. A choice is kept per (spec, problem, device, request, the
     environment variables and interpreter mode it read): every call of a model's layers asks
     the same question twice (the plan's look-ahead and the op); refusals are not kept."""
-    key = (
-        id(spec), problem, device, device_capability(device), requested, os.environ.get(ENV_VAR),
-        os.environ.get(ALLOW_REFERENCE_ENV), _interpret_now(),
-    )
+    key = (id(spec), problem, device, device_capability(device), requested, *_env_now(), _interpret_now())
     hit = _choices.get(key)
     if hit is not None and hit[0] is spec:
         choice = hit[1]
@@ -258,6 +255,22 @@ def select(
 #: select's choices: (spec, choice) by key (the spec kept, so that its id stays its own).
 _choices: dict[tuple, tuple[VariantSpec, BackendChoice]] = {}
 _CHOICES_KEEP = 256
+
+
+def _env_now() -> tuple:
+    """What :func:`select` reads from the environment (:data:`ENV_VAR`,
+    :data:`ALLOW_REFERENCE_ENV`), as a key: the values ``os.environ`` holds now, read from its
+    underlying mapping where it has one (``os.environ.get`` encodes the name on every call,
+    ~1 us each, twice a call)."""
+    data = getattr(os.environ, "_data", None)
+    if not isinstance(data, dict):
+        return os.environ.get(ENV_VAR), os.environ.get(ALLOW_REFERENCE_ENV)
+    return data.get(_env_name(ENV_VAR)), data.get(_env_name(ALLOW_REFERENCE_ENV))
+
+
+@functools.cache
+def _env_name(name: str):
+    return os.environ.encodekey(name)  # type: ignore[attr-defined]
 
 
 def _interpret_now() -> bool | None:

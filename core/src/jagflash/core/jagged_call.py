@@ -156,6 +156,8 @@ def _lengths(who, q_offsets, kv_offsets, tq, tk, max_seqlen_q, max_seqlen_kv) ->
     """Validate the offsets' values where that costs no extra sync, and fill in unknown maxima."""
     reasons = same_batch(q_offsets, kv_offsets)
     rq, max_q = resolve_max_seqlen(q_offsets, tq, "q_offsets", max_seqlen_q, "q")
+    if kv_offsets is q_offsets and (tk, max_seqlen_kv) == (tq, max_seqlen_q) and not rq:
+        return max_q, max_q  # self-attention: the same question about the same tensor, answered
     rk, max_k = resolve_max_seqlen(kv_offsets, tk, "kv_offsets", max_seqlen_kv, "kv")
     raise_if(who, reasons + rq + rk)
     return max_q, max_k

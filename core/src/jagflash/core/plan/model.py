@@ -117,8 +117,9 @@ class PlanInfo:
     kv_ptr: int
     passes: tuple[PassLayout, PassLayout, PassLayout]
 
-    @property
+    @functools.cached_property
     def rows(self) -> int:
+        """Rows of the tile table (every plan check asks: computed once per info, which is frozen)."""
         return max((p.row0 + p.rows for p in self.passes), default=0)
 
     def layout(self, pass_: str) -> PassLayout:
