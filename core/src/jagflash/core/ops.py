@@ -197,9 +197,14 @@ def _save(ctx, inputs, output) -> None:
     """What the backward needs: q, k, v, out, lse and the tensor extras (the rest kept as is)."""
     q, k, v, *extras = inputs
     out, lse = output
-    ctx.tensor_pos = [i for i, e in enumerate(extras) if isinstance(e, torch.Tensor)]
-    ctx.extras = [None if i in ctx.tensor_pos else e for i, e in enumerate(extras)]
-    ctx.save_for_backward(q, k, v, out, lse, *(extras[i] for i in ctx.tensor_pos))
+    pos, saved = [], [q, k, v, out, lse]
+    for i, e in enumerate(extras):  # one pass: every forward with grad runs it
+        if isinstance(e, torch.Tensor):
+            pos.append(i)
+            saved.append(e)
+            extras[i] = None
+    ctx.tensor_pos, ctx.extras = pos, extras
+    ctx.save_for_backward(*saved)
     ctx.mark_non_differentiable(lse)
 
 

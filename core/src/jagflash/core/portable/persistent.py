@@ -144,6 +144,14 @@ def backward_dq(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan: Pl
     """The dQ pass: dQ (fp32 under the interpreter, else q's dtype) and delta = rowsum(dO * O)
     (LSE's shape, fp32), which the dK/dV pass (portable or TLX) reads."""
     dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))
+    return _dq_pass(
+        locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
+        backend=backend, blocks=blocks,
+    )
+
+
+def _dq_pass(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, *, left, right, scale, backend, blocks):
+    """:func:`backward_dq` on tensors already made :func:`for_kernel`'s."""
     dq, delta = alloc_like(q), alloc_like(lse)
     _launch(
         bwd_kernel, plan, "dq", (q, k, v, out, dout, dq, lse, delta), row_strides(q, k, v, out, dout, dq), q, k,
@@ -159,7 +167,7 @@ def backward(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan: Plan,
     dtypes = (q.dtype, k.dtype, v.dtype)
     dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))  # once, for both passes
     common = {"left": left, "right": right, "scale": scale, "backend": backend, "blocks": blocks}
-    dq, delta = backward_dq(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, **common)
+    dq, delta = _dq_pass(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, **common)
     dk, dv = alloc_like(k), alloc_like(v)
     _launch(
         bwd_kernel, plan, "dkdv", (q, k, v, dout, dk, dv, lse, delta), row_strides(q, k, v, dout, dk, dv), q, k,
