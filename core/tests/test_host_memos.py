@@ -120,3 +120,29 @@ def test_check_plan_lists_every_mismatch_at_once() -> None:
     for one in ({"left": 4}, {"blocks": {"fwd": (64, 32)}}, {"batch": 3}):
         with pytest.raises(InvalidInput):
             check_plan("t", plan.info, tiles=plan.tiles, meta=plan.meta, **{**ok, **one})
+
+
+def test_plan_info_misses_on_every_argument() -> None:
+    """A kept PlanInfo is the one made afresh for every change of any argument, its ints decode
+    back to it, and a refusal is never kept (each call raises it again)."""
+    from jagflash.core.plan.model import PlanInfo, _plan_info, plan_info
+
+    base = {"batch": 3, "total_q": 40, "total_kv": 50, "heads_q": 4, "heads_kv": 2, "causal": False, "window": None,
+            "blocks": {"fwd": (32, 32)}, "max_seqlen_q": None, "max_seqlen_kv": None, "workers": None,
+            "schedule": "static", "backward_schedule": None, "backward": True, "q_ptr": 0, "kv_ptr": 0}
+    changes = [{}, {"batch": 4}, {"total_q": 41}, {"total_kv": 51}, {"heads_q": 8}, {"heads_kv": 1}, {"causal": True},
+               {"window": (4, -1)}, {"blocks": {"fwd": (64, 32)}}, {"blocks": {"fwd": (32, 32), "dkdv": (16, 64)}},
+               {"max_seqlen_q": 20}, {"max_seqlen_kv": 20}, {"workers": 5}, {"schedule": "dynamic"},
+               {"backward_schedule": "none"}, {"backward": False}, {"q_ptr": -2}, {"kv_ptr": 7},
+               {"blocks": {"fwd": [32, 32]}}]
+    for change in changes:
+        kw = {**base, **change}
+        got = plan_info(**kw)
+        fresh = _plan_info(*({**kw, "blocks": tuple(kw["blocks"].items())}).values())
+        assert got == fresh, change
+        assert got.to_ints() == fresh.to_ints()
+        assert PlanInfo.from_ints(got.to_ints()) == got
+        assert got.to_ints() is not got.to_ints()  # a fresh list: a caller may edit its own
+    for _ in range(2):
+        with pytest.raises(InvalidInput, match="heads_q"):
+            plan_info(**{**base, "heads_q": 3})
