@@ -153,3 +153,29 @@ def test_plan_info_misses_on_every_argument() -> None:
     for _ in range(2):
         with pytest.raises(InvalidInput, match="heads_q"):
             plan_info(**{**base, "heads_q": 3})
+
+
+def test_tlx_configs_miss_on_every_argument_and_give_fresh_constexprs() -> None:
+    """``fwd_config`` / ``bwd_config`` are kept per arguments: each change gives the config made
+    afresh; ``constexprs()`` is every field, in a dict the caller may edit."""
+    from jagflash.core.tuning import bwd_config, fwd_config
+
+    fwd = {"head_dim": 128, "group": 1, "left": -1, "right": -1, "q_shared": False, "scale": 0.1, "dynamic": True,
+           "zigzag": False, "total_kv": 4096, "batch": 4, "sparse": False}
+    bwd = {"head_dim": 128, "group": 1, "left": -1, "right": -1, "q_shared": False, "fused_dq": True, "dynamic": True,
+           "zigzag": False, "sparse": False}
+    for make, base, changes in (
+        (fwd_config, fwd, [{"head_dim": 64}, {"group": 4}, {"left": 8}, {"right": 0}, {"q_shared": True},
+                           {"scale": -0.1}, {"dynamic": False}, {"zigzag": True}, {"total_kv": 100}, {"batch": 64},
+                           {"sparse": True}]),
+        (bwd_config, bwd, [{"head_dim": 64}, {"group": 4}, {"left": 8}, {"right": 0}, {"q_shared": True},
+                           {"fused_dq": False}, {"dynamic": False}, {"zigzag": True}, {"sparse": True}]),
+    ):
+        for change in [{}, *changes]:
+            kw = {**base, **change}
+            got, fresh = make(**kw), make.__wrapped__(**kw)
+            assert got == fresh, change
+            assert got.constexprs() == dataclasses.asdict(fresh)
+        edited = got.constexprs()
+        edited["HEAD_DIM"] = -1
+        assert got.constexprs()["HEAD_DIM"] == got.HEAD_DIM
