@@ -303,8 +303,9 @@ FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES"})
 
 def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, plan_blocks: tuple[int, int]) -> list[str]:
     """Why a caller's ``config`` does not fit the call whose policy config is ``want`` and whose
-    plan has tiles ``plan_blocks``: every reason (empty if it fits)."""
-    reasons = [
+    plan has tiles ``plan_blocks``: every reason (empty if it fits). The policy's own config
+    (every call but the tests' and probes', which force one) agrees with itself field by field."""
+    reasons = [] if config is want else [
         f"{name}={getattr(config, name)!r}, the call needs {getattr(want, name)!r}"
         for name in type(config).__dataclass_fields__
         if name not in FREE_FIELDS and getattr(config, name) != getattr(want, name)
