@@ -106,7 +106,10 @@ def make_problem(
         layout, q.device.type, q.dtype, q.shape[-1], q.shape[-2], k.shape[-2], bool(causal), tuple(window),
         bool(return_lse), bool(backward), bool(deterministic), features,
     )
-    problem = _problems.get(key)
+    try:
+        problem = _problems.get(key)
+    except TypeError:  # an unhashable size (a symbolic int outside tracing): not kept
+        return _make_problem(layout, q, k, causal, window, return_lse, backward, deterministic, features)
     if problem is None:
         if len(_problems) >= _PROBLEMS_KEEP:
             _problems.clear()
