@@ -113,15 +113,37 @@ def record_path(variant: str, path: str, why: str) -> None:
     """Add to ``variant``'s :func:`last_choice` (the forward's, just made) which forward kernels
     ran and why (:attr:`BackendChoice.path`)."""
     choice = _last.get(variant)
-    if choice is not None:
-        _last[variant] = dataclasses.replace(choice, path=path, path_why=why)
+    if choice is None:
+        return
+    key = (id(choice), path, why)
+    hit = _with_path.get(key)
+    if hit is None or hit[0] is not choice:  # the choice kept so that its id stays its own
+        if len(_with_path) >= _CHOICES_KEEP:
+            _with_path.clear()
+        hit = _with_path[key] = (choice, dataclasses.replace(choice, path=path, path_why=why))
+    _last[variant] = hit[1]
+
+
+#: record_path's choices with their path: (choice, with path) by (id of the choice, path, why);
+#: a choice is frozen, so the same choice with the same path is one object, made once.
+_with_path: dict[tuple, tuple] = {}
+
+
+@functools.cache
+def _triton_knobs():
+    """``triton.knobs``, or the ImportError that importing triton raised (asked once: every
+    call's selection reads the interpreter mode)."""
+    try:
+        from triton import knobs
+    except ImportError as e:  # pragma: no cover - triton is a dependency
+        return e
+    return knobs
 
 
 def _triton_reasons() -> list[str]:
-    try:
-        import triton  # noqa: F401
-    except ImportError as e:  # pragma: no cover - triton is a dependency
-        return [f"triton is not importable ({e})"]
+    knobs = _triton_knobs()
+    if isinstance(knobs, ImportError):  # pragma: no cover - triton is a dependency
+        return [f"triton is not importable ({knobs})"]
     return []
 
 
@@ -216,10 +238,7 @@ def select(
     :class:`InterpreterChanged`. A choice is kept per (spec, problem, device, request, the
     environment variables and interpreter mode it read): every call of a model's layers asks
     the same question twice (the plan's look-ahead and the op); refusals are not kept."""
-    key = (
-        id(spec), problem, device, device_capability(device), requested, os.environ.get(ENV_VAR),
-        os.environ.get(ALLOW_REFERENCE_ENV), _interpret_now(),
-    )
+    key = (id(spec), problem, device, device_capability(device), requested, *_env_now(), _interpret_now())
     hit = _choices.get(key)
     if hit is not None and hit[0] is spec:
         choice = hit[1]
@@ -238,11 +257,26 @@ _choices: dict[tuple, tuple[VariantSpec, BackendChoice]] = {}
 _CHOICES_KEEP = 256
 
 
-def _interpret_now() -> bool | None:
-    if _triton_reasons():
-        return None
-    from triton import knobs
+def _env_now() -> tuple:
+    """What :func:`select` reads from the environment (:data:`ENV_VAR`,
+    :data:`ALLOW_REFERENCE_ENV`), as a key: the values ``os.environ`` holds now, read from its
+    underlying mapping where it has one (``os.environ.get`` encodes the name on every call,
+    ~1 us each, twice a call)."""
+    data = getattr(os.environ, "_data", None)
+    if not isinstance(data, dict):
+        return os.environ.get(ENV_VAR), os.environ.get(ALLOW_REFERENCE_ENV)
+    return data.get(_env_name(ENV_VAR)), data.get(_env_name(ALLOW_REFERENCE_ENV))
 
+
+@functools.cache
+def _env_name(name: str):
+    return os.environ.encodekey(name)  # type: ignore[attr-defined]
+
+
+def _interpret_now() -> bool | None:
+    knobs = _triton_knobs()
+    if isinstance(knobs, ImportError):  # pragma: no cover - triton is a dependency
+        return None
     return bool(knobs.runtime.interpret)
 
 

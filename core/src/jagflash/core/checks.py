@@ -66,6 +66,8 @@ def check_qkv(q: object, k: object, v: object, *, rank: int, layout_doc: str) ->
     ``"[T, H, D]"``): types, layouts, ranks, dtypes, devices, head dims, head counts (GQA
     ratio), matching k/v. The shape checks need every tensor to be of the right rank, so
     they are skipped (not guessed) while one is not."""
+    if _qkv_valid(q, k, v, rank):  # every call's case, told without building a reason
+        return []
     reasons: list[str] = []
     named = {"q": q, "k": k, "v": v}
     tensors = {n: t for n, t in named.items() if isinstance(t, torch.Tensor)}
@@ -98,6 +100,18 @@ def check_qkv(q: object, k: object, v: object, *, rank: int, layout_doc: str) ->
     if hkv == 0 or hq % hkv != 0:
         reasons.append(f"Hq ({hq}) must be a multiple of Hkv ({hkv})")
     return reasons
+
+
+def _qkv_valid(q: object, k: object, v: object, rank: int) -> bool:
+    """Whether :func:`check_qkv` would find nothing wrong (the same checks, without reasons)."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        return False
+    if not (q.layout == k.layout == v.layout == torch.strided and q.dim() == k.dim() == v.dim() == rank):
+        return False
+    if not (q.dtype == k.dtype == v.dtype and q.dtype.is_floating_point and q.device == k.device == v.device):
+        return False
+    hq, hkv = q.shape[-2], k.shape[-2]
+    return k.shape == v.shape and q.shape[-1] == k.shape[-1] >= 1 and hq >= 1 and hkv >= 1 and hq % hkv == 0
 
 
 def check_offsets(

@@ -85,7 +85,7 @@ PLAN_MEMO = TensorMemo(8)
 
 def own_plan(
     spec, q, k, q_offsets, kv_offsets, *, causal: bool, window: tuple[int, int], max_seqlen_q,
-    max_seqlen_kv, backward: bool, backend: str | None, block_mask=None,
+    max_seqlen_kv, backward: bool, backend: str | None, block_mask=None, planned: str | None = None,
 ):
     """The plan ``(tiles, meta, info ints)`` a call without ``plan=`` builds for itself: ints on
     the host, tensors by one opaque op, laid out for the backend the call will pick (with the
@@ -94,11 +94,12 @@ def own_plan(
     lists) with the same ints get the tensors built before (:data:`PLAN_MEMO`; never while
     traced, under a mode or during a CUDA graph capture: ``jagflash.core.memo``); nothing writes
     them. Traced by ``torch.compile`` (which cannot follow the backend choice), none: the
-    forward and backward ops each build their own."""
+    forward and backward ops each build their own. ``planned``: the backend the plan is for
+    (``jagflash.core.backend.plan_backend``'s), where the caller has already asked."""
     if torch.compiler.is_compiling():
         return None, None, None
     blocks, schedule, backward_schedule = call_plan_layout(
-        spec, "jagged", q, k, causal=causal, backend=backend, window=window, block_mask=block_mask
+        spec, "jagged", q, k, causal=causal, backend=backend, window=window, block_mask=block_mask, planned=planned
     )
     ints = plan_info(
         batch=q_offsets.numel() - 1, total_q=q.shape[0], total_kv=k.shape[0],
@@ -132,6 +133,7 @@ def op_plan(
         return plan.op_args()
     if backend == "reference" or q_offsets.shape != kv_offsets.shape:
         return None, None, None
+    name = None  # the look-ahead's backend, which the plan is laid out for (asked once)
     if not backward and max_seqlen_q is not None and decode is not False and block_mask is None:
         name = plan_backend(spec, make_problem("jagged", q, k, causal=causal, window=window), q.device, backend)
         if name != "reference" and use_decode(
@@ -141,7 +143,7 @@ def op_plan(
             return None, None, None
     return own_plan(
         spec, q, k, q_offsets, kv_offsets, causal=causal, window=window, max_seqlen_q=max_seqlen_q,
-        max_seqlen_kv=max_seqlen_kv, backward=backward, backend=backend, block_mask=block_mask,
+        max_seqlen_kv=max_seqlen_kv, backward=backward, backend=backend, block_mask=block_mask, planned=name,
     )
 
 
@@ -154,6 +156,8 @@ def _lengths(who, q_offsets, kv_offsets, tq, tk, max_seqlen_q, max_seqlen_kv) ->
     """Validate the offsets' values where that costs no extra sync, and fill in unknown maxima."""
     reasons = same_batch(q_offsets, kv_offsets)
     rq, max_q = resolve_max_seqlen(q_offsets, tq, "q_offsets", max_seqlen_q, "q")
+    if kv_offsets is q_offsets and (tk, max_seqlen_kv) == (tq, max_seqlen_q) and not rq:
+        return max_q, max_q  # self-attention: the same question about the same tensor, answered
     rk, max_k = resolve_max_seqlen(kv_offsets, tk, "kv_offsets", max_seqlen_kv, "kv")
     raise_if(who, reasons + rq + rk)
     return max_q, max_k

@@ -20,6 +20,7 @@ import math
 import numbers
 
 import torch
+from torch.autograd import forward_ad
 
 from jagflash.core.capability import InvalidInput, Problem
 from jagflash.core.checks import check_qkv, raise_if, readable
@@ -96,7 +97,34 @@ def make_problem(
     features: frozenset[str] = frozenset(),
 ) -> Problem:
     """The :class:`Problem` a call poses, from shapes and flags only (no data is read);
-    ``features``: those the variant's op always poses (``block_sparse``)."""
+    ``features``: those the variant's op always poses (``block_sparse``). Every call poses one
+    or two: kept per (layout, device type, dtype, head dim, heads, flags), all it depends on
+    (not while traced, where the sizes may be symbolic)."""
+    if torch.compiler.is_compiling():
+        return _make_problem(layout, q, k, causal, window, return_lse, backward, deterministic, features)
+    key = (
+        layout, q.device.type, q.dtype, q.shape[-1], q.shape[-2], k.shape[-2], bool(causal), tuple(window),
+        bool(return_lse), bool(backward), bool(deterministic), features,
+    )
+    try:
+        problem = _problems.get(key)
+    except TypeError:  # an unhashable size (a symbolic int outside tracing): not kept
+        return _make_problem(layout, q, k, causal, window, return_lse, backward, deterministic, features)
+    if problem is None:
+        if len(_problems) >= _PROBLEMS_KEEP:
+            _problems.clear()
+        problem = _problems[key] = _make_problem(
+            layout, q, k, causal, window, return_lse, backward, deterministic, features
+        )
+    return problem
+
+
+#: make_problem's problems by their key (a new shape every call: cleared rather than grown).
+_problems: dict[tuple, Problem] = {}
+_PROBLEMS_KEEP = 256
+
+
+def _make_problem(layout, q, k, causal, window, return_lse, backward, deterministic, features) -> Problem:
     feats = set(features)
     if causal:
         feats.add("causal")
@@ -172,9 +200,14 @@ def _save(ctx, inputs, output) -> None:
     """What the backward needs: q, k, v, out, lse and the tensor extras (the rest kept as is)."""
     q, k, v, *extras = inputs
     out, lse = output
-    ctx.tensor_pos = [i for i, e in enumerate(extras) if isinstance(e, torch.Tensor)]
-    ctx.extras = [None if i in ctx.tensor_pos else e for i, e in enumerate(extras)]
-    ctx.save_for_backward(q, k, v, out, lse, *(extras[i] for i in ctx.tensor_pos))
+    pos, saved = [], [q, k, v, out, lse]
+    for i, e in enumerate(extras):  # one pass: every forward with grad runs it
+        if isinstance(e, torch.Tensor):
+            pos.append(i)
+            saved.append(e)
+            extras[i] = None
+    ctx.tensor_pos, ctx.extras = pos, extras
+    ctx.save_for_backward(*saved)
     ctx.mark_non_differentiable(lse)
 
 
@@ -207,6 +240,15 @@ def _stepped_arange(n: int, step: int, device: torch.device, dtype: torch.dtype)
     return torch.arange(n, device=device, dtype=dtype) * step
 
 
+def _records_graph(q, k, v) -> bool:
+    """Whether an ``autograd.Function`` applied to ``q, k, v`` records anything: grad mode on and
+    one of them requiring grad, or a forward-mode AD level open (dual tensors: the Function then
+    refuses them, which a call that skipped it would not)."""
+    if forward_ad._current_level >= 0:
+        return True
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
 def register_autograd(fwd_op, bwd_op):
     """Wire ``bwd_op`` as the gradient of ``fwd_op`` (signatures in the module docstring) and
     return the variant's caller, ``call(q, k, v, *extras) -> (out, lse)``.
@@ -218,7 +260,10 @@ def register_autograd(fwd_op, bwd_op):
     Python body, forward and backward, through a plain ``torch.autograd.Function``
     (``<op>_eager``): the same code without the dispatcher's round trip and torch.compile's
     ``disable`` wrapper, which cost ~100 us a call on the CPU (bench/NOTES.md, session 6), as
-    much as a small batch's kernels."""
+    much as a small batch's kernels. A plain eager call that autograd would not record (grad
+    mode off, or no input requiring grad, and no forward-mode AD level open:
+    :func:`_records_graph`) runs the body alone: ``apply`` would return its outputs unchanged,
+    without a graph node, after ~15-20 us of binding and saving."""
     fwd_op.register_autograd(lambda ctx, dout, _dlse: _grads(ctx, bwd_op, dout), setup_context=_save)
     fwd_body, bwd_body = getattr(fwd_op, "_init_fn", None), getattr(bwd_op, "_init_fn", None)
     if fwd_body is None or bwd_body is None:  # a torch without the op's own function: no shortcut
@@ -243,7 +288,9 @@ def register_autograd(fwd_op, bwd_op):
 
     def call(q, k, v, *extras):
         if plain_eager((q, k, v, *extras)):
-            return eager.apply(q, k, v, *extras)
+            if _records_graph(q, k, v):
+                return eager.apply(q, k, v, *extras)
+            return fwd_body(q, k, v, *extras)
         return fwd_op(q, k, v, *extras)
 
     return call
@@ -253,19 +300,23 @@ def call_plan_layout(
     spec, layout: str, q: torch.Tensor, k: torch.Tensor, *, causal: bool, backend: str | None,
     schedule: str = BACKEND_DEFAULT, backward_schedule: str | None = BACKEND_DEFAULT,
     equal_costs: bool = False, window: tuple[int, int] = (-1, -1), block_mask=None,
+    planned: str | None = None,
 ) -> tuple[dict[str, tuple[int, int]], str, str | None]:
     """Tile sizes and schedules ``(blocks, schedule, backward_schedule)`` of the Plan a call (or
     ``make_plan``) lays out: for the backend the call's forward will run on
     (``jagflash.core.backend.plan_backend``; the reference backend takes no plan, so a call
     headed there gets the portable kernels'), ``"default"`` schedules resolved for it
     (``jagflash.core.tuning.default_schedules``; ``equal_costs``: see there). ``window``:
-    ``(left, right)`` as the call passes it (causal clips ``right``)."""
+    ``(left, right)`` as the call passes it (causal clips ``right``). ``planned``: that backend,
+    where the caller has already asked ``plan_backend`` the same question."""
     from jagflash.core.backend import plan_backend
     from jagflash.core.mask import mask_bounds
     from jagflash.core.tuning import plan_blocks
 
-    feats = _mask_features(block_mask)
-    name = plan_backend(spec, make_problem(layout, q, k, causal=causal, window=window, features=feats), q.device, backend)
+    name = planned
+    if name is None:
+        feats = _mask_features(block_mask)
+        name = plan_backend(spec, make_problem(layout, q, k, causal=causal, window=window, features=feats), q.device, backend)
     if name == "reference":
         name = "interpreter" if q.device.type == "cpu" else "portable"
     dim = q.shape[-1]
@@ -351,6 +402,11 @@ def call_result(out: torch.Tensor, lse: torch.Tensor, o: dict):
 _FWD_HEAD, _BWD_HEAD = ("q", "k", "v"), ("dout", "q", "k", "v", "out", "lse")
 
 
+#: The kernel modules :attr:`OpCall.kernels` imported, by name (an import per call costs more
+#: than this lookup).
+_kernel_modules: dict[str, object] = {}
+
+
 class OpCall:
     """One run of a variant's op body: its arguments by schema name (``q``, ``k``, ``v``, the
     variant's own, ``scale`` … ``plan_info``; the backward's also ``dout``, ``out``, ``lse``),
@@ -373,8 +429,11 @@ class OpCall:
     def kernels(self):
         """The variant's kernel module for the backend that runs: ``<package>.kernels_tlx_sm90``
         for ``tlx-sm90``, else ``<package>.kernels_portable`` (imported on first use)."""
-        name = "kernels_tlx_sm90" if self.ran == "tlx-sm90" else "kernels_portable"
-        return importlib.import_module(f"{self.package}.{name}")
+        name = f"{self.package}.{'kernels_tlx_sm90' if self.ran == 'tlx-sm90' else 'kernels_portable'}"
+        module = _kernel_modules.get(name)
+        if module is None:
+            module = _kernel_modules[name] = importlib.import_module(name)
+        return module
 
     @property
     def mask(self) -> dict[str, object]:

@@ -77,12 +77,14 @@ def plan_launch(info: PlanInfo, pass_: str, device: torch.device, occupancy: int
     per table row for ``schedule="none"``, else ``workers`` (default: SMs x ``occupancy``, the
     programs of this kernel one SM holds at once) persistent programs, at most one per row;
     :func:`deal_flags`."""
-    lay = info.layout(pass_)
-    dynamic, zigzag = deal_flags(info, pass_)
+    return (_programs(info, pass_, device, occupancy), *deal_flags(info, pass_))
+
+
+def _programs(info: PlanInfo, pass_: str, device: torch.device, occupancy: int) -> int:
+    rows = info.layout(pass_).rows
     if info.schedule_of(pass_) == "none":
-        return lay.rows, dynamic, zigzag
-    workers = info.workers or default_workers(device) * max(1, occupancy)
-    return max(1, min(workers, lay.rows)), dynamic, zigzag
+        return rows
+    return max(1, min(info.workers or default_workers(device) * max(1, occupancy), rows))
 
 
 _occupancies: dict[tuple, int] = {}
@@ -180,9 +182,9 @@ def launch(kernel, plan: Plan, pass_: str, tensors: Sequence, scalars: Sequence,
     counter = tile_counter(plan, pass_)
     head = (*tensors, plan.section(pass_), plan.meta[PASSES.index(pass_) :], counter, *scalars)
     occupancy = 1
-    if plan.info.schedule_of(pass_) != "none" and not plan.info.workers:
+    if device.type == "cuda" and plan.info.schedule_of(pass_) != "none" and not plan.info.workers:
         occupancy = _occupancy(kernel, device, (*head, 1), {"DYNAMIC": dynamic, "ZIGZAG": zigzag, **kw})
-    programs = plan_launch(plan.info, pass_, device, occupancy)[0]
+    programs = _programs(plan.info, pass_, device, occupancy)
     kernel[(programs,)](*head, programs, DYNAMIC=dynamic, ZIGZAG=zigzag, **kw)
 
 

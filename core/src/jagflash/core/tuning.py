@@ -193,14 +193,22 @@ def default_ring_tiles(total_kv: int, batch: int, block_n: int) -> bool:
     return total_kv <= block_n * max(batch, 1)
 
 
-def _field_values(config) -> dict[str, object]:
-    """A config's fields by name, shallow (every launch asks: ``dataclasses.asdict`` would copy
-    each value deeply)."""
-    return {f.name: getattr(config, f.name) for f in fields(config)}
+class _Constexprs:
+    """What a frozen launch config gives its kernel: its fields by name."""
+
+    def constexprs(self) -> dict[str, object]:
+        """The kernel's compile-time keyword arguments (a new dict each call)."""
+        return dict(self._fields)
+
+    @functools.cached_property
+    def _fields(self) -> dict[str, object]:
+        # shallow (every launch asks: ``dataclasses.asdict`` would copy each value deeply), made
+        # once per config, which is frozen
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
-class FwdConfig:
+class FwdConfig(_Constexprs):
     """The compile-time choices of one TLX forward launch (the kernel's constexprs). Chosen by
     :func:`fwd_config`; the tile shapes, ring depths and register split are fixed (the measured
     winners: bench/NOTES.md)."""
@@ -221,18 +229,17 @@ class FwdConfig:
     Q_BUFS: int = 2  # Q tiles in flight (the next tile's Q loads during this one)
     SPARSE: bool = False  # a q-tile walks its row of a block mask's lists (jagflash.core.mask.block_walk)
 
-    def constexprs(self) -> dict[str, object]:
-        """The kernel's compile-time keyword arguments."""
-        return _field_values(self)
 
 
+@functools.lru_cache(maxsize=256)
 def fwd_config(
     *, head_dim: int, group: int, left: int, right: int, q_shared: bool, scale: float,
     dynamic: bool, zigzag: bool, total_kv: int, batch: int, sparse: bool = False,
 ) -> FwdConfig:
     """The :class:`FwdConfig` of a forward call (``sparse``: with a block mask's lists). A
     block-sparse call never hands tiles through the tile ring: its record has no sequence index,
-    which a tile needs to find its list row."""
+    which a tile needs to find its list row. Every forward asks: kept per arguments (a config is
+    frozen)."""
     block_m, block_n = tlx_sm90_blocks(head_dim)["fwd"]
     return FwdConfig(
         HEAD_DIM=head_dim, GROUP=group, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
@@ -248,7 +255,7 @@ VEC_PAD = 64
 
 
 @dataclass(frozen=True)
-class BwdConfig:
+class BwdConfig(_Constexprs):
     """The compile-time choices of one launch of the TLX dK/dV kernel: the two-pass backward's
     dK/dV pass (``FUSED_DQ`` off) or the one-pass backward (on: each 64-query step also adds its
     share of dQ with a staged TMA reduce-add). Chosen by :func:`bwd_config`."""
@@ -270,17 +277,16 @@ class BwdConfig:
     PAD: int = VEC_PAD  # rows the packed per-query vectors of each sequence are padded to
     SPARSE: bool = False  # a kv-tile walks its row of a block mask's transposed lists
 
-    def constexprs(self) -> dict[str, object]:
-        """The kernel's compile-time keyword arguments."""
-        return _field_values(self)
 
 
+@functools.lru_cache(maxsize=256)
 def bwd_config(
     *, head_dim: int, group: int, left: int, right: int, q_shared: bool, fused_dq: bool,
     dynamic: bool, zigzag: bool, sparse: bool = False,
 ) -> BwdConfig:
     """The :class:`BwdConfig` of a backward call (``fused_dq``: the one-pass backward;
-    ``sparse``: with a block mask's transposed lists)."""
+    ``sparse``: with a block mask's transposed lists). Every backward asks: kept per arguments
+    (a config is frozen)."""
     block_m, block_n = tlx_sm90_blocks(head_dim)["dkdv"]
     return BwdConfig(
         HEAD_DIM=head_dim, GROUP=group, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
@@ -297,8 +303,9 @@ FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES"})
 
 def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, plan_blocks: tuple[int, int]) -> list[str]:
     """Why a caller's ``config`` does not fit the call whose policy config is ``want`` and whose
-    plan has tiles ``plan_blocks``: every reason (empty if it fits)."""
-    reasons = [
+    plan has tiles ``plan_blocks``: every reason (empty if it fits). The policy's own config
+    (every call but the tests' and probes', which force one) agrees with itself field by field."""
+    reasons = [] if config is want else [
         f"{name}={getattr(config, name)!r}, the call needs {getattr(want, name)!r}"
         for name in type(config).__dataclass_fields__
         if name not in FREE_FIELDS and getattr(config, name) != getattr(want, name)

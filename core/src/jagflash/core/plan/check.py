@@ -53,7 +53,36 @@ def check_plan(
     Offsets given as ``None`` get no value check: dense layouts have none, and broadcast-Q's
     output offsets are ``arange(B + 1) * Lq``, fixed by the ints checked here.
     """
-    reasons = []
+    ints = (batch, total_q, total_kv, heads_q, heads_kv, left, right, blocks)
+    reasons = [] if _ints_fit(info, *ints) else _int_reasons(info, *ints)
+    if tiles.device != device or meta.device != device:
+        reasons.append(f"the plan is on {tiles.device}, this call on {device}")
+    if tiles.dtype != torch.int32 or tiles.dim() != 2 or tiles.shape[0] != info.rows or meta.shape != (5,):
+        reasons.append("plan tensors do not match their info (tiles int32 [rows, 3], meta [5])")
+    if reasons:
+        raise InvalidInput(who, reasons)
+    _check_offsets(who, info, meta, q_offsets, kv_offsets, device)
+
+
+def _ints_fit(info: PlanInfo, batch, total_q, total_kv, heads_q, heads_kv, left, right, blocks) -> bool:
+    """Whether the ints of :func:`check_plan` all agree (the common case, told without
+    formatting a reason); :func:`_int_reasons` lists what does not."""
+    if (info.batch, info.total_q, info.total_kv, info.heads_q, info.heads_kv, info.left, info.right) != (
+        batch, total_q, total_kv, heads_q, heads_kv, left, right
+    ):
+        return False
+    for name, bl in blocks.items():
+        if name != "fwd" and not info.backward:
+            return False
+        lay = info.layout(name)
+        if (lay.block_m, lay.block_n) != tuple(bl):
+            return False
+    return True
+
+
+def _int_reasons(info: PlanInfo, batch, total_q, total_kv, heads_q, heads_kv, left, right, blocks) -> list[str]:
+    """Every int of ``info`` that differs from the call's, as a reason."""
+    reasons: list[str] = []
 
     def differ(what: str, planned: object, called: object) -> None:
         if planned != called:
@@ -71,12 +100,10 @@ def check_plan(
             continue
         lay = info.layout(name)
         differ(f"{name} tiles (block_m, block_n)", (lay.block_m, lay.block_n), (bm, bn))
-    if tiles.device != device or meta.device != device:
-        reasons.append(f"the plan is on {tiles.device}, this call on {device}")
-    if tiles.dtype != torch.int32 or tiles.dim() != 2 or tiles.shape[0] != info.rows or meta.shape != (5,):
-        reasons.append("plan tensors do not match their info (tiles int32 [rows, 3], meta [5])")
-    if reasons:
-        raise InvalidInput(who, reasons)
+    return reasons
+
+
+def _check_offsets(who: str, info: PlanInfo, meta, q_offsets, kv_offsets, device) -> None:
     if info.q_ptr == PTR_SAME_CALL:
         return
     # meta[3], meta[4]: the fingerprints of the q and kv offsets the plan was built from; a

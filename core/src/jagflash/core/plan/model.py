@@ -117,8 +117,9 @@ class PlanInfo:
     kv_ptr: int
     passes: tuple[PassLayout, PassLayout, PassLayout]
 
-    @property
+    @functools.cached_property
     def rows(self) -> int:
+        """Rows of the tile table (every plan check asks: computed once per info, which is frozen)."""
         return max((p.row0 + p.rows for p in self.passes), default=0)
 
     def layout(self, pass_: str) -> PassLayout:
@@ -128,13 +129,19 @@ class PlanInfo:
         return self.schedule if pass_ == "fwd" else self.backward_schedule
 
     def to_ints(self) -> list[int]:
+        """The ints :meth:`from_ints` decodes (a new list each call, made from ones kept on this
+        frozen info: every call with a plan passes them)."""
+        return list(self._ints)
+
+    @functools.cached_property
+    def _ints(self) -> tuple[int, ...]:
         head = [
             _MAGIC, _VERSION, SCHEDULES.index(self.schedule),
             SCHEDULES.index(self.backward_schedule), self.workers, self.batch,
             self.total_q, self.total_kv, self.heads_q, self.heads_kv, self.left, self.right,
             int(self.backward), self.q_ptr, self.kv_ptr,
         ]
-        return head + [x for p in self.passes for x in p._ints()]
+        return tuple(head + [x for p in self.passes for x in p._ints()])
 
     @classmethod
     def from_ints(cls, ints: Sequence[int]) -> PlanInfo:
@@ -256,8 +263,31 @@ def plan_info(
     """The :class:`PlanInfo` of a plan, from ints alone (no tensor is read).
 
     ``blocks`` maps each pass (``fwd``, ``dq``, ``dkdv``) to its ``(block_m, block_n)``; missing
-    backward passes take the forward's sizes.
+    backward passes take the forward's sizes. Every call without a plan lays one out: the infos
+    are kept per arguments (all it reads; refusals are not kept), outside tracing.
     """
+    args = (
+        batch, total_q, total_kv, heads_q, heads_kv, causal, window, tuple(blocks.items()), max_seqlen_q,
+        max_seqlen_kv, workers, schedule, backward_schedule, backward, q_ptr, kv_ptr,
+    )
+    if not torch.compiler.is_compiling():
+        try:
+            return _plan_info_kept(*args)
+        except TypeError:  # unhashable (a list in blocks or window, a SymInt): not kept
+            pass
+    return _plan_info(*args)
+
+
+@functools.lru_cache(maxsize=128, typed=True)
+def _plan_info_kept(*args) -> PlanInfo:
+    return _plan_info(*args)
+
+
+def _plan_info(
+    batch, total_q, total_kv, heads_q, heads_kv, causal, window, block_items, max_seqlen_q, max_seqlen_kv,
+    workers, schedule, backward_schedule, backward, q_ptr, kv_ptr,
+) -> PlanInfo:
+    blocks = dict(block_items)
     reasons = []
     backward_schedule = schedule if backward_schedule is None else backward_schedule
     for name, kind in (("schedule", schedule), ("backward_schedule", backward_schedule)):

@@ -21,6 +21,8 @@ read on the device, so no grid depends on a value that lives on the GPU.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import torch
 import triton
@@ -80,24 +82,35 @@ def bwd_kernel(
 def row_strides(*ts: torch.Tensor) -> tuple[tuple[int, int, int], ...]:
     """``(sequence, row, head)`` strides of ``[T, H, D]`` or ``[B, N, H, D]`` tensors: dims 0,
     -3 and -2."""
-    return tuple((t.stride(0), t.stride(-3), t.stride(-2)) for t in ts)
+    return tuple((s[0], s[-3], s[-2]) for s in (t.stride() for t in ts))
 
 
 def config(
     backend: str, pass_: str, q: torch.Tensor, k: torch.Tensor, left: int, right: int,
     block_size: tuple[int, int] | None = None,
-) -> dict[str, object]:
+) -> Mapping[str, object]:
     """A launch's ``CFG`` (the programs' compile-time tuple ``(GROUP, HEAD_DIM, BLOCK_M,
     BLOCK_N, BLOCK_D, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE)``), ``num_warps`` and ``num_stages``,
     from ``jagflash.core.tuning`` for q ``[..., Hq, D]`` and k ``[..., Hkv, D]``; with a block
-    mask's ``block_size`` the tiles are its blocks and ``SPARSE`` is set."""
-    flags = kernel_flags(q.shape[-2], k.shape[-2], q.shape[-1], left, right)
-    opts = launch_options(block_config(backend, q.shape[-1], pass_, block_size))
+    mask's ``block_size`` the tiles are its blocks and ``SPARSE`` is set. Every launch asks:
+    kept per (backend, pass, heads, head dim, mask bounds, block size), all it depends on, and
+    returned read-only."""
+    size = None if block_size is None else (int(block_size[0]), int(block_size[1]))
+    return _config(backend, pass_, q.shape[-2], k.shape[-2], q.shape[-1], left, right, size)
+
+
+@functools.lru_cache(maxsize=256)
+def _config(
+    backend: str, pass_: str, heads_q: int, heads_kv: int, head_dim: int, left: int, right: int,
+    block_size: tuple[int, int] | None,
+) -> Mapping[str, object]:
+    flags = kernel_flags(heads_q, heads_kv, head_dim, left, right)
+    opts = launch_options(block_config(backend, head_dim, pass_, block_size))
     cfg = (
         flags["GROUP"], flags["HEAD_DIM"], opts["BLOCK_M"], opts["BLOCK_N"], opts["BLOCK_D"], flags["BOUNDED_LEFT"],
         flags["BOUNDED_RIGHT"], block_size is not None,
     )
-    return {"CFG": cfg, "num_warps": opts["num_warps"], "num_stages": opts["num_stages"]}
+    return MappingProxyType({"CFG": cfg, "num_warps": opts["num_warps"], "num_stages": opts["num_stages"]})
 
 
 def _launch(kernel, plan, pass_, tensors, strides, q, k, offsets, *, left, right, scale, backend, blocks=None, **kw):
@@ -131,6 +144,14 @@ def backward_dq(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan: Pl
     """The dQ pass: dQ (fp32 under the interpreter, else q's dtype) and delta = rowsum(dO * O)
     (LSE's shape, fp32), which the dK/dV pass (portable or TLX) reads."""
     dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))
+    return _dq_pass(
+        locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, left=left, right=right, scale=scale,
+        backend=backend, blocks=blocks,
+    )
+
+
+def _dq_pass(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, *, left, right, scale, backend, blocks):
+    """:func:`backward_dq` on tensors already made :func:`for_kernel`'s."""
     dq, delta = alloc_like(q), alloc_like(lse)
     _launch(
         bwd_kernel, plan, "dq", (q, k, v, out, dout, dq, lse, delta), row_strides(q, k, v, out, dout, dq), q, k,
@@ -146,7 +167,7 @@ def backward(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan: Plan,
     dtypes = (q.dtype, k.dtype, v.dtype)
     dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))  # once, for both passes
     common = {"left": left, "right": right, "scale": scale, "backend": backend, "blocks": blocks}
-    dq, delta = backward_dq(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, **common)
+    dq, delta = _dq_pass(locate, dout, q, k, v, out, lse, q_offsets, kv_offsets, plan, **common)
     dk, dv = alloc_like(k), alloc_like(v)
     _launch(
         bwd_kernel, plan, "dkdv", (q, k, v, dout, dk, dv, lse, delta), row_strides(q, k, v, dout, dk, dv), q, k,

@@ -46,5 +46,8 @@ def set_tma_allocator() -> None:
 
 
 def num_workers(device: torch.device) -> int:
-    """Persistent grid size: one program per streaming multiprocessor."""
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    """Persistent grid size: one program per streaming multiprocessor
+    (``jagflash.core.tile_scheduler.default_workers``: the SM count, read once per device)."""
+    from jagflash.core.tile_scheduler import default_workers
+
+    return default_workers(device)
