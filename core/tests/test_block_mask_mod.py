@@ -85,7 +85,8 @@ def _mask_mod(kind: str, arg: int, table: torch.Tensor):
 def test_own_blocks_match_brute_force_and_the_padded_grid(lq, extra, size, heads, kind, arg, given_bounds, seed) -> None:
     """Zero-length sequences, lengths off the block size, cross lengths: the lists equal
     from_dense of a pair-by-pair brute force and of the padded-grid evaluation (bit-for-bit,
-    int32, sorted), whether the bounds are read (one sync) or given (max lengths, totals)."""
+    int32, sorted), whether the bounds are read (one sync) or given (max lengths, totals); the
+    shared grid of the same mask_mod with b held at 0 equals its brute force too."""
     lk = [max(0, a + e) for a, e in zip(lq, extra)]
     bm, bn = size
     table = torch.rand(len(lq), 2, 300 // 7 + 20, 440 // 11 + 20, generator=torch.Generator().manual_seed(seed)) < 0.05
@@ -102,31 +103,11 @@ def test_own_blocks_match_brute_force_and_the_padded_grid(lq, extra, size, heads
     brute = BlockMask.from_dense(_brute_grid(mm, lq, lk, heads, bm, bn, nq, nk), qo, ko, size)
     _same_lists(m, brute)
     _same_lists(m, BlockMask.from_dense(_padded_grid(mm, qo, ko, heads, bm, bn, nq, nk), qo, ko, size))
-
-
-@given(
-    lq=length_lists(max_batch=5, max_len=300),
-    extra=st.lists(st.integers(-40, 140), min_size=5, max_size=5),
-    size=st.sampled_from([(64, 64), (128, 128)]),
-    heads=st.sampled_from([1, 2]),
-    kind=st.sampled_from(["causal", "window", "document", "table", "per_head"]),
-    arg=st.integers(1, 150),
-    given_bounds=st.sampled_from(["none", "max+totals"]),
-    seed=st.integers(0, 2**31 - 1),
-)
-def test_shared_grid_of_a_mask_mod_without_b(lq, extra, size, heads, kind, arg, given_bounds, seed) -> None:
-    """``per_sequence=False`` (the mask_mod does not read b): the longest grid evaluated once
-    plus each sequence's partial edges lists what the brute force lists, for mask_mods whose
-    every visible pair sits in full blocks, in edges, or in both."""
-    lk = [max(0, a + e) for a, e in zip(lq, extra)]
-    table = torch.rand(1, 2, 300 // 7 + 20, 440 // 11 + 20, generator=torch.Generator().manual_seed(seed)) < 0.05
-    inner = _mask_mod(kind, arg, table)
-    mm = lambda b, h, q, k: inner(torch.zeros_like(b), h, q, k)  # b ignored
-    qo, ko = _offsets(lq), _offsets(lk)
-    kw = dict(max_seqlen_q=max(lq), max_seqlen_kv=max(lk), total_q=sum(lq), total_kv=sum(lk)) if given_bounds != "none" else {}
-    m = BlockMask.from_mask_mod(mm, qo, ko, heads, size, compile=False, per_sequence=False, **kw)
-    brute = BlockMask.from_dense(_brute_grid(mm, lq, lk, heads, *size, *m.grid), qo, ko, size)
-    _same_lists(m, brute)
+    # per_sequence=False (the mask_mod reads no b): the longest grid once plus each sequence's
+    # partial edges list what the brute force lists
+    flat = lambda b, h, q, k: mm(torch.zeros_like(b), h, q, k)
+    shared = BlockMask.from_mask_mod(flat, qo, ko, heads, size, compile=False, per_sequence=False, **kw)
+    _same_lists(shared, BlockMask.from_dense(_brute_grid(flat, lq, lk, heads, bm, bn, nq, nk), qo, ko, size))
 
 
 @pytest.mark.parametrize("size", [(64, 64), (128, 128)])
