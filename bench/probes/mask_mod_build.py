@@ -16,7 +16,8 @@ reads no ``b``, also with ``per_sequence=False``: the shared grid, compiled and 
 ``jagged_attention`` (dense, causal) and of ``block_sparse_attention`` with the workload's
 mask, plans built outside the timing. Times are ``jagflash.bench.timing.measure`` p50 (CUDA
 events, many repetitions; wall clock on the CPU). Rows: ``workload, what, path, ms_p50,
-first_call_ms, build / dense forward, build / sparse forward, listed blocks``.
+first_call_ms, build / dense forward, build / sparse forward, listed blocks``. ``--profile``
+adds, on stderr, each build path's busiest kernels, its launches a build and its host wall time.
 """
 
 from __future__ import annotations
@@ -53,7 +54,31 @@ def document_mask_mod(batch, median: int = 200, seed: int = 0):
     return documents
 
 
-def workload_rows(name: str, smoke: bool, dev: torch.device) -> list[tuple]:
+def _profile(title: str, build, dev: torch.device, calls: int = 5) -> None:
+    """``torch.profiler`` over ``calls`` warm builds, to stderr: the busiest device kernels (or
+    CPU ops) by total time, the number of launches a build makes, and a build's host wall time
+    (the gap between the two is launch overhead)."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            build()
+        host_ms = (time.perf_counter() - t0) * 1e3 / calls
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    sort = "cuda_time_total" if dev.type == "cuda" else "cpu_time_total"
+    kernels = [e for e in events if dev.type != "cuda" or e.device_type.name == "CUDA"]
+    launches = sum(e.count for e in kernels) / calls
+    print(f"## profile {title}: {launches:.0f} {'kernels' if dev.type == 'cuda' else 'ops'} a build, host {host_ms:.3f} ms a build", file=sys.stderr)
+    print(events.table(sort_by=sort, row_limit=12), file=sys.stderr)
+
+
+def workload_rows(name: str, smoke: bool, dev: torch.device, profile: bool = False) -> list[tuple]:
     """The probe's rows of one workload (module docstring)."""
     from jagflash.bench.data import make_batch
     from jagflash.bench.sparsity import mask_mod
@@ -92,6 +117,8 @@ def workload_rows(name: str, smoke: bool, dev: torch.device) -> list[tuple]:
             if rule_name == "local+global" and not torch.equal(built.to_dense(), m.to_dense()):
                 raise SystemExit(f"{name}: from_mask_mod of the local+global rule listed other blocks than the workload's mask")
             t = measure(build, dev).p50
+            if profile:
+                _profile(f"{name} {rule_name} {path}", build, dev)
             rows.append((
                 name, f"from_mask_mod {rule_name}", path, t, round(first, 1), round(t / dense, 3), round(t / sparse, 3),
                 int(built.kv_counts.sum()),
@@ -104,11 +131,12 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
     ap.add_argument("--smoke", action="store_true", help="the workloads' smoke versions (CPU interpreter)")
     ap.add_argument("--csv", default=None)
+    ap.add_argument("--profile", action="store_true", help="torch.profiler of each build path, to stderr")
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     table = [["workload", "what", "path", "ms_p50", "first_call_ms", "build_over_dense_fwd", "build_over_sparse_fwd", "listed_blocks"]]
     for name in a.workloads.split(","):
-        table += workload_rows(name, a.smoke, dev)
+        table += workload_rows(name, a.smoke, dev, a.profile)
     csv.writer(sys.stdout).writerows(table)
     if a.csv:
         with open(a.csv, "w", newline="") as f:
