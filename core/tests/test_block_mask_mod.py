@@ -155,8 +155,8 @@ def test_slots_of_enumerates_sequence_major() -> None:
 
 def test_compiled_equals_eager_without_recompiles() -> None:
     """Inductor (the CPU backend here) lists the same blocks as the eager path, and a second and
-    third batch of other sizes (sequences, lengths, max lengths) reuse the compiled graph: one
-    unique graph, cached on the mask_mod object."""
+    third batch of other sizes (sequences, lengths, max lengths) reuse the compiled graphs: no
+    recompile, the pairs' graph cached on the mask_mod object."""
     from torch._dynamo.utils import counters
 
     from jagflash.core import block_mask as bmod
@@ -168,8 +168,10 @@ def test_compiled_equals_eager_without_recompiles() -> None:
         c = BlockMask.from_mask_mod(mm, qo, ko, 2, (64, 64), compile=True)
         e = BlockMask.from_mask_mod(mm, qo, ko, 2, (64, 64), compile=False)
         _same_lists(c, e)
-    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    # three graphs, each compiled once: the blocks' enumeration, the mask_mod's pairs, the lists
+    assert counters["stats"]["unique_graphs"] == 3, dict(counters["stats"])
     assert set(bmod._COMPILED[mm]) == {(2, 64, 64)}
+    assert {(64, 64, False), "lists"} <= set(bmod._COMPILED_PARTS)
 
 
 @pytest.mark.gpu

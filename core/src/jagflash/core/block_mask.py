@@ -109,6 +109,25 @@ def _compress(grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return counts.contiguous(), indices[..., :n].contiguous()
 
 
+def _lists(grid: torch.Tensor, nq_b: torch.Tensor, nk_b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The four lists (kv counts, kv indices, q counts, q indices) of a bool grid
+    ``[B, Hm, nQ, nK]``, its entries past each sequence's block counts ``nq_b`` / ``nk_b``
+    dropped."""
+    rows = torch.arange(grid.shape[2], device=grid.device)
+    cols = torch.arange(grid.shape[3], device=grid.device)
+    inside = (rows[None, :, None] < nq_b[:, None, None]) & (cols[None, None, :] < nk_b[:, None, None])
+    grid = grid & inside[:, None]
+    return (*_compress(grid), *_compress(grid.transpose(-1, -2)))
+
+
+def _hit_lists(hits: torch.Tensor, nq: int, nk: int, nq_b: torch.Tensor, nk_b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """:func:`_lists` of from_mask_mod's ``hits [heads, B * nq * nk + 1]`` (the last column: the
+    invalid slots'), the grid's sizes passed as ints (compiled, two equal tensor sizes would be
+    taken for one: a recompile whenever they part)."""
+    grid = hits[:, :-1].view(hits.shape[0], nq_b.shape[0], nq, nk).transpose(0, 1)
+    return _lists(grid, nq_b, nk_b)
+
+
 def _lengths(offsets: torch.Tensor) -> torch.Tensor:
     return (offsets[1:] - offsets[:-1]).to(torch.int64)
 
@@ -156,6 +175,16 @@ _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _compile_supported() -> bool:
     return bool(torch._dynamo.is_dynamo_supported())
+
+
+#: Compiled :func:`_blocks` per (block size, edges) and :func:`_lists` (they read no mask_mod).
+_COMPILED_PARTS: dict = {}
+
+
+def _compiled_part(key, fn):
+    if key not in _COMPILED_PARTS:
+        _COMPILED_PARTS[key] = torch.compile(fn, dynamic=True, fullgraph=True)
+    return _COMPILED_PARTS[key]
 
 
 def _compiled(mask_mod, heads: int, bm: int, bn: int):
@@ -229,14 +258,8 @@ class BlockMask:
         if reasons:
             raise InvalidInput(_WHO, reasons)
         cls._check_cover(blocks.shape[2], blocks.shape[3], q_offsets, kv_offsets, bm, bn)
-        nq_b, nk_b = _block_counts(q_offsets, bm), _block_counts(kv_offsets, bn)
-        rows = torch.arange(blocks.shape[2], device=blocks.device)
-        cols = torch.arange(blocks.shape[3], device=blocks.device)
-        inside = (rows[None, :, None] < nq_b[:, None, None]) & (cols[None, None, :] < nk_b[:, None, None])
-        grid = blocks & inside[:, None]
-        kv_counts, kv_indices = _compress(grid)
-        q_counts, q_indices = _compress(grid.transpose(-1, -2))
-        return cls(kv_counts, kv_indices, q_counts, q_indices, q_offsets, kv_offsets, (bm, bn))
+        lists = _lists(blocks, _block_counts(q_offsets, bm), _block_counts(kv_offsets, bn))
+        return cls(*lists, q_offsets, kv_offsets, (bm, bn))
 
     @staticmethod
     def _check_cover(nq: int, nk: int, q_offsets, kv_offsets, bm: int, bn: int) -> None:
@@ -380,11 +403,15 @@ class BlockMask:
         def run(hits, edges, per, nq_b, nk_b, lq, lk, room, nq, nk):  # hits[:, flat block] of the chunks' blocks
             if not (room and nq and nk):
                 return
-            pairs = _compiled(mask_mod, heads, bm, bn) if use_compile else functools.partial(_pairs, mask_mod, heads, bm, bn)
+            blocks = functools.partial(_blocks, bm, bn, edges)
+            if use_compile:
+                pairs, blocks = _compiled(mask_mod, heads, bm, bn), _compiled_part((bm, bn, edges), blocks)
+            else:
+                pairs = functools.partial(_pairs, mask_mod, heads, bm, bn)
             chunk = _COMPILED_BLOCKS if use_compile else max(1, _CHUNK // (heads * bm * bn))
             room = max(room, 2)  # a chunk of >= 2 blocks: torch.compile specialises sizes 0 and 1
             for s0 in range(0, room, chunk):  # host-known sizes only: no sync
-                *block, where = _blocks(bm, bn, edges, per, nq_b, nk_b, lq, lk, s0, max(min(chunk, room - s0), 2), nq, nk)
+                *block, where = blocks(per, nq_b, nk_b, lq, lk, s0, max(min(chunk, room - s0), 2), nq, nk)
                 hits[:, where] = pairs(*block).T
 
         lq, lk = _lengths(q_offsets), _lengths(kv_offsets)
@@ -401,8 +428,9 @@ class BlockMask:
             part_q, part_k = (lq % bm != 0).to(torch.int64), (lk % bn != 0).to(torch.int64)
             edges = part_q * nk_b + part_k * (nq_b - part_q)
             run(hits, True, edges, nq_b, nk_b, lq, lk, edge_room, nq, nk)
-        grid = hits[:, :-1].view(heads, batch, nq, nk).transpose(0, 1)
-        return cls.from_dense(grid, q_offsets, kv_offsets, (bm, bn))
+        # the grid covers every sequence by construction: no from_dense checks
+        lists = _compiled_part("lists", _hit_lists) if use_compile and batch > 1 and nq > 1 and nk > 1 else _hit_lists
+        return cls(*lists(hits, nq, nk, nq_b, nk_b), q_offsets, kv_offsets, (bm, bn))
 
     @classmethod
     def from_flex(cls, flex_mask, q_offsets: torch.Tensor, kv_offsets: torch.Tensor) -> BlockMask:
