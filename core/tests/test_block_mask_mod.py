@@ -130,13 +130,13 @@ def test_shared_grid_edges_are_evaluated_on_their_own(size) -> None:
 def test_empty_batches_and_chunks(monkeypatch) -> None:
     """No sequence, only empty sequences, and chunks of 2 blocks (the eager chunking path: every
     chunk boundary inside a sequence) give the brute-force lists."""
-    from jagflash.core import block_mask as bmod
+    from jagflash.core import mask_mod as evaluation
 
     mm = _mask_mod("per_head", 40, torch.zeros(0))
     for lq, lk in (([], []), ([0, 0], [0, 5]), ([0], [0])):
         m = BlockMask.from_mask_mod(mm, _offsets(lq), _offsets(lk), 2, (64, 64), compile=False)
         assert int(m.kv_counts.sum()) == 0
-    monkeypatch.setattr(bmod, "_CHUNK", 2 * 2 * 64 * 64)  # 2 blocks of 2 heads a chunk
+    monkeypatch.setattr(evaluation, "_CHUNK", 2 * 2 * 64 * 64)  # 2 blocks of 2 heads a chunk
     lq, lk = [130, 0, 200, 64], [65, 9, 260, 64]
     m = BlockMask.from_mask_mod(mm, _offsets(lq), _offsets(lk), 2, (64, 64), compile=False)
     _same_lists(m, BlockMask.from_dense(_brute_grid(mm, lq, lk, 2, 64, 64, *m.grid), _offsets(lq), _offsets(lk), (64, 64)))
@@ -159,7 +159,7 @@ def test_compiled_equals_eager_without_recompiles() -> None:
     recompile, the pairs' graph cached on the mask_mod object."""
     from torch._dynamo.utils import counters
 
-    from jagflash.core import block_mask as bmod
+    from jagflash.core import mask_mod as evaluation
 
     mm = _mask_mod("per_head", 50, torch.zeros(0))
     counters.clear()
@@ -170,8 +170,8 @@ def test_compiled_equals_eager_without_recompiles() -> None:
         _same_lists(c, e)
     # three graphs, each compiled once: the blocks' enumeration, the mask_mod's pairs, the lists
     assert counters["stats"]["unique_graphs"] == 3, dict(counters["stats"])
-    assert set(bmod._COMPILED[mm]) == {(2, 64, 64)}
-    assert {(64, 64, False), "lists"} <= set(bmod._COMPILED_PARTS)
+    assert set(evaluation._COMPILED[mm]) == {(2, 64, 64)}
+    assert {(64, 64, False), "lists"} <= set(evaluation._COMPILED_PARTS)
 
 
 @pytest.mark.gpu

@@ -29,16 +29,15 @@ and :func:`top_k`. The kernels read the lists through ``jagflash.core.mask``'s b
 
 from __future__ import annotations
 
-import functools
 import math
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from jagflash.core.capability import InvalidInput
-from jagflash.core.jagged import slots_of
+from jagflash.core.jagged import seq_lengths
+from jagflash.core.mask_mod import compile_supported, compiled_part, evaluate
 
 __all__ = ["BLOCK_SIZES", "BLOCK_SIZE_FEATURES", "BlockMask", "local_global", "mask_features", "sessions", "strided", "top_k"]
 
@@ -57,10 +56,6 @@ def mask_features(block_size: tuple[int, int]) -> frozenset[str]:
 BLOCK_SIZE_FEATURES = frozenset().union(*(mask_features(b) for b in BLOCK_SIZES))
 
 _WHO = "BlockMask"
-#: Pairs an eager :meth:`BlockMask.from_mask_mod` evaluation holds at once.
-_CHUNK = 1 << 24
-#: Blocks one compiled evaluation takes (its memory: a few ints and ``heads`` bools a block).
-_COMPILED_BLOCKS = 1 << 18
 
 
 def _block_size(block_size: object) -> tuple[list[str], tuple[int, int]]:
@@ -87,8 +82,7 @@ def _offsets_reasons(q_offsets: object, kv_offsets: object) -> list[str]:
 
 def _block_counts(offsets: torch.Tensor, block: int) -> torch.Tensor:
     """Blocks of each sequence, int64 ``[B]``."""
-    lengths = (offsets[1:] - offsets[:-1]).to(torch.int64)
-    return torch.div(lengths.clamp(min=0) + block - 1, block, rounding_mode="floor")
+    return torch.div(seq_lengths(offsets).clamp(min=0) + block - 1, block, rounding_mode="floor")
 
 
 def _grid_blocks(offsets: torch.Tensor, block: int, max_seqlen: int | None) -> int:
@@ -126,80 +120,6 @@ def _hit_lists(hits: torch.Tensor, nq: int, nk: int, nq_b: torch.Tensor, nk_b: t
     taken for one: a recompile whenever they part)."""
     grid = hits[:, :-1].view(hits.shape[0], nq_b.shape[0], nq, nk).transpose(0, 1)
     return _lists(grid, nq_b, nk_b)
-
-
-def _lengths(offsets: torch.Tensor) -> torch.Tensor:
-    return (offsets[1:] - offsets[:-1]).to(torch.int64)
-
-
-def _blocks(bm, bn, edges, per, nq_b, nk_b, lq, lk, s0, count, nq, nk):
-    """Blocks ``s0 .. s0 + count - 1`` of the batch's own blocks (sequence-major, q-block-major
-    in a sequence; ``edges``: only each sequence's partial last q-block row then its partial last
-    kv-block column, ``per`` their counts, with ``b = 0``), ``[count]`` each: the ``b`` the
-    mask_mod sees, the first q and kv position, the lengths the pairs must stay under (0 for a
-    slot past the last block) and the flat grid index ``(b * nq + i) * nk + j`` (``B * nq * nk``
-    past the last block). Small per-block tensors: the pairs' evaluation reads them instead of
-    recomputing the enumeration for every pair."""
-    seq, item, valid = slots_of(per, count, s0)
-    cols = nk_b[seq]
-    if edges:
-        row = (lq[seq] % bm != 0).to(torch.int64) * cols  # the partial q-block's kv-blocks come first
-        in_row = item < row
-        qb = torch.where(in_row, nq_b[seq] - 1, item - row)
-        kb = torch.where(in_row, item, cols - 1)
-        b = torch.zeros_like(seq)
-    else:
-        qb, kb = item // cols.clamp(min=1), item % cols.clamp(min=1)
-        b = seq
-    where = torch.where(valid, (seq * nq + qb) * nk + kb, per.numel() * nq * nk)
-    return b, qb * bm, kb * bn, torch.where(valid, lq[seq], 0), lk[seq], where
-
-
-def _pairs(mask_mod, heads, bm, bn, b, q0, k0, lq, lk):
-    """Whether any in-range pair of each block is visible, ``[count, heads]``: the mask_mod on
-    ``b [C, 1, 1, 1]``, ``h [1, heads, 1, 1]``, ``q_idx [C, 1, bm, 1]``, ``kv_idx [C, 1, 1, bn]``
-    and ``any`` over the block. One fused kernel under ``torch.compile``."""
-    rq = torch.arange(bm, device=b.device)
-    rk = torch.arange(bn, device=b.device)
-    q_idx = q0.view(-1, 1, 1, 1) + rq.view(1, 1, -1, 1)
-    kv_idx = k0.view(-1, 1, 1, 1) + rk.view(1, 1, 1, -1)
-    h = torch.arange(heads, device=b.device).view(1, -1, 1, 1)
-    seen = torch.as_tensor(mask_mod(b.view(-1, 1, 1, 1), h, q_idx, kv_idx), device=b.device).to(torch.bool)
-    inside = (q_idx < lq.view(-1, 1, 1, 1)) & (kv_idx < lk.view(-1, 1, 1, 1))
-    return (seen & inside).expand(b.numel(), heads, bm, bn).reshape(b.numel(), heads, bm * bn).any(-1)
-
-
-#: Compiled :func:`_pairs` per mask_mod object (weakly held) and (heads, block size).
-_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _compile_supported() -> bool:
-    return bool(torch._dynamo.is_dynamo_supported())
-
-
-#: Compiled :func:`_blocks` per (block size, edges) and :func:`_lists` (they read no mask_mod).
-_COMPILED_PARTS: dict = {}
-
-
-def _compiled_part(key, fn):
-    if key not in _COMPILED_PARTS:
-        _COMPILED_PARTS[key] = torch.compile(fn, dynamic=True, fullgraph=True)
-    return _COMPILED_PARTS[key]
-
-
-def _compiled(mask_mod, heads: int, bm: int, bn: int):
-    try:
-        per_mod = _COMPILED.setdefault(mask_mod, {})
-    except TypeError:  # not weakly referenceable: compiled per call
-        per_mod = {}
-    key = (heads, bm, bn)
-    if key not in per_mod:
-
-        def pairs(b, q0, k0, lq, lk):  # heads and the block size: constants
-            return _pairs(mask_mod, heads, bm, bn, b, q0, k0, lq, lk)
-
-        per_mod[key] = torch.compile(pairs, dynamic=True, fullgraph=True)
-    return per_mod[key]
 
 
 @dataclass(frozen=True, eq=False)
@@ -376,7 +296,7 @@ class BlockMask:
             reasons.append(f"per_sequence must be True or False, got {per_sequence!r}")
         if compile not in (None, True, False):
             reasons.append(f"compile must be True, False or None, got {compile!r}")
-        elif compile and not _compile_supported():
+        elif compile and not compile_supported():
             reasons.append("compile=True, but torch.compile is not supported in this Python (torch._dynamo.is_dynamo_supported())")
         if reasons:
             raise InvalidInput(_WHO, reasons)
@@ -398,38 +318,13 @@ class BlockMask:
                 room = min(room, (total_kv + batch * (bn - 1)) // bn * nq)
             if total_q is not None and total_kv is not None:
                 edge_room = min(edge_room, (total_q + batch * (bm - 1)) // bm + (total_kv + batch * (bn - 1)) // bn)
-        use_compile = dev.type == "cuda" and _compile_supported() if compile is None else compile
-
-        def run(hits, edges, per, nq_b, nk_b, lq, lk, room, nq, nk):  # hits[:, flat block] of the chunks' blocks
-            if not (room and nq and nk):
-                return
-            blocks = functools.partial(_blocks, bm, bn, edges)
-            if use_compile:
-                pairs, blocks = _compiled(mask_mod, heads, bm, bn), _compiled_part((bm, bn, edges), blocks)
-            else:
-                pairs = functools.partial(_pairs, mask_mod, heads, bm, bn)
-            chunk = _COMPILED_BLOCKS if use_compile else max(1, _CHUNK // (heads * bm * bn))
-            room = max(room, 2)  # a chunk of >= 2 blocks: torch.compile specialises sizes 0 and 1
-            for s0 in range(0, room, chunk):  # host-known sizes only: no sync
-                *block, where = blocks(per, nq_b, nk_b, lq, lk, s0, max(min(chunk, room - s0), 2), nq, nk)
-                hits[:, where] = pairs(*block).T
-
-        lq, lk = _lengths(q_offsets), _lengths(kv_offsets)
-        hits = torch.zeros(heads, batch * nq * nk + 1, dtype=torch.bool, device=dev)  # the last: invalid slots
-        if per_sequence:
-            run(hits, False, nq_b * nk_b, nq_b, nk_b, lq, lk, room, nq, nk)
-        elif batch and nq and nk:
-            # the longest grid once (every pair in range, b = 0) for every sequence's full blocks,
-            # then each sequence's partial last row and column on their own
-            one = torch.ones(1, dtype=torch.int64, device=dev)
-            shared = torch.zeros(heads, nq * nk + 1, dtype=torch.bool, device=dev)
-            run(shared, False, one * (nq * nk), one * nq, one * nk, one * (nq * bm), one * (nk * bn), nq * nk, nq, nk)
-            hits[:, :-1] = shared[:, :-1].view(heads, 1, nq * nk).expand(heads, batch, nq * nk).reshape(heads, -1)
-            part_q, part_k = (lq % bm != 0).to(torch.int64), (lk % bn != 0).to(torch.int64)
-            edges = part_q * nk_b + part_k * (nq_b - part_q)
-            run(hits, True, edges, nq_b, nk_b, lq, lk, edge_room, nq, nk)
+        use_compile = dev.type == "cuda" and compile_supported() if compile is None else compile
+        hits = evaluate(
+            mask_mod, heads, (bm, bn), nq_b, nk_b, seq_lengths(q_offsets), seq_lengths(kv_offsets), nq, nk,
+            room, edge_room, per_sequence=per_sequence, compiled=use_compile,
+        )
         # the grid covers every sequence by construction: no from_dense checks
-        lists = _compiled_part("lists", _hit_lists) if use_compile and batch > 1 and nq > 1 and nk > 1 else _hit_lists
+        lists = compiled_part("lists", _hit_lists) if use_compile and batch > 1 and nq > 1 and nk > 1 else _hit_lists
         return cls(*lists(hits, nq, nk, nq_b, nk_b), q_offsets, kv_offsets, (bm, bn))
 
     @classmethod
