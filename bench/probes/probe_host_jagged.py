@@ -40,10 +40,11 @@ from probe_host_layers import _rate, _Recorder
 
 
 def power_law_lengths(count: int, alpha: float, floor: int, cap: int, seed: int) -> np.ndarray:
-    """``count`` Pareto lengths ``floor * U**(-1/alpha)``, rounded, clipped to ``[1, cap]``:
-    with alpha 1.1 and floor 6 the median is ~11 tokens and ~1 % of sequences reach ``cap``."""
-    u = np.random.default_rng(seed).random(count)
-    return np.clip(np.rint(floor * u ** (-1.0 / alpha)), 1, cap).astype(np.int64)
+    """``count`` lengths of the bench's :class:`jagflash.bench.workloads.PowerLaw` drawn with
+    ``seed`` (the ``short-powerlaw-*`` workloads' batch at seed 20 and their parameters)."""
+    from jagflash.bench.workloads import PowerLaw
+
+    return PowerLaw(count, alpha, floor, cap).sample(np.random.default_rng(seed))
 
 
 def _offsets(lengths: np.ndarray, device: torch.device) -> torch.Tensor:
