@@ -399,6 +399,8 @@ def op_tail(o: dict, q: torch.Tensor) -> tuple[float, bool, bool, str]:
 def call_result(out: torch.Tensor, lse: torch.Tensor, o: dict):
     """What a public call returns: ``(out, lse)`` where it asked for the LSE, else ``out``."""
     return (out, lse) if o["return_lse"] else out
+
+
 _FWD_HEAD, _BWD_HEAD = ("q", "k", "v"), ("dout", "q", "k", "v", "out", "lse")
 
 
