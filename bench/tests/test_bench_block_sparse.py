@@ -101,25 +101,101 @@ def test_block_flops_match_brute_force() -> None:
     assert block_mask_pairs(m, w.heads, causal=False) > brute * w.heads
 
 
-def test_fa4_varlen_tensors_hold_the_same_lists() -> None:
-    """FA4's varlen layout read the way its kernel reads it (flash_attn/cute
-    block_sparse_utils._get_curr_blocksparse_tensors_varlen): the count of q-block i of
-    sequence b at cu_total_m_blocks[b] + i, its indices from cu_block_idx_offsets[b] + i * nK_b."""
-    w = W.get("bs-lognormal-d50", smoke=True)
+#: The fields of FA4's BlockSparseTensorsTorch (flash_attn.cute.block_sparsity) that
+#: fa4_block_sparse fills, as a stand-in: these CPU tests run without FA4.
+FA4_FIELDS = ("mask_block_cnt", "mask_block_idx", "full_block_cnt", "full_block_idx", "cu_total_m_blocks", "cu_block_idx_offsets", "block_size")
+FA4Tensors = namedtuple("BlockSparseTensorsTorch", FA4_FIELDS)
+
+#: (Lq, Lk) of the random masks: partial last blocks at 64 and 128, Lq < Lk, Lq > Lk (rows
+#: that see nothing under causal), a one-row sequence, empty q and empty kv sequences.
+FA4_SPLIT_LENGTHS = ((200, 200), (130, 300), (300, 130), (64, 64), (1, 257), (0, 70), (90, 0), (513, 400), (256, 384))
+
+
+def _lengths(offsets) -> list[int]:
+    return (offsets[1:] - offsets[:-1]).tolist()
+
+
+def _fa4_split_brute_force(m, causal: bool) -> dict:
+    """Per (sequence, head, q-block), from the elements: the listed kv-blocks every pair of which
+    is visible (row below Lq, key below Lk and, causal, key <= row + Lk - Lq) and the others,
+    each ascending: ``(mask, full)``."""
+    bm, bn = m.block_size
+    out = {}
+    for s, (n, k) in enumerate(zip(_lengths(m.q_offsets), _lengths(m.kv_offsets))):
+        for h in range(m.heads):
+            for qb in range(-(-n // bm)):
+                i = torch.arange(qb * bm, (qb + 1) * bm)[:, None]
+                mask, full = [], []
+                for kb in m.kv_indices[s, h, qb, : int(m.kv_counts[s, h, qb])].tolist():
+                    j = torch.arange(kb * bn, (kb + 1) * bn)[None, :]
+                    seen = (i < n) & (j < k) & ((j <= i + k - n) | (not causal))
+                    (full if bool(seen.all()) else mask).append(kb)
+                out[s, h, qb] = (mask, full)
+    return out
+
+
+def _fa4_read(t, kind: str, s: int, h: int, qb: int, nkb: int) -> tuple[list[int], list[int]]:
+    """One list of q-block ``qb`` of sequence ``s`` read the way FA4's kernel reads it (flash_attn/cute
+    block_sparse_utils._get_curr_blocksparse_tensors_varlen): the count at cu_total_m_blocks[s] + qb,
+    the indices from cu_block_idx_offsets[s] + qb * nK_s; and the row's unused slots."""
+    cnt, idx = getattr(t, f"{kind}_block_cnt"), getattr(t, f"{kind}_block_idx")
+    c = int(cnt[h, int(t.cu_total_m_blocks[s]) + qb])
+    at = int(t.cu_block_idx_offsets[s]) + qb * nkb
+    return idx[h, at : at + c].tolist(), idx[h, at + c : at + nkb].tolist()
+
+
+def _check_fa4_split(m, causal: bool) -> tuple[int, int]:
+    """fa4_block_sparse(m) against the brute force: the layout, and per q-block mask ∪ full = the
+    listed blocks (disjoint), full = the fully visible ones, both ascending. Returns the numbers
+    of mask and full blocks."""
+    t = fa4_block_sparse(m, FA4Tensors, causal=causal)
+    bm, bn = m.block_size
+    nq = [-(-n // bm) for n in _lengths(m.q_offsets)]
+    nk = [-(-n // bn) for n in _lengths(m.kv_offsets)]
+    cu_m, cu_idx = np.cumsum([0, *nq]).tolist(), np.cumsum([0, *np.multiply(nq, nk)]).tolist()
+    assert t.block_size == (bm, bn)
+    assert (t.cu_total_m_blocks.tolist(), t.cu_block_idx_offsets.tolist()) == (cu_m, cu_idx)
+    for kind in ("mask", "full"):
+        cnt, idx = getattr(t, f"{kind}_block_cnt"), getattr(t, f"{kind}_block_idx")
+        assert (tuple(cnt.shape), tuple(idx.shape)) == ((m.heads, cu_m[-1]), (m.heads, cu_idx[-1]))
+    assert all(x.dtype == torch.int32 and x.device == m.kv_counts.device for x in t if isinstance(x, torch.Tensor))
+    seen = {"mask": 0, "full": 0}
+    for (s, h, qb), want in _fa4_split_brute_force(m, causal).items():
+        got = {}
+        for kind in ("mask", "full"):
+            got[kind], unused = _fa4_read(t, kind, s, h, qb, nk[s])
+            assert got[kind] == sorted(set(got[kind]))  # strictly ascending: FA4 walks from the end
+            assert not any(unused), (kind, s, h, qb, unused)
+            seen[kind] += len(got[kind])
+        listed = m.kv_indices[s, h, qb, : int(m.kv_counts[s, h, qb])].tolist()
+        assert not set(got["mask"]) & set(got["full"]), (s, h, qb)
+        assert sorted(got["mask"] + got["full"]) == listed, (s, h, qb)
+        assert (got["mask"], got["full"]) == want, (s, h, qb, causal)
+    return seen["mask"], seen["full"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("block", [64, 128])
+def test_fa4_split_matches_brute_force_on_random_masks(block, causal) -> None:
+    """FA4's two lists of random jagged masks (two heads' lists) against the elements."""
+    lq, lk = zip(*FA4_SPLIT_LENGTHS)
+    nq, nk = -(-max(lq) // block), -(-max(lk) // block)
+    grid = torch.rand(len(lq), 2, nq, nk, generator=torch.Generator().manual_seed(block + causal)) < 0.7
+    m = BlockMask.from_dense(grid, _offsets(lq), _offsets(lk), (block, block))
+    n_mask, n_full = _check_fa4_split(m, causal)
+    assert n_mask > 0
+    assert n_full > 0
+
+
+@pytest.mark.parametrize("name", ["bs-lognormal-local-global", "bs-dense8k-topk"])
+def test_fa4_split_of_workload_masks(name) -> None:
+    """A bs-* workload's mask (causal, smoke size): both lists in use, the split as the brute
+    force's."""
+    w = W.get(name, smoke=True)
     b = make_batch(w, "cpu")
-    m = b.block_mask
-    fields = ("mask_block_cnt", "mask_block_idx", "cu_total_m_blocks", "cu_block_idx_offsets", "block_size")
-    t = fa4_block_sparse(m, namedtuple("BlockSparseTensorsTorch", fields))
-    bs = w.blocks.block
-    assert (t.block_size, t.mask_block_cnt.dtype) == ((bs, bs), torch.int32)
-    for s, (n, lk) in enumerate(zip(b.q_lens, b.kv_lens)):
-        nkb = -(-lk // bs)
-        for i in range(-(-n // bs)):
-            c = int(t.mask_block_cnt[0, int(t.cu_total_m_blocks[s]) + i])
-            at = int(t.cu_block_idx_offsets[s]) + i * nkb
-            assert c == int(m.kv_counts[s, 0, i])
-            assert t.mask_block_idx[0, at : at + c].tolist() == m.kv_indices[s, 0, i, :c].tolist()
-    assert int(t.cu_total_m_blocks[-1]) == t.mask_block_cnt.shape[1]
+    n_mask, n_full = _check_fa4_split(b.block_mask, w.causal)
+    assert n_mask > 0
+    assert n_full > 0
 
 
 def test_fa4_refuses_the_block_sparse_backward() -> None:

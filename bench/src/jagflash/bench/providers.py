@@ -517,8 +517,11 @@ FA4_NO_SPARSE_BWD = (
 
 
 def _fa4_block_sparse_prepare(w: Workload, batch: Batch, grad: bool) -> Prepared:
-    """FA4's varlen block-sparse forward on the workload's mask (every listed block a "mask"
-    block, causal applied inside; :func:`jagflash.bench.sparsity.fa4_block_sparse`)."""
+    """FA4's varlen block-sparse forward on the workload's mask, fed both of FA4's lists: the
+    listed blocks every pair of which the workload's causal band (``w.causal``) and the
+    sequences' lengths leave visible as "full" blocks, the others as "mask" blocks (FA4 masks
+    inside them); :func:`jagflash.bench.sparsity.fa4_block_sparse`. Refused, with every reason:
+    the backward, a window, an FA4 without the varlen block-sparse forward."""
     reasons = []
     if grad:
         reasons.append(FA4_NO_SPARSE_BWD)
@@ -537,7 +540,7 @@ def _fa4_block_sparse_prepare(w: Workload, batch: Batch, grad: bool) -> Prepared
         raise NotImplementedError("; ".join(reasons))
     from jagflash.bench.sparsity import fa4_block_sparse
 
-    sparse = fa4_block_sparse(batch.block_mask, BlockSparseTensorsTorch)
+    sparse = fa4_block_sparse(batch.block_mask, BlockSparseTensorsTorch, causal=w.causal)
     q, k, v = (_leaf(t, False) for t in (batch.q, batch.k, batch.v))
     kw = dict(cu_seqlens_q=batch.q_offsets, cu_seqlens_k=batch.kv_offsets)
     kw.update(_kwargs_for(varlen, max_seqlen_q=batch.max_q, max_seqlen_k=batch.max_kv))

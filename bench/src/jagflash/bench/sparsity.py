@@ -160,31 +160,68 @@ def mask_mod_reads_b(pattern: BlockPattern) -> bool:
     return pattern.kind != "local_global"
 
 
-def fa4_block_sparse(block_mask, tensors_type):
+def fa4_block_sparse(block_mask, tensors_type, *, causal: bool):
     """``block_mask`` as FlashAttention-4's varlen block-sparse forward tensors
-    (``flash_attn.cute.block_sparsity.BlockSparseTensorsTorch``, passed as ``tensors_type``):
-    per head (1, broadcast) the counts of every q-block of every sequence back to back
-    (``mask_block_cnt [1, Σ nQ_b]``, ``cu_total_m_blocks [B+1]``) and, per q-block, a row of
-    the sequence's own ``nK_b`` slots (``mask_block_idx [1, Σ nQ_b·nK_b]``,
-    ``cu_block_idx_offsets [B+1]``), the listed kv-blocks first. Every listed block is a
-    "mask" block (FA4 applies causal inside it), none "full". Built on the device from host
-    lengths (the bench knows them)."""
+    (``flash_attn.cute.block_sparsity.BlockSparseTensorsTorch``, passed as ``tensors_type``),
+    each q-block's listed kv-blocks split into FA4's two lists:
+
+    * "full" (``full_block_cnt`` / ``full_block_idx``): every pair of the block visible, so
+      FA4 may run it without a score mask: q-block ``i``'s rows ``[i·bm, (i+1)·bm)`` all below
+      ``Lq``, kv-block ``j``'s keys ``[j·bn, (j+1)·bn)`` all below ``Lk`` and, with ``causal``,
+      inside the bottom-right causal band (``(j+1)·bn - 1 <= i·bm + Lk - Lq``, FA4's convention
+      and jagflash's): the unmasked body of :func:`jagflash.core.mask.kv_tile_ranges`;
+    * "mask" (``mask_block_cnt`` / ``mask_block_idx``): every other listed block (FA4 applies
+      causal and the sequence's end inside it).
+
+    Both lists in one varlen layout, per head (``Hm`` of the mask: 1, broadcast, or the query
+    heads): the counts of every q-block of every sequence back to back (``[Hm, Σ nQ_b]``,
+    sequence ``b`` from ``cu_total_m_blocks[b]``, ``[B+1]``) and, per q-block, a row of the
+    sequence's own ``nK_b`` slots (``[Hm, Σ nQ_b·nK_b]``, q-block ``i`` of sequence ``b`` at
+    ``cu_block_idx_offsets[b] + i·nK_b``, ``[B+1]``) holding the list's blocks first, ascending,
+    the other slots 0. Ascending matters: FA4 walks each list from its end and bounds the keys
+    by ``Lk`` only in the first block it walks, so a sequence's last (partial) kv-block must be
+    its list's last entry. int32, on the mask's device; ``block_size`` the mask's. No window
+    (the FA4 provider refuses one). Reads the lengths on the host: for a prepare step, outside
+    any timing."""
+    from jagflash.core.mask import kv_tile_ranges, mask_bounds
+
     bm, bn = block_mask.block_size
+    left, right = mask_bounds(causal)
+    dev = block_mask.kv_counts.device
     lq = (block_mask.q_offsets[1:] - block_mask.q_offsets[:-1]).tolist()
     lk = (block_mask.kv_offsets[1:] - block_mask.kv_offsets[:-1]).tolist()
-    counts, indices, cu_m, cu_idx = [], [], [0], [0]
+    lists = {"mask": ([], []), "full": ([], [])}
+    cu_m, cu_idx = [0], [0]
     for b, (n, m) in enumerate(zip(lq, lk)):
         nqb, nkb = -(-n // bm), -(-m // bn)
-        counts.append(block_mask.kv_counts[b, 0, :nqb])
-        indices.append(block_mask.kv_indices[b, 0, :nqb, :nkb].reshape(-1))
+        index = block_mask.kv_indices[b, :, :nqb, :nkb].long()  # [Hm, nqb, nkb]
+        listed = torch.arange(nkb, device=dev) < block_mask.kv_counts[b, :, :nqb, None]
+        m0 = torch.arange(nqb, device=dev) * bm
+        lens = (torch.full_like(m0, n), torch.full_like(m0, m))  # shaped as m0: an unbounded side returns lk itself
+        _, full_lo, full_hi, _ = kv_tile_ranges(m0, *lens, bm, bn, left, right)
+        rows_in = (m0 + bm <= n)[:, None]
+        full = listed & rows_in & (index * bn >= full_lo[:, None]) & ((index + 1) * bn <= full_hi[:, None])
+        for name, keep in (("mask", listed & ~full), ("full", full)):
+            counts, indices = _kept_first(index, keep)
+            lists[name][0].append(counts)
+            lists[name][1].append(indices.reshape(indices.shape[0], -1))
         cu_m.append(cu_m[-1] + nqb)
         cu_idx.append(cu_idx[-1] + nqb * nkb)
-    dev = block_mask.kv_counts.device
     i32 = dict(dtype=torch.int32, device=dev)
+    cat = {name: [torch.cat(part, 1).to(torch.int32).contiguous() for part in parts] for name, parts in lists.items()}
     return tensors_type(
-        mask_block_cnt=torch.cat(counts).to(torch.int32).view(1, -1).contiguous(),
-        mask_block_idx=torch.cat(indices).to(torch.int32).view(1, -1).contiguous(),
+        mask_block_cnt=cat["mask"][0],
+        mask_block_idx=cat["mask"][1],
+        full_block_cnt=cat["full"][0],
+        full_block_idx=cat["full"][1],
         cu_total_m_blocks=torch.tensor(cu_m, **i32),
         cu_block_idx_offsets=torch.tensor(cu_idx, **i32),
         block_size=(bm, bn),
     )
+
+
+def _kept_first(index: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts ``[...]`` and rows ``[..., n]`` of ``index [..., n]`` holding its ``keep`` slots
+    first, in their order, the other slots 0."""
+    order = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices
+    return keep.sum(-1), torch.gather(index * keep, -1, order)
