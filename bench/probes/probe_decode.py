@@ -26,7 +26,7 @@ H200: ``PROBE=bench/probes/probe_decode.py PROBE_TIMEOUT_S=400 bash bench/gpu.sh
 CPU: ``TRITON_INTERPRET=1 python bench/probes/probe_decode.py --smoke`` (the rows shrunk, the
 interpreter only; seconds). ``TRITON_INTERPRET=0 python bench/probes/probe_decode.py --ptx`` (CPU,
 no GPU): each row's decode launches at full size compiled for sm_90a (``portable_ptx``'s
-compile), with their grids, tiles, registers and spills.
+compile), forward and backward, with their grids, tiles, registers and spills.
 """
 
 from __future__ import annotations
@@ -147,7 +147,8 @@ def _ptx(args) -> None:
 
             return run
 
-    dec.decode_fwd_kernel, dec.decode_merge_kernel = Compiled(dec.decode_fwd_kernel), Compiled(dec.decode_merge_kernel)
+    for name in ("decode_fwd_kernel", "decode_merge_kernel", "decode_bwd_kernel", "decode_bwd_merge_kernel"):
+        setattr(dec, name, Compiled(getattr(dec, name)))
     dec.default_workers = lambda device: 132
     for name in args.rows.split(","):
         w, q_lens, kv_lens = _row(name, args.causal, False)
@@ -155,10 +156,13 @@ def _ptx(args) -> None:
         qo, ko = (torch.tensor(np.concatenate([[0], np.cumsum(x)]), dtype=torch.int32) for x in (q_lens, kv_lens))
         q = torch.empty(int(qo[-1]), w.heads, w.head_dim, dtype=torch.bfloat16)
         k = torch.empty(int(ko[-1]), w.hkv, w.head_dim, dtype=torch.bfloat16)
-        dec.forward(
-            q, k, k, qo, ko, max_seqlen_q=int(q_lens.max()), max_seqlen_kv=int(kv_lens.max()), left=-1,
+        kw = dict(
+            max_seqlen_q=int(q_lens.max()), max_seqlen_kv=int(kv_lens.max()), left=-1,
             right=0 if args.causal else -1, scale=w.head_dim**-0.5, backend="portable",
         )
+        dec.forward(q, k, k, qo, ko, **kw)
+        lse = torch.empty(w.heads, q.shape[0], dtype=torch.float32)
+        dec.backward(q, q, k, k, q, lse, qo, ko, **kw)
 
 
 def _print(rows: list[dict]) -> None:

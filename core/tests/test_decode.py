@@ -175,3 +175,70 @@ def test_packed_sequences_keep_their_nan_and_inf() -> None:
     assert want.isnan().any()
     assert want.isinf().any()
     torch.testing.assert_close(out.float(), want.float(), equal_nan=True, atol=2e-2 if ON_GPU else 1e-5, rtol=2e-2 if ON_GPU else 1e-5)
+
+
+class _Decode(torch.autograd.Function):
+    """The decode forward and backward as one differentiable call (the op wiring is the jagged
+    variant's; here the kernels alone)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_offsets, kv_offsets, kw):
+        out, lse = decode.forward(q, k, v, q_offsets, kv_offsets, **kw)
+        ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
+        ctx.kw = kw
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
+        grads = decode.backward(dout.contiguous(), q, k, v, out, lse, q_offsets, kv_offsets, **ctx.kw)
+        return (*grads, None, None, None)
+
+
+def _differentiable(causal: bool, window: tuple[int, int], max_q: int, max_k: int):
+    left, right = mask_bounds(causal, window)
+    kw = dict(max_seqlen_q=max_q, max_seqlen_kv=max_k, left=left, right=right, backend=BACKEND)
+    return lambda q, k, v, q_offsets, kv_offsets: _Decode.apply(
+        q, k, v, q_offsets, kv_offsets, {**kw, "scale": q.shape[-1] ** -0.5}
+    )
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n != "no_queries"] + ["no_queries"])
+def test_decode_backward_matches_reference(name: str) -> None:
+    """dQ, dK, dV of every case (packed, split, windows, keys no row sees, Lq > Lk, no
+    queries at all: every key's gradient zero) against the fp64 reference."""
+    q_lens, k_lens, hq, hkv, dim, causal, window, dtype = CASES[name]
+    t = make_jagged(q_lens, k_lens, hq, hkv, dim, dtype, DEVICE)
+    dout = t.pop("dout")
+
+    def reference(q, k, v, q_offsets, kv_offsets, dtype):
+        return jagged_reference(q, k, v, q_offsets, kv_offsets, causal=causal, window=window, dtype=dtype)
+
+    check_against_reference(
+        _differentiable(causal, window, max(q_lens), max(k_lens)), reference, t, atol=DEFAULT_ATOL[dtype], dout=dout
+    )
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("where", ["q", "dout", "k"])
+def test_packed_backward_keeps_nan_in_its_sequence(where: str) -> None:
+    """A NaN in one packed sequence's q, dO or K (the three that the shared dots would spread
+    through ``0 * NaN``) leaves every other sequence's dQ, dK and dV as the reference's."""
+    q_lens, k_lens = (1, 2, 1, 1, 2), (3, 2, 4, 1, 3)
+    t = make_jagged(q_lens, k_lens, 2, 1, 32, FLOAT, DEVICE)
+    cfg = decode_config(BACKEND, batch=5, max_seqlen_q=2, max_seqlen_kv=4, total_kv=13, heads_kv=1, group=2, head_dim=32, sms=4)
+    assert cfg.SEQS == 5  # one program
+    dout = t.pop("dout").clone()
+    with torch.no_grad():
+        {"q": t["q"], "dout": dout, "k": t["k"]}[where][3 if where != "k" else 5, 0, 4] = float("nan")  # sequence 2
+    got = torch.autograd.grad(_differentiable(False, (-1, -1), 2, 4)(**t)[0], [t["q"], t["k"], t["v"]], dout)
+    out, _ = jagged_reference(**t, dtype=torch.float64)
+    want = torch.autograd.grad(out, [t["q"], t["k"], t["v"]], dout.double())
+    q_seq = torch.repeat_interleave(torch.arange(5), torch.tensor(q_lens))
+    k_seq = torch.repeat_interleave(torch.arange(5), torch.tensor(k_lens))
+    bad = 2
+    for name, g, w, seq in zip(("dq", "dk", "dv"), got, want, (q_seq, k_seq, k_seq)):
+        rows = seq != bad
+        assert not w[rows].isnan().any()
+        torch.testing.assert_close(g[rows].double(), w[rows].double(), atol=1e-4, rtol=1e-4, msg=name)
+        assert g[~rows].isnan().any() or not w[~rows].isnan().any(), name

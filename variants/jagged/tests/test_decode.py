@@ -1,7 +1,7 @@
 """jagged_attention's decode path (``jagflash.core.portable.decode``): chosen by
 ``jagflash.core.tuning.use_decode``, forced and forbidden by ``decode=``, said by
-``last_choice("jagged").explain()``; forward and backward (the backend's own kernels at the
-decode forward's LSE) against the fp64 reference by the tolerance rule. The kernel's own cases
+``last_choice("jagged").explain()``; forward and backward (the decode backward where the
+forward is decode, the tile kernels' where not) against the fp64 reference by the tolerance rule. The kernel's own cases
 (windows, splits, packing): core/tests/test_decode.py. GPU tests at the bench's shapes, for the
 portable and the tlx-sm90 backends, below."""
 
@@ -40,8 +40,7 @@ def _check(case: JaggedCase, device: str, *, grad: bool = True, **kw) -> JaggedC
 
 
 def _forward_path(case: JaggedCase, device: str, **kw) -> str | None:
-    """The forward path a call without gradients takes (a backward records its own choice,
-    which has none)."""
+    """The forward path a call without gradients takes (a backward records its own choice)."""
     t = case.build(device, requires_grad=False)
     jagged_attention(t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"], causal=case.causal, **kw)
     return _path()
@@ -57,8 +56,12 @@ def _path() -> str | None:
 @interpret_or_gpu
 def test_decode_batch_takes_decode_forward_and_backward() -> None:
     """One to three queries a sequence (zero-length ones too), GQA, causal: the decode forward,
-    then the tile kernels' backward at its LSE."""
+    then the decode backward at its LSE; ``decode=False`` runs the tile kernels both ways."""
     case = _check(JaggedCase((1, 3, 0, 2, 1), (40, 0, 5, 70, 1), hq=4, hkv=2, causal=True), DEVICE)
+    assert _path() == "decode"
+    assert "backward path: decode (max_seqlen_q 3 <= 16" in last_choice("jagged").explain()
+    _check(case, DEVICE, decode=False)
+    assert "backward path: tiles (decode=False)" in last_choice("jagged").explain()
     assert _forward_path(case, DEVICE) == "decode"
     assert "forward path: decode (max_seqlen_q 3 <= 16" in last_choice("jagged").explain()
 
@@ -95,20 +98,26 @@ def test_decode_refused_with_reasons() -> None:
 
 
 @interpret_or_gpu
-def test_decode_without_grad_builds_no_plan_and_checks_a_given_one(monkeypatch) -> None:
+@pytest.mark.parametrize("grad", [False, True])
+def test_decode_builds_no_plan_and_checks_a_given_one(monkeypatch, grad: bool) -> None:
+    """With ``max_seqlen_q`` given a decode call needs no plan, with gradients or without."""
     import jagflash.core.jagged_call as jc
 
-    t = make_jagged((1, 1, 2), (5, 9, 3), 2, 2, 32, FLOAT, DEVICE, requires_grad=False)
+    t = make_jagged((1, 1, 2), (5, 9, 3), 2, 2, 32, FLOAT, DEVICE, requires_grad=grad)
     args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])
     other = make_jagged((1, 2, 1), (5, 9, 3), 2, 2, 32, FLOAT, DEVICE, requires_grad=False)
-    plan = make_plan(other["q"], other["k"], other["q_offsets"], other["kv_offsets"], backward=False)
+    plan = make_plan(other["q"], other["k"], other["q_offsets"], other["kv_offsets"], backward=grad)
 
     def no_build(*a, **k):
-        raise AssertionError("a decode forward without gradients built a plan")
+        raise AssertionError("a decode call built a plan")
 
     monkeypatch.setattr(jc, "build_plan", no_build)
-    jagged_attention(*args, max_seqlen_q=2, max_seqlen_kv=9)
+    out = jagged_attention(*args, max_seqlen_q=2, max_seqlen_kv=9)
     assert _path() == "decode"
+    if grad:
+        out.backward(torch.ones_like(out))
+        assert _path() == "decode"
+        assert last_choice("jagged").path_pass == "backward"
     if not ON_GPU:  # on a GPU other offsets' values fail the stream instead
         with pytest.raises(InvalidInput, match="other offsets"):
             jagged_attention(*args, plan=plan)

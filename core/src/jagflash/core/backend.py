@@ -82,8 +82,9 @@ def reference_allowed() -> bool:
 @dataclass(frozen=True)
 class BackendChoice:
     """The backend that runs a call, and for every other backend the reasons it did not;
-    ``path``: which of the backend's forward kernels ran where it has a choice (``"decode"``
-    or ``"tiles"``: ``jagflash.core.tuning.use_decode``), and why (``path_why``)."""
+    ``path``: which of the backend's kernels ran where it has a choice (``"decode"`` or
+    ``"tiles"``: ``jagflash.core.tuning.use_decode``), and why (``path_why``), in the pass
+    ``path_pass`` (``"forward"`` or ``"backward"``)."""
 
     variant: str
     name: str
@@ -91,11 +92,12 @@ class BackendChoice:
     reasons: dict[str, list[str]] = field(default_factory=dict)
     path: str | None = None
     path_why: str = ""
+    path_pass: str = "forward"
 
     def explain(self) -> str:
         lines = [f"{self.variant}: ran {self.name} ({self.why})"]
         if self.path is not None:
-            lines.append(f"  forward path: {self.path} ({self.path_why})")
+            lines.append(f"  {self.path_pass} path: {self.path} ({self.path_why})")
         for other, rs in self.reasons.items():
             lines.append(f"  {other}: " + ("; ".join(rs) if rs else "not tried"))
         return "\n".join(lines)
@@ -109,18 +111,20 @@ def last_choice(variant: str) -> BackendChoice | None:
     return _last.get(variant)
 
 
-def record_path(variant: str, path: str, why: str) -> None:
-    """Add to ``variant``'s :func:`last_choice` (the forward's, just made) which forward kernels
-    ran and why (:attr:`BackendChoice.path`)."""
+def record_path(variant: str, path: str, why: str, direction: str = "forward") -> None:
+    """Add to ``variant``'s :func:`last_choice` (the ``direction`` pass's, just made: forward or
+    backward) which of its kernels ran and why (:attr:`BackendChoice.path`)."""
     choice = _last.get(variant)
     if choice is None:
         return
-    key = (id(choice), path, why)
+    key = (id(choice), path, why, direction)
     hit = _with_path.get(key)
     if hit is None or hit[0] is not choice:  # the choice kept so that its id stays its own
         if len(_with_path) >= _CHOICES_KEEP:
             _with_path.clear()
-        hit = _with_path[key] = (choice, dataclasses.replace(choice, path=path, path_why=why))
+        hit = _with_path[key] = (
+            choice, dataclasses.replace(choice, path=path, path_why=why, path_pass=direction)
+        )
     _last[variant] = hit[1]
 
 

@@ -126,15 +126,15 @@ def op_plan(
 ):
     """The ``plan_tiles, plan_meta, plan_info`` a public function passes its op: those of the
     ``plan=`` it was given, none where no plan is needed (``backend="reference"``; a forward
-    without backward that will take the decode path, known from ``max_seqlen_q``: ``decode``
+    that will take the decode path, both ways, known from ``max_seqlen_q``: ``decode``
     as the op gets it, :data:`DECODE_ARG`) or the op will refuse the offsets (different batch
     sizes), else :func:`own_plan`'s."""
     if plan is not None:
         return plan.op_args()
-    if backend == "reference" or q_offsets.shape != kv_offsets.shape:
-        return None, None, None
+    if backend == "reference" or q_offsets.shape != kv_offsets.shape or torch.compiler.is_compiling():
+        return None, None, None  # traced: the ops build their own (own_plan)
     name = None  # the look-ahead's backend, which the plan is laid out for (asked once)
-    if not backward and max_seqlen_q is not None and decode is not False and block_mask is None:
+    if max_seqlen_q is not None and decode is not False and block_mask is None:
         name = plan_backend(spec, make_problem("jagged", q, k, causal=causal, window=window), q.device, backend)
         if name != "reference" and use_decode(
             name, max_seqlen_q=int(max_seqlen_q), group=q.shape[1] // max(k.shape[1], 1), head_dim=q.shape[-1],
@@ -174,10 +174,11 @@ def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = Fals
     its plans tile by its blocks). The kernels are the variant's ``kernels_portable`` /
     ``kernels_tlx_sm90`` (``package``), called with the jagged tensors as they are; ``who``
     names the public function in refusals. Without ``sparse`` the ops end with
-    :data:`DECODE_ARG`: their forward on the ``tlx-sm90`` and ``portable`` backends runs the
-    decode kernel where ``jagflash.core.tuning.use_decode`` says so (the choice shows in
-    ``last_choice(...).explain()``: "forward path"); the backward always runs the backend's own
-    kernels, at the forward's LSE. The reference backend ignores ``decode``."""
+    :data:`DECODE_ARG`: their forward and backward on the ``tlx-sm90`` and ``portable``
+    backends run the decode kernels where ``jagflash.core.tuning.use_decode`` says so (the
+    choice shows in ``last_choice(...).explain()``: "forward path" / "backward path"; the
+    backward at the out and LSE it is given, whichever forward made them). The reference
+    backend ignores ``decode``."""
 
     def check(c) -> None:
         # Invalid offsets are the caller's error whatever backend would run: check them first.
@@ -200,9 +201,10 @@ def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = Fals
     def listed(c) -> dict[str, object]:
         return {"blocks": c.blocks} if sparse else {}
 
-    def path(tiles):
-        """The forward ``tiles`` runs, or the decode kernel where ``use_decode`` says so (its
-        choice added to ``last_choice``); a ``plan=`` is checked either way."""
+    def path(tiles, direction="forward"):
+        """The ``tiles`` kernels of a pass, or the decode kernels where ``use_decode`` says so
+        (the same rule both ways; the choice added to ``last_choice``); a ``plan=`` is checked
+        either way."""
         if sparse:
             return tiles
 
@@ -211,17 +213,20 @@ def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = Fals
                 c.ran, max_seqlen_q=c.max_q, group=c.q.shape[1] // c.k.shape[1], head_dim=c.q.shape[-1],
                 requested=c.decode,
             )
-            record_path(spec.name, "decode" if take else "tiles", why)
+            record_path(spec.name, "decode" if take else "tiles", why, direction)
             if not take:
                 return tiles(c)
             if c.plan_tiles is not None:
-                plan(c, ("fwd",))
-            from jagflash.core.portable.decode import forward as decode_forward
+                plan(c, ("fwd",) if direction == "forward" else ("dq", "dkdv"))
+            from jagflash.core.portable import decode
 
-            return decode_forward(
-                c.q, c.k, c.v, c.q_offsets, c.kv_offsets, max_seqlen_q=c.max_q, max_seqlen_kv=c.max_k, **c.mask,
+            kw = dict(
+                max_seqlen_q=c.max_q, max_seqlen_kv=c.max_k, **c.mask,
                 backend="interpreter" if c.ran == "interpreter" else "portable",
             )
+            if direction == "forward":
+                return decode.forward(c.q, c.k, c.v, c.q_offsets, c.kv_offsets, **kw)
+            return decode.backward(c.dout, c.q, c.k, c.v, c.out, c.lse, c.q_offsets, c.kv_offsets, **kw)
 
         return run
 
@@ -243,15 +248,16 @@ def jagged_ops(name: str, spec, package: str, who: str, *, windowed: bool = Fals
     backward = {
         # at the out/LSE the op is given (those of a larger attention, merged: context parallelism)
         "reference": lambda c: reference(reference_backward, "dout")(c, out=c.out, lse=c.lse),
-        "tlx-sm90": lambda c: c.kernels.backward(
+        "tlx-sm90": path(lambda c: c.kernels.backward(
             c.dout, c.q, c.k, c.v, c.out, c.lse, c.q_offsets, c.kv_offsets, plan(c, ("dq", "dkdv")),
             **c.mask, deterministic=c.deterministic, **listed(c),
-        ),
-        # Always deterministic (no atomics): ``deterministic`` asks nothing more of it.
-        "portable": lambda c: c.kernels.backward(
+        ), "backward"),
+        # Always deterministic (no atomics), as the decode backward: ``deterministic`` asks
+        # nothing more of them.
+        "portable": path(lambda c: c.kernels.backward(
             c.dout, c.q, c.k, c.v, c.out, c.lse, c.q_offsets, c.kv_offsets, plan(c, ("dq", "dkdv")),
             **c.mask, backend=c.ran, **listed(c),
-        ),
+        ), "backward"),
     }
     args = JAGGED_ARGS + (", " + WINDOW_ARGS if windowed or sparse else "") + (", " + SPARSE_ARGS if sparse else "")
     return attention_ops(

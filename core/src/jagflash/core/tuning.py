@@ -401,8 +401,8 @@ def use_decode(
     backend: str, *, max_seqlen_q: int, group: int, head_dim: int, sparse: bool = False,
     requested: bool | None = None,
 ) -> tuple[bool, str]:
-    """Whether a jagged forward on ``backend`` (the one the call chose: ``tlx-sm90``,
-    ``portable`` or ``interpreter``) runs the decode kernel instead of the tile kernels, and why
+    """Whether a jagged forward or backward on ``backend`` (the one the pass chose: ``tlx-sm90``,
+    ``portable`` or ``interpreter``) runs the decode kernels instead of the tile kernels, and why
     (the sentence ``last_choice(...).explain()`` shows). The rule:
 
     - ``requested=False`` (the call's ``decode=False``): never.
@@ -413,8 +413,8 @@ def use_decode(
       (long ones are split across programs). The TLX backend hands such forwards to the decode
       kernel too: its 128-row q-tiles would run at most 16 live rows each.
 
-    The backward is not affected: it runs on ``backend``'s backward kernels at the decode
-    forward's LSE."""
+    The backward asks the same question with the same answers (it reads no key length
+    either), so a decode forward has a decode backward, and a tile forward a tile backward."""
     reasons = decode_reasons(max_seqlen_q=max_seqlen_q, group=group, head_dim=head_dim, sparse=sparse)
     if requested is False:
         return False, "decode=False"
@@ -454,14 +454,17 @@ class DecodeConfig:
 
 def decode_config(
     backend: str, *, batch: int, max_seqlen_q: int, max_seqlen_kv: int, total_kv: int,
-    heads_kv: int, group: int, head_dim: int, sms: int,
+    heads_kv: int, group: int, head_dim: int, sms: int, backward: bool = False,
 ) -> DecodeConfig:
     """The :class:`DecodeConfig` of a decode call. Sequences are packed ``SEQS`` to a program
     where their queries leave rows free (about 64 rows) and their average key count fits one
     ``BLOCK_N`` block (packing longer ones would compute every packed row over every packed
     sequence's keys, masked); the keys of a program are split ``SPLITS`` ways, chunks of at
     least 256 keys (64 under the interpreter), until the launch has about four programs per SM (``sms``:
-    ``jagflash.core.tile_scheduler.default_workers``)."""
+    ``jagflash.core.tile_scheduler.default_workers``). The ``backward``'s programs are the
+    forward's (they must take the same rows and keys) with 8 warps from 64 x 128 tiles on: it
+    holds dQ and the block's dK, dV in fp32 besides the forward's tiles (4 warps spilled ~200
+    bytes at 255 registers, compiled for sm_90a; 8 warps: 212 registers, no spill)."""
     rows = max(max_seqlen_q, 1) * group
     block_n = 32 if backend == "interpreter" or head_dim > 128 else 64
     mean_kv = total_kv / max(batch, 1)
@@ -472,7 +475,8 @@ def decode_config(
     min_chunk = _DECODE_MIN_CHUNK.get(backend, _DECODE_MIN_CHUNK_GPU)
     splits = max(1, min(-(-programs // (packs * max(heads_kv, 1))), -(-longest // min_chunk)))
     block_m, block_d = max(16, triton.next_power_of_2(rows * seqs)), triton.next_power_of_2(head_dim)
+    wide = block_m * block_d >= (64 * 128 if backward or seqs > 1 else 128 * 128)
     return DecodeConfig(
         ROWS=rows, SEQS=seqs, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SPLITS=splits,
-        num_warps=8 if block_m * block_d >= 128 * 128 or (seqs > 1 and block_m * block_d >= 64 * 128) else 4, num_stages=1 if backend == "interpreter" else 2,
+        num_warps=8 if wide else 4, num_stages=1 if backend == "interpreter" else 2,
     )

@@ -24,9 +24,16 @@ dot over V's finite values and, in a program that met others, a second pass over
 applies them to the rows that see them (packed programs only: one sequence's rows share its
 keys anyway).
 
-:func:`forward` is the host side; which calls take it is ``jagflash.core.tuning.use_decode``'s
-rule. There is no decode backward: the backward of a decode forward runs on the tile kernels of
-the backend the call chose, at the forward's output and LSE (the same LSE convention).
+:func:`backward` runs the same programs backwards: each takes the same rows and keys, computes
+P again from the forward's LSE, and writes dK and dV of its chunk of keys once (a key belongs to
+one sequence, so to one pack: no atomics, deterministic) and its rows' dQ (summed over the
+splits by a second launch where the keys were split); keys no row of their pack sees get zero
+gradients. Packed programs keep a non-finite q, dO, K or V inside its own sequence's
+gradients: a program that meets one runs its sequences again one at a time (each with only
+its own rows and keys), so the shared dots cannot spread it through ``0 * inf``.
+
+:func:`forward` and :func:`backward` are the host side; which calls take them is
+``jagflash.core.tuning.use_decode``'s rule (the same for both passes).
 """
 
 from __future__ import annotations
@@ -37,11 +44,18 @@ import triton.language as tl
 
 from jagflash.core.mask import band_bounds, ceil_to
 from jagflash.core.ops import alloc, alloc_like, for_kernel
-from jagflash.core.softmax import LOG2E, finish_softmax, merge_partial_rows, online_softmax_step
+from jagflash.core.softmax import (
+    LOG2E,
+    attn_delta,
+    finish_softmax,
+    lse_to_log2,
+    merge_partial_rows,
+    online_softmax_step,
+)
 from jagflash.core.tile_scheduler import default_workers
 from jagflash.core.tuning import decode_config
 
-__all__ = ["forward"]
+__all__ = ["backward", "forward"]
 
 
 @triton.jit
@@ -250,3 +264,203 @@ def forward(
             out, lse, *parts, q_offsets, kv_offsets, strides[3], sizes, (left, right), **consts
         )
     return out.to(dtype), lse
+
+
+# --- the backward ------------------------------------------------------------------------------
+
+
+@triton.jit
+def _any_nonfinite(x):
+    """1 if the tile holds a NaN or an infinity, else 0."""
+    return 1 - tl.min(tl.min(((x - x) == 0).to(tl.int32), 1), 0)
+
+
+@triton.jit
+def _zero_keys(DK, DV, sdk_t, sdv_t, offs_d, d_ok, start, end, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Zero dK and dV of keys ``[start, end)`` (of the kv head ``DK`` and ``DV`` point at)."""
+    for n0 in range(start, end, BLOCK_N):
+        kj = n0 + tl.arange(0, BLOCK_N)
+        ok = (kj < end)[:, None] & d_ok[None, :]
+        kv_row = kj.to(tl.int64)[:, None]
+        zero = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        tl.store(DK + kv_row * sdk_t + offs_d[None, :], zero.to(DK.dtype.element_ty), mask=ok)
+        tl.store(DV + kv_row * sdv_t + offs_d[None, :], zero.to(DV.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _bwd_keys(
+    dq, q, do, lse2, delta, lo, hi, K, V, DK, DV, kv_strides, offs_d, d_ok, start, end, qk_scale2, scale,
+    BLOCK_N: tl.constexpr, CHECK: tl.constexpr,
+):
+    """Keys ``[start, end)`` against the rows (``q``, ``do``, log2 LSE, delta; row ``i`` sees
+    keys ``[lo_i, hi_i)``): stores their dK and dV (every row's share: the keys' whole
+    gradient) and returns ``dq`` plus the rows' share of dQ (not yet scaled), and with
+    ``CHECK`` whether a loaded K value was non-finite. dS is masked to the rows' own keys
+    (``0 * inf`` of a masked P would otherwise carry V's and O's non-finite values)."""
+    sk_t, sv_t, sdk_t, sdv_t = kv_strides
+    bad = start * 0
+    for n0 in range(start, end, BLOCK_N):
+        kj = n0 + tl.arange(0, BLOCK_N)
+        ok = (kj < end)[:, None] & d_ok[None, :]
+        kv_row = kj.to(tl.int64)[:, None]
+        k = tl.load(K + kv_row * sk_t + offs_d[None, :], mask=ok, other=0.0)
+        v = tl.load(V + kv_row * sv_t + offs_d[None, :], mask=ok, other=0.0)
+        seen = (kj[None, :] >= lo[:, None]) & (kj[None, :] < hi[:, None])
+        p = tl.where(seen, tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale2 - lse2[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = tl.where(seen, p * (dp - delta[:, None]), 0.0)
+        dv = tl.dot(tl.trans(p.to(do.dtype)), do)
+        dk = tl.dot(tl.trans(ds.to(q.dtype)), q) * scale
+        dq += tl.dot(ds.to(k.dtype), k)
+        if CHECK:
+            bad = tl.maximum(bad, _any_nonfinite(k))
+        tl.store(DK + kv_row * sdk_t + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=ok)
+        tl.store(DV + kv_row * sdv_t + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=ok)
+    return dq, bad
+
+
+@triton.jit
+def decode_bwd_kernel(
+    Q, K, V, O, DO, LSE, DQ, DK, DV, PART_DQ, q_offsets, kv_offsets, strides, sizes, mask,  # noqa: E741
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SEQS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+):
+    """Program (pack, kv head, split): the gradients of its rows over its chunk of their keys,
+    the rows and chunks of :func:`decode_fwd_kernel`. dK, dV of the chunk's keys directly; dQ
+    directly (``SPLITS == 1``) or split ``s``'s share in ``PART_DQ [SPLITS, Tq, Hq, D]`` fp32
+    for :func:`decode_bwd_merge_kernel`. Split 0 also zeroes the keys of its sequences that
+    none of their rows sees (outside the pack's key range)."""
+    pack = tl.program_id(0)
+    hk = tl.program_id(1)
+    split = tl.program_id(2)
+    (sq_t, sq_h), (sk_t, sk_h), (sv_t, sv_h), (so_t, so_h), (sdo_t, sdo_h), (sdq_t, sdq_h), (sdk_t, sdk_h), (sdv_t, sdv_h) = strides
+    batch, total_q, heads_q = sizes
+    scale, left, right = mask
+    live, row, g, lo, hi = _pack_rows(q_offsets, kv_offsets, batch, pack, left, right, GROUP, ROWS, SEQS, BLOCK_M, BOUNDED_LEFT, BOUNDED_RIGHT)
+    k_lo, n_keys, chunk, parts = _chunks(lo, hi, SPLITS, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    K += hk.to(tl.int64) * sk_h
+    V += hk.to(tl.int64) * sv_h
+    DK += hk.to(tl.int64) * sdk_h
+    DV += hk.to(tl.int64) * sdv_h
+    if split == 0:
+        first = pack * SEQS
+        seq_lo = tl.load(kv_offsets + first).to(tl.int32)
+        seq_hi = tl.load(kv_offsets + tl.minimum(first + SEQS, batch)).to(tl.int32)
+        hull_lo = tl.where(n_keys > 0, k_lo, seq_hi)
+        _zero_keys(DK, DV, sdk_t, sdv_t, offs_d, d_ok, seq_lo, hull_lo, BLOCK_N, BLOCK_D)
+        _zero_keys(DK, DV, sdk_t, sdv_t, offs_d, d_ok, tl.maximum(k_lo + n_keys, hull_lo), seq_hi, BLOCK_N, BLOCK_D)
+    if split < parts:
+        head = hk * GROUP + g
+        start = k_lo + split * chunk
+        end = tl.minimum(start + chunk, k_lo + n_keys)
+        lo = tl.maximum(lo, start)
+        hi = tl.minimum(hi, end)
+        rows_ok = live[:, None] & d_ok[None, :]
+        q = tl.load(_ptrs(Q, row, head, sq_t, sq_h, offs_d), mask=rows_ok, other=0.0)
+        do = tl.load(_ptrs(DO, row, head, sdo_t, sdo_h, offs_d), mask=rows_ok, other=0.0)
+        o = tl.load(_ptrs(O, row, head, so_t, so_h, offs_d), mask=rows_ok, other=0.0)
+        delta = attn_delta(o, do)
+        lse2 = lse_to_log2(tl.load(LSE + head.to(tl.int64) * total_q + row, mask=live, other=float("-inf")))
+        qk_scale2 = scale * LOG2E
+        kv_strides = (sk_t, sv_t, sdk_t, sdv_t)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        dq, bad = _bwd_keys(dq, q, do, lse2, delta, lo, hi, K, V, DK, DV, kv_strides, offs_d, d_ok, start, end, qk_scale2, scale, BLOCK_N, SEQS > 1)
+        if SEQS > 1:
+            # q's and dO's through dK and dV, K's through dQ; V's, O's and the LSE's reach the
+            # other sequences only through dS, which is masked (see _bwd_keys).
+            bad = tl.maximum(bad, tl.maximum(_any_nonfinite(q), _any_nonfinite(do)))
+            if bad > 0:
+                # Again, one sequence at a time: its rows alone against its keys alone.
+                tl.debug_barrier()
+                _zero_keys(DK, DV, sdk_t, sdv_t, offs_d, d_ok, start, end, BLOCK_N, BLOCK_D)
+                tl.debug_barrier()
+                local = tl.arange(0, BLOCK_M) // ROWS
+                dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+                for s in range(0, SEQS):
+                    own = live & (local == s) & (hi > lo)
+                    s_lo = tl.min(tl.where(own, lo, 2147483647), 0)
+                    s_hi = tl.max(tl.where(own, hi, 0), 0)
+                    if s_hi > s_lo:
+                        mine = own[:, None]
+                        dq_s, _ = _bwd_keys(
+                            tl.zeros([BLOCK_M, BLOCK_D], tl.float32), tl.where(mine, q, 0.0), tl.where(mine, do, 0.0),
+                            tl.where(own, lse2, float("inf")), tl.where(own, delta, 0.0), tl.where(own, lo, 0),
+                            tl.where(own, hi, 0), K, V, DK, DV, kv_strides, offs_d, d_ok, s_lo, s_hi, qk_scale2,
+                            scale, BLOCK_N, False,
+                        )
+                        dq += tl.where(mine, dq_s, 0.0)
+        dq = dq * scale
+        if SPLITS == 1:
+            tl.store(_ptrs(DQ, row, head, sdq_t, sdq_h, offs_d), dq.to(DQ.dtype.element_ty), mask=rows_ok)
+        else:
+            at = split * total_q + row
+            tl.store(_ptrs(PART_DQ, at, head, heads_q * HEAD_DIM, HEAD_DIM, offs_d), dq, mask=rows_ok)
+
+
+@triton.jit
+def decode_bwd_merge_kernel(
+    DQ, PART_DQ, q_offsets, kv_offsets, strides, sizes, mask,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SEQS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+):
+    """Program (pack, kv head): dQ of its rows, the sum of its splits' shares (in split order)."""
+    pack = tl.program_id(0)
+    hk = tl.program_id(1)
+    sdq_t, sdq_h = strides
+    batch, total_q, heads_q = sizes
+    left, right = mask
+    live, row, g, lo, hi = _pack_rows(q_offsets, kv_offsets, batch, pack, left, right, GROUP, ROWS, SEQS, BLOCK_M, BOUNDED_LEFT, BOUNDED_RIGHT)
+    _, _, _, parts = _chunks(lo, hi, SPLITS, BLOCK_N)
+    head = hk * GROUP + g
+    offs_d = tl.arange(0, BLOCK_D)
+    keep = live[:, None] & (offs_d < HEAD_DIM)[None, :]
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for s in range(0, parts):
+        dq += tl.load(_ptrs(PART_DQ, s * total_q + row, head, heads_q * HEAD_DIM, HEAD_DIM, offs_d), mask=keep, other=0.0)
+    tl.store(_ptrs(DQ, row, head, sdq_t, sdq_h, offs_d), dq.to(DQ.dtype.element_ty), mask=keep)
+
+
+def backward(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    q_offsets: torch.Tensor, kv_offsets: torch.Tensor, *, max_seqlen_q: int, max_seqlen_kv: int, left: int,
+    right: int, scale: float, backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV (the dtypes of q, k, v) of a jagged attention by the decode kernels, at the
+    forward's ``out [Tq, Hq, D]`` and natural-log ``lse [Hq, Tq]`` (those :func:`forward` gives,
+    or any forward's of the same attention). Arguments as :func:`forward`'s; the programs are
+    its programs (``jagflash.core.tuning.decode_config``). Launches: one, or two where the keys
+    are split (the dQ shares' sum); grids from host ints only (no sync). Deterministic."""
+    dtypes = (q.dtype, k.dtype, v.dtype)
+    dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))
+    total_q, heads_q, head_dim = q.shape
+    heads_kv = k.shape[1]
+    batch = q_offsets.numel() - 1
+    dq, dk, dv = alloc_like(q), alloc_like(k), alloc_like(v)
+    if total_q == 0:  # no row: every key's gradient is zero
+        return dq.to(dtypes[0]), dk.zero_().to(dtypes[1]), dv.zero_().to(dtypes[2])
+    group = heads_q // heads_kv
+    cfg = decode_config(
+        backend, batch=batch, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, total_kv=k.shape[0],
+        heads_kv=heads_kv, group=group, head_dim=head_dim, sms=default_workers(q.device), backward=True,
+    )
+    consts = dict(
+        GROUP=group, HEAD_DIM=head_dim, ROWS=cfg.ROWS, SEQS=cfg.SEQS, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+        BLOCK_D=cfg.BLOCK_D, SPLITS=cfg.SPLITS, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    part = alloc((cfg.SPLITS, total_q, heads_q, head_dim), torch.float32, q.device) if cfg.SPLITS > 1 else dq
+    packs = triton.cdiv(batch, cfg.SEQS)
+    sizes = (batch, total_q, heads_q)
+    strides = tuple((t.stride(0), t.stride(1)) for t in (q, k, v, out, dout, dq, dk, dv))
+    decode_bwd_kernel[(packs, heads_kv, cfg.SPLITS)](
+        q, k, v, out, dout, lse, dq, dk, dv, part, q_offsets, kv_offsets, strides, sizes, (scale, left, right), **consts
+    )
+    if cfg.SPLITS > 1:
+        decode_bwd_merge_kernel[(packs, heads_kv)](
+            dq, part, q_offsets, kv_offsets, strides[5], sizes, (left, right), **consts
+        )
+    return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])

@@ -66,17 +66,17 @@ def jagged_attention(
             storage and version counter: ``jagflash.core.jagged_call.PLAN_MEMO``). A plan built for
             other shapes, heads, mask, tile sizes or offsets is refused. The ``reference``
             backend ignores it.
-        decode: the forward's kernels on the ``tlx-sm90`` and ``portable`` backends (and the
-            interpreter). ``None`` (default): the decode kernel (``jagflash.core.portable.decode``:
-            every query of a (sequence, kv head) in one program, sequences packed, long keys
-            split and merged by LSE) where ``jagflash.core.tuning.use_decode`` says so
-            (``max_seqlen_q <= 16``), else the tile kernels; ``True``: the decode kernel
-            (``UnsupportedProblem`` where it cannot run the problem: more than 128 query rows
-            per sequence and kv head, ``max_seqlen_q * Hq / Hkv``); ``False``: the tile kernels.
-            ``last_choice("jagged").explain()`` says which ran and why ("forward path"). The
-            backward is the backend's own either way, at the forward's LSE; a decode forward
-            without gradients and with ``max_seqlen_q`` given builds no plan. The
-            ``reference`` backend ignores it.
+        decode: the kernels of the forward and of the backward on the ``tlx-sm90`` and
+            ``portable`` backends (and the interpreter). ``None`` (default): the decode kernels
+            (``jagflash.core.portable.decode``: every query of a (sequence, kv head) in one
+            program, sequences packed, long keys split and merged by LSE; the backward writes
+            each key's dK, dV once, deterministic) where ``jagflash.core.tuning.use_decode``
+            says so (``max_seqlen_q <= 16``), else the tile kernels; ``True``: the decode
+            kernels (``UnsupportedProblem`` where they cannot run the problem: more than 128
+            query rows per sequence and kv head, ``max_seqlen_q * Hq / Hkv``); ``False``: the
+            tile kernels. ``last_choice("jagged").explain()`` says which ran and why ("forward
+            path", "backward path"). A decode call with ``max_seqlen_q`` given builds no plan.
+            The ``reference`` backend ignores it.
 
     Returns:
         ``out [Tq, Hq, D]`` in q's dtype (a nested tensor if q was one), and LSE if asked.
