@@ -240,5 +240,6 @@ def test_packed_backward_keeps_nan_in_its_sequence(where: str) -> None:
     for name, g, w, seq in zip(("dq", "dk", "dv"), got, want, (q_seq, k_seq, k_seq)):
         rows = seq != bad
         assert not w[rows].isnan().any()
-        torch.testing.assert_close(g[rows].double(), w[rows].double(), atol=1e-4, rtol=1e-4, msg=name)
+        tol = 2e-2 if ON_GPU else 1e-4  # bf16 on a GPU
+        torch.testing.assert_close(g[rows].double(), w[rows].double(), atol=tol, rtol=tol, msg=name)
         assert g[~rows].isnan().any() or not w[~rows].isnan().any(), name
