@@ -11,12 +11,15 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from jagflash.core.backend import last_choice
 from jagflash.core.capability import InvalidInput, UnsupportedProblem
 from jagflash.core.ops import make_problem
 from jagflash.testing import JaggedCase, check_against_reference, jagged_reference, make_jagged
 from jagflash.testing.plugin import require
+from jagflash.testing.strategies import lengths
 from jagflash.variants.jagged import SPEC, jagged_attention, make_plan
 
 ON_GPU = torch.cuda.is_available()
@@ -64,6 +67,29 @@ def test_decode_batch_takes_decode_forward_and_backward() -> None:
     assert "backward path: tiles (decode=False)" in last_choice("jagged").explain()
     assert _forward_path(case, DEVICE) == "decode"
     assert "forward path: decode (max_seqlen_q 3 <= 16" in last_choice("jagged").explain()
+
+
+@st.composite
+def _decode_cases(draw) -> JaggedCase:
+    """0-4 queries a sequence (the automatic decode range), keys around the block sizes, GQA."""
+    b = draw(st.integers(1, 6))
+    hkv = draw(st.sampled_from((1, 2)))
+    return JaggedCase(
+        tuple(draw(st.lists(st.integers(0, 4), min_size=b, max_size=b))),
+        tuple(draw(st.lists(lengths(70), min_size=b, max_size=b))),
+        hq=hkv * draw(st.sampled_from((1, 2, 4))), hkv=hkv, head_dim=draw(st.sampled_from((16, 32))),
+        causal=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)),
+        offsets_dtype=draw(st.sampled_from((torch.int32, torch.int64))),
+    )
+
+
+@interpret_or_gpu
+@given(case=_decode_cases())
+def test_decode_forward_and_backward_property(case: JaggedCase) -> None:
+    """Random short-query batches: the decode path both ways, against the fp64 reference."""
+    _check(case, DEVICE)
+    assert _path() == "decode"
+    assert last_choice("jagged").path_pass == "backward"
 
 
 @interpret_or_gpu
