@@ -190,6 +190,25 @@ def decode_fwd_kernel(
 
 
 @triton.jit
+def _merge_rows(
+    q_offsets, kv_offsets, sizes, mask,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SEQS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+):
+    """A merge program's (pack, kv head) rows: live, token row, query head, how many splits
+    wrote them, the head-dim offsets and the rows' store mask."""
+    pack = tl.program_id(0)
+    hk = tl.program_id(1)
+    batch, _, _ = sizes
+    left, right = mask
+    live, row, g, lo, hi = _pack_rows(q_offsets, kv_offsets, batch, pack, left, right, GROUP, ROWS, SEQS, BLOCK_M, BOUNDED_LEFT, BOUNDED_RIGHT)
+    _, _, _, parts = _chunks(lo, hi, SPLITS, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    return live, row, hk * GROUP + g, parts, offs_d, live[:, None] & (offs_d < HEAD_DIM)[None, :]
+
+
+@triton.jit
 def decode_merge_kernel(
     O, LSE, PART_O, PART_LSE, q_offsets, kv_offsets, strides, sizes, mask,  # noqa: E741
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SEQS: tl.constexpr,
@@ -197,16 +216,12 @@ def decode_merge_kernel(
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
 ):
     """Program (pack, kv head): merge the partials its splits wrote into O and LSE."""
-    pack = tl.program_id(0)
-    hk = tl.program_id(1)
     so_t, so_h = strides
-    batch, total_q, heads_q = sizes
-    left, right = mask
-    live, row, g, lo, hi = _pack_rows(q_offsets, kv_offsets, batch, pack, left, right, GROUP, ROWS, SEQS, BLOCK_M, BOUNDED_LEFT, BOUNDED_RIGHT)
-    _, _, _, parts = _chunks(lo, hi, SPLITS, BLOCK_N)
-    head = hk * GROUP + g
-    offs_d = tl.arange(0, BLOCK_D)
-    keep = live[:, None] & (offs_d < HEAD_DIM)[None, :]
+    _, total_q, heads_q = sizes
+    live, row, head, parts, offs_d, keep = _merge_rows(
+        q_offsets, kv_offsets, sizes, mask, GROUP, HEAD_DIM, ROWS, SEQS, BLOCK_M, BLOCK_N, BLOCK_D, SPLITS,
+        BOUNDED_LEFT, BOUNDED_RIGHT,
+    )
     out = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     lse = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for s in range(0, parts):
@@ -408,16 +423,12 @@ def decode_bwd_merge_kernel(
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
 ):
     """Program (pack, kv head): dQ of its rows, the sum of its splits' shares (in split order)."""
-    pack = tl.program_id(0)
-    hk = tl.program_id(1)
     sdq_t, sdq_h = strides
-    batch, total_q, heads_q = sizes
-    left, right = mask
-    live, row, g, lo, hi = _pack_rows(q_offsets, kv_offsets, batch, pack, left, right, GROUP, ROWS, SEQS, BLOCK_M, BOUNDED_LEFT, BOUNDED_RIGHT)
-    _, _, _, parts = _chunks(lo, hi, SPLITS, BLOCK_N)
-    head = hk * GROUP + g
-    offs_d = tl.arange(0, BLOCK_D)
-    keep = live[:, None] & (offs_d < HEAD_DIM)[None, :]
+    _, total_q, heads_q = sizes
+    _, row, head, parts, offs_d, keep = _merge_rows(
+        q_offsets, kv_offsets, sizes, mask, GROUP, HEAD_DIM, ROWS, SEQS, BLOCK_M, BLOCK_N, BLOCK_D, SPLITS,
+        BOUNDED_LEFT, BOUNDED_RIGHT,
+    )
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for s in range(0, parts):
         dq += tl.load(_ptrs(PART_DQ, s * total_q + row, head, heads_q * HEAD_DIM, HEAD_DIM, offs_d), mask=keep, other=0.0)
