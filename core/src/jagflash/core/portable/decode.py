@@ -28,9 +28,10 @@ keys anyway).
 P again from the forward's LSE, and writes dK and dV of its chunk of keys once (a key belongs to
 one sequence, so to one pack: no atomics, deterministic) and its rows' dQ (summed over the
 splits by a second launch where the keys were split); keys no row of their pack sees get zero
-gradients. Packed programs keep a non-finite q, dO, K or V inside its own sequence's
-gradients: a program that meets one runs its sequences again one at a time (each with only
-its own rows and keys), so the shared dots cannot spread it through ``0 * inf``.
+gradients. Packed programs keep a non-finite input inside its own sequence's gradients: dS is
+masked to each row's own keys (V's, O's and the LSE's reach no other row), and a program that
+meets a non-finite q, dO or K (which the shared dots would spread through ``0 * inf``) runs its
+sequences again one at a time, each with only its own rows and keys.
 
 :func:`forward` and :func:`backward` are the host side; which calls take them is
 ``jagflash.core.tuning.use_decode``'s rule (the same for both passes).
