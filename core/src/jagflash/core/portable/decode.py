@@ -233,6 +233,25 @@ def decode_merge_kernel(
     tl.store(LSE + head.to(tl.int64) * total_q + row, lse, mask=live)
 
 
+def _launch(q, k, q_offsets, *, max_seqlen_q, max_seqlen_kv, left, right, backend, backward):
+    """What both passes' launches share: ``cfg`` (``jagflash.core.tuning.decode_config``), the
+    kernels' compile-time arguments, the number of packs and the ``sizes`` tuple."""
+    total_q, heads_q, head_dim = q.shape
+    heads_kv = k.shape[1]
+    batch = q_offsets.numel() - 1
+    group = heads_q // heads_kv
+    cfg = decode_config(
+        backend, batch=batch, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, total_kv=k.shape[0],
+        heads_kv=heads_kv, group=group, head_dim=head_dim, sms=default_workers(q.device), backward=backward,
+    )
+    consts = dict(
+        GROUP=group, HEAD_DIM=head_dim, ROWS=cfg.ROWS, SEQS=cfg.SEQS, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+        BLOCK_D=cfg.BLOCK_D, SPLITS=cfg.SPLITS, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return cfg, consts, triton.cdiv(batch, cfg.SEQS), (batch, total_q, heads_q)
+
+
 def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, *,
     max_seqlen_q: int, max_seqlen_kv: int, left: int, right: int, scale: float, backend: str,
@@ -248,29 +267,20 @@ def forward(
     dtype = q.dtype
     q, k, v = (for_kernel(t, backend) for t in (q, k, v))
     total_q, heads_q, head_dim = q.shape
-    heads_kv = k.shape[1]
-    batch = q_offsets.numel() - 1
     out = alloc_like(q)
     lse = alloc((heads_q, total_q), torch.float32, q.device)
     if total_q == 0:
         return out.to(dtype), lse
-    group = heads_q // heads_kv
-    cfg = decode_config(
-        backend, batch=batch, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, total_kv=k.shape[0],
-        heads_kv=heads_kv, group=group, head_dim=head_dim, sms=default_workers(q.device),
+    cfg, consts, packs, sizes = _launch(
+        q, k, q_offsets, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, left=left, right=right,
+        backend=backend, backward=False,
     )
-    consts = dict(
-        GROUP=group, HEAD_DIM=head_dim, ROWS=cfg.ROWS, SEQS=cfg.SEQS, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-        BLOCK_D=cfg.BLOCK_D, SPLITS=cfg.SPLITS, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    heads_kv = k.shape[1]
     if cfg.SPLITS > 1:
         parts = (alloc((cfg.SPLITS, total_q, heads_q, head_dim), torch.float32, q.device),
                  alloc((cfg.SPLITS, heads_q, total_q), torch.float32, q.device))
     else:
         parts = (out, lse)  # not read: SPLITS == 1 writes O and LSE directly
-    packs = triton.cdiv(batch, cfg.SEQS)
-    sizes = (batch, total_q, heads_q)
     strides = tuple((t.stride(0), t.stride(1)) for t in (q, k, v, out))
     decode_fwd_kernel[(packs, heads_kv, cfg.SPLITS)](
         q, k, v, out, lse, *parts, q_offsets, kv_offsets, strides, sizes, (scale, left, right), **consts
@@ -449,24 +459,15 @@ def backward(
     dtypes = (q.dtype, k.dtype, v.dtype)
     dout, q, k, v, out = (for_kernel(t, backend) for t in (dout, q, k, v, out))
     total_q, heads_q, head_dim = q.shape
-    heads_kv = k.shape[1]
-    batch = q_offsets.numel() - 1
     dq, dk, dv = alloc_like(q), alloc_like(k), alloc_like(v)
     if total_q == 0:  # no row: every key's gradient is zero
         return dq.to(dtypes[0]), dk.zero_().to(dtypes[1]), dv.zero_().to(dtypes[2])
-    group = heads_q // heads_kv
-    cfg = decode_config(
-        backend, batch=batch, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, total_kv=k.shape[0],
-        heads_kv=heads_kv, group=group, head_dim=head_dim, sms=default_workers(q.device), backward=True,
+    cfg, consts, packs, sizes = _launch(
+        q, k, q_offsets, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, left=left, right=right,
+        backend=backend, backward=True,
     )
-    consts = dict(
-        GROUP=group, HEAD_DIM=head_dim, ROWS=cfg.ROWS, SEQS=cfg.SEQS, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-        BLOCK_D=cfg.BLOCK_D, SPLITS=cfg.SPLITS, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    heads_kv = k.shape[1]
     part = alloc((cfg.SPLITS, total_q, heads_q, head_dim), torch.float32, q.device) if cfg.SPLITS > 1 else dq
-    packs = triton.cdiv(batch, cfg.SEQS)
-    sizes = (batch, total_q, heads_q)
     strides = tuple((t.stride(0), t.stride(1)) for t in (q, k, v, out, dout, dq, dk, dv))
     decode_bwd_kernel[(packs, heads_kv, cfg.SPLITS)](
         q, k, v, out, dout, lse, dq, dk, dv, part, q_offsets, kv_offsets, strides, sizes, (scale, left, right), **consts
