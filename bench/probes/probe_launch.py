@@ -52,6 +52,32 @@ def _ops(label: str, fn, n: int = 50, top: int = 18) -> None:
         print(f"   {e.self_cpu_time_total / n:8.1f} us  {e.count / n:5.1f}x  {e.key[:90]}")
 
 
+def _kernels(label: str, fn, n: int = 20, top: int = 14) -> None:
+    """Each device kernel of ``fn`` (torch.profiler, CUDA activity): us of device time per call,
+    launches per call, and the busy total (what a CUDA-graph replay of the call cannot go below)."""
+    from collections import defaultdict
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(5):
+        fn()
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        sync()
+    per = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            per[e.name][0] += e.time_range.elapsed_us()
+            per[e.name][1] += 1
+    total = sum(us for us, _ in per.values()) / n
+    print(f"\n== device kernels, {label}: {total:.1f} us of kernel time per call", flush=True)
+    for name, (us, count) in sorted(per.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"   {us / n:8.1f} us  {count / n:5.1f}x  {name[:100]}")
+
+
 class _Capture:
     """Wraps a JIT kernel: the first launch's grid and arguments are kept, every launch runs."""
 
@@ -88,21 +114,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=256)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--alpha", type=float, default=1.1, help="Pareto exponent (1.1)")
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--device-only", action="store_true",
+                        help="only the device kernels of each call (torch.profiler CUDA activity)")
     args = parser.parse_args(argv)
     from jagflash.core.tlx import bwd_preprocess, bwd_sm90, fwd_sm90
     from jagflash.variants.jagged import jagged_attention, make_plan
 
     device = torch.device("cuda")
-    lengths = power_law_lengths(args.count, 1.1, 6, 1024, seed=20)
+    lengths = power_law_lengths(args.count, args.alpha, 6, 1024, seed=20)
     t, h, d = int(lengths.sum()), args.heads, args.head_dim
     gen = torch.Generator(device=device).manual_seed(20)
     q, k, v, dout = (torch.randn((t, h, d), generator=gen, device=device).to(torch.bfloat16) for _ in range(4))
     qo = _offsets(lengths, device)
     mq = int(lengths.max())
-    plan = make_plan(q, k, qo, qo, max_seqlen_q=mq, max_seqlen_kv=mq)
+    causal = {"causal": True} if args.causal else {}
+    plan = make_plan(q, k, qo, qo, max_seqlen_q=mq, max_seqlen_kv=mq, **causal)
     scale = d**-0.5
-    kw = {"left": -1, "right": -1, "scale": scale, "plan": plan}
-    print(f"batch: {args.count} sequences, T {t}, H {h}, D {d}, bf16; {torch.cuda.get_device_name()}", flush=True)
+    kw = {"left": -1, "right": 0 if args.causal else -1, "scale": scale, "plan": plan}
+    print(f"batch: {args.count} sequences, alpha {args.alpha}, T {t}, H {h}, D {d}, bf16, causal {args.causal}; "
+          f"{torch.cuda.get_device_name()}", flush=True)
 
     def fwd():
         return fwd_sm90.forward(q, k, v, qo, qo, mq, **kw)
@@ -115,8 +147,19 @@ def main(argv: list[str] | None = None) -> int:
     leaves = tuple(x.detach().clone().requires_grad_() for x in (q, k, v))
 
     def public():
-        o = jagged_attention(*leaves, qo, qo, plan=plan, max_seqlen_q=mq, max_seqlen_kv=mq)
+        o = jagged_attention(*leaves, qo, qo, plan=plan, max_seqlen_q=mq, max_seqlen_kv=mq, **causal)
         return torch.autograd.grad(o, leaves, dout)
+
+    def public_fwd():
+        with torch.no_grad():
+            return jagged_attention(q, k, v, qo, qo, max_seqlen_q=mq, max_seqlen_kv=mq, **causal)
+
+    _kernels("public forward, own plan (kept), no grad", public_fwd)
+    _kernels("public forward + backward, plan=", public)
+    _kernels("TLX forward module", fwd)
+    _kernels("TLX one-pass backward module", bwd)
+    if args.device_only:
+        return 0
 
     with torch.no_grad():
         print(f"host ms per call: TLX forward module {_rate(fwd):.3f}, one-pass backward module {_rate(bwd):.3f}")

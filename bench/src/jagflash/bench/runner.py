@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -328,6 +328,37 @@ class Worker:
         if prep is not None and prep.build is not None and "fwd" in self.plan.directions:
             self._measure_build(prov, prep, state, self._timing_kw(remaining_items))
 
+    def _graph_backward(self, prov, state: _WorkloadState, batches, eager, leaves, timing_kw):
+        """With ``--cuda-graphs``, a backward whose eager run is under ``--graph-below-ms`` timed
+        by replaying it in a CUDA graph on fresh leaves (:func:`timing.graph_backward`):
+        ``(timing, "")``; ``(None, "")`` where it is not offered, ``(None, why)`` where its capture
+        failed (the caller times it eagerly and its timer says why)."""
+        from jagflash.bench.timing import estimate_ms, graph_backward
+
+        torch, dev = self.torch, self.device
+        if not (timing_kw.get("cuda_graph") and dev.type == "cuda"):
+            return None, ""
+        est = estimate_ms(eager, dev)
+        for x in leaves:
+            x.grad = None
+        if est >= timing_kw["graph_below_ms"]:
+            return None, ""
+
+        def make_backwards():
+            fns = []
+            for b in batches:
+                p = prov.prepare(state.w, b, True)  # fresh leaves: no eager backward touched them
+                with torch.enable_grad():
+                    out = p.fwd()
+                fns.append(
+                    functools.partial(
+                        torch.autograd.grad, out, p.leaves, p.dout, retain_graph=True, allow_unused=True
+                    )
+                )
+            return fns
+
+        return graph_backward(make_backwards, dev, rep_ms=timing_kw["rep_ms"])
+
     def _measure_dirs(self, prov, state: _WorkloadState, remaining_items: int):
         """Check and time ``prov``'s directions; its first Prepared when the forward passed."""
         from jagflash.bench.reference import rel_err, tolerance
@@ -444,7 +475,11 @@ class Worker:
         peak = _peak_mib(fns[0], dev)
         for x in leaves:
             x.grad = None
-        t = measure(Rotator(fns), dev, grad_to_none=leaves, **timing_kw)
+        t, why = self._graph_backward(prov, state, batches, Rotator(fns), leaves, timing_kw)
+        if t is None:
+            t = measure(Rotator(fns), dev, grad_to_none=leaves, **{**timing_kw, "cuda_graph": False})
+            if why:
+                t = replace(t, timer=f"{t.timer} (backward graph capture failed: {why})")
         self._emit_timed(state, prov.name, "bwd", t, errs[worst], notes, n_sets, peak)
         return preps[0]
 

@@ -6,13 +6,16 @@ set is small enough that L2 could hold it. ``rep_ms`` is do_bench's repetition t
 ``min_reps`` timed runs are asked for by lengthening it from a one-shot estimate. With
 ``cuda_graph`` a problem whose single run is under ``graph_below_ms`` is timed by replaying a CUDA
 graph (``do_bench_cudagraph``: no launch gaps, no L2 flush, so rotation matters there); a capture
-that fails falls back to do_bench and the row's ``timer`` says so, with the error. Backward rows
-do not capture (session 10, every provider): autograd runs a backward on the stream of the
-forward that recorded it and accumulates into each leaf on the stream of the leaf's first
-backward, both the default stream here, while the capture runs on a side stream. Recording the
-forward on the capture's stream was not enough (the leaves' AccumulateGrad nodes stay on the
-default stream, even for ``autograd.grad``); capturing a backward needs fresh leaves made on the
-capture's stream.
+that fails falls back to do_bench and the row's ``timer`` says so, with the error.
+
+A backward row is offered to a graph by :func:`graph_backward`, not by ``do_bench_cudagraph``:
+autograd runs a backward on the stream of the forward that recorded it and accumulates into each
+leaf on the stream its AccumulateGrad node was made on, the default stream for the leaves the
+eager check used, while ``do_bench_cudagraph`` captures on a side stream of its own (session 10:
+every provider's backward failed to capture so). ``graph_backward`` takes a builder of *fresh*
+leaves and their forwards, runs it on its own side stream, warms each set's backward there and
+captures the backwards (``autograd.grad``, ``retain_graph``) on that same stream: the forward
+stays outside the graph, as it stays outside an eager backward row's timing.
 
 On the CPU (smoke runs) fn is synchronous: ``min_reps`` calls after one warm-up, percentiles of
 their wall-clock times.
@@ -27,7 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["Rotator", "Timing", "estimate_ms", "first_call_ms", "measure", "rotation_sets"]
+__all__ = [
+    "Rotator", "Timing", "estimate_ms", "first_call_ms", "graph_backward", "measure", "rotation_sets",
+]
 
 QUANTILES = (0.2, 0.5, 0.8)
 
@@ -163,3 +168,72 @@ def measure(
         fallback = "do_bench"
     qs = tt.do_bench(fn, warmup=warmup_ms, rep=rep, grad_to_none=grads, quantiles=list(QUANTILES))
     return Timing(*map(float, qs), max(1, int(rep / max(est, 1e-3))), fallback)
+
+
+def _replay_times(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, replays: int) -> list[float]:
+    """ms of each of ``replays`` replays of ``graph`` on ``stream`` (CUDA events on it)."""
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        graph.replay()
+        end.record(stream)
+        end.synchronize()
+        times.append(float(start.elapsed_time(end)))
+    return times
+
+
+def graph_backward(
+    make_backwards: Callable[[], Sequence[Callable[[], object]]],
+    device: torch.device,
+    *,
+    rep_ms: float = 100.0,
+    replays: int = 10,
+    max_calls: int = 1000,
+) -> tuple[Timing | None, str]:
+    """Time backwards replayed in a CUDA graph: ``(timing, "")``, or ``(None, why)`` when the
+    capture fails (its memory given back first).
+
+    ``make_backwards()`` is called on a side stream: it makes fresh leaves (never used on another
+    stream), records their forwards and returns one backward callable per input set. Each is
+    warmed twice on that stream; one graph of the sets in turn gives an estimate, then one graph
+    of ``rep_ms / estimate`` calls (at most ``max_calls``) is replayed ``replays`` times; the
+    p20/p50/p80 are of those replays' times over the calls each holds, as ``do_bench_cudagraph``
+    reports them.
+    """
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    graphs: list[torch.cuda.CUDAGraph] = []
+    try:
+        with torch.cuda.stream(side):
+            fns = list(make_backwards())
+            if not fns:
+                raise ValueError("graph_backward needs at least one backward")
+            rot = Rotator(fns)
+            for _ in range(2 * len(fns)):
+                rot()
+            side.synchronize()
+            one = torch.cuda.CUDAGraph()
+            graphs.append(one)
+            with torch.cuda.graph(one, stream=side):
+                for _ in range(len(fns)):
+                    rot()
+            est = min(_replay_times(one, side, 3)) / len(fns)
+            calls = int(max(len(fns), min(max_calls, rep_ms / max(est, 1e-3))))
+            calls -= calls % len(fns)  # whole rotations: every set timed alike
+            many = torch.cuda.CUDAGraph()
+            graphs.append(many)
+            with torch.cuda.graph(many, stream=side):
+                for _ in range(calls):
+                    rot()
+            many.replay()  # the first replay uploads the graph
+            times = np.asarray(_replay_times(many, side, replays)) / calls
+    except Exception as e:
+        _sync(device)
+        graphs.clear()
+        torch.cuda.empty_cache()
+        why = (str(e).strip().splitlines() or [""])[0][:80]
+        return None, f"{type(e).__name__}{': ' + why if why else ''}"
+    torch.cuda.current_stream(device).wait_stream(side)
+    p20, p50, p80 = np.percentile(times, [20, 50, 80]).tolist()
+    return Timing(p20, p50, p80, calls * replays, "graph_backward (fresh leaves, autograd.grad)"), ""
