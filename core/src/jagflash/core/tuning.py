@@ -462,10 +462,12 @@ def decode_config(
     sequence's keys, masked); the keys of a program are split ``SPLITS`` ways, chunks of at
     least 256 keys (64 under the interpreter), until the launch has about four programs per SM (``sms``:
     ``jagflash.core.tile_scheduler.default_workers``). The ``backward``'s programs are the
-    forward's (they must take the same rows and keys), with 8 warps wherever a key block's dK
-    and dV (``BLOCK_N x BLOCK_D`` each, fp32) reach 64 x 128: it holds them and dQ besides the
-    forward's tiles (compiled for sm_90a at D 128: 4 warps spilled 20-200 bytes at 255
-    registers, on 16- and 64-row tiles alike; 8 warps: 148 and 212 registers, no spill)."""
+    forward's (they must take the same rows and keys), with 8 warps from 64 x 128 row tiles on:
+    it holds dQ and the block's dK, dV in fp32 besides the forward's tiles (compiled for sm_90a
+    at D 128, 64 rows: 4 warps spilled ~200 bytes at 255 registers, 8 warps 212 registers, no
+    spill). 16-row tiles stay on 4 warps: they spill 20 bytes there, and 8 warps measured
+    slower on the H200 (one query x GQA 4 a sequence against lognormal keys: 1.32 ms backward
+    replayed in a graph on 8 warps against 1.02 ms eager on 4, 2026-12-02)."""
     rows = max(max_seqlen_q, 1) * group
     block_n = 32 if backend == "interpreter" or head_dim > 128 else 64
     mean_kv = total_kv / max(batch, 1)
@@ -476,7 +478,7 @@ def decode_config(
     min_chunk = _DECODE_MIN_CHUNK.get(backend, _DECODE_MIN_CHUNK_GPU)
     splits = max(1, min(-(-programs // (packs * max(heads_kv, 1))), -(-longest // min_chunk)))
     block_m, block_d = max(16, triton.next_power_of_2(rows * seqs)), triton.next_power_of_2(head_dim)
-    wide = block_m * block_d >= (64 * 128 if seqs > 1 else 128 * 128) or (backward and block_n * block_d >= 64 * 128)
+    wide = block_m * block_d >= (64 * 128 if backward or seqs > 1 else 128 * 128)
     return DecodeConfig(
         ROWS=rows, SEQS=seqs, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SPLITS=splits,
         num_warps=8 if wide else 4, num_stages=1 if backend == "interpreter" else 2,
