@@ -437,3 +437,55 @@ def test_probe_ncu_summarizes_a_source_page_export(tmp_path, capsys) -> None:
     assert "x64" in long_sb[1]
     assert "LDG" in long_sb[1]
     assert "-- top 5 instructions for stall_barrier (300)" in out
+
+
+def _matmul_backwards(n_sets: int, sync_in_backward: bool = False):
+    """``make_backwards`` for :func:`jagflash.bench.timing.graph_backward`: fresh leaves of a
+    small matmul per set, their forwards recorded on the caller's (side) stream."""
+
+    class Synced(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            torch.cuda.synchronize()  # illegal while a graph captures
+            return g
+
+    def make():
+        fns = []
+        for _ in range(n_sets):
+            a = torch.randn(256, 256, device="cuda", requires_grad=True)
+            b = torch.randn(256, 256, device="cuda", requires_grad=True)
+            out = a @ b
+            if sync_in_backward:
+                out = Synced.apply(out)
+            fns.append(lambda out=out, a=a, b=b: torch.autograd.grad(out, (a, b), torch.ones_like(out), retain_graph=True))
+        return fns
+
+    return make
+
+
+@pytest.mark.gpu
+def test_graph_backward_replays_fresh_backwards():
+    from jagflash.bench.timing import graph_backward
+
+    t, why = graph_backward(_matmul_backwards(2), torch.device("cuda"), rep_ms=5.0, replays=4)
+    assert why == ""
+    assert t is not None
+    assert t.timer.startswith("graph_backward")
+    assert 0 < t.p20 <= t.p50 <= t.p80 < 5.0
+    assert t.runs % 2 == 0  # whole rotations of the two sets
+
+
+@pytest.mark.gpu
+def test_graph_backward_reports_a_failed_capture_and_frees_it():
+    from jagflash.bench.timing import graph_backward
+
+    before = torch.cuda.memory_reserved()
+    t, why = graph_backward(_matmul_backwards(1, sync_in_backward=True), torch.device("cuda"), rep_ms=5.0)
+    assert t is None
+    assert why  # the error's type and first line
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_reserved() <= before + (64 << 20)
