@@ -35,7 +35,7 @@ def _rate(fn, n: int = 50) -> float:
     return statistics.median(host_ms_per_call(fn, n) for _ in range(7))
 
 
-def _ops(label: str, fn, n: int = 50, top: int = 18) -> None:
+def op_table(label: str, fn, n: int = 50, top: int = 18) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(5):
@@ -52,7 +52,7 @@ def _ops(label: str, fn, n: int = 50, top: int = 18) -> None:
         print(f"   {e.self_cpu_time_total / n:8.1f} us  {e.count / n:5.1f}x  {e.key[:90]}")
 
 
-def _kernels(label: str, fn, n: int = 20, top: int = 14) -> None:
+def kernel_table(label: str, fn, n: int = 20, top: int = 14) -> None:
     """Each device kernel of ``fn`` (torch.profiler, CUDA activity): us of device time per call,
     launches per call, and the busy total (what a CUDA-graph replay of the call cannot go below)."""
     from collections import defaultdict
@@ -63,7 +63,8 @@ def _kernels(label: str, fn, n: int = 20, top: int = 14) -> None:
     for _ in range(5):
         fn()
     sync()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
         for _ in range(n):
             fn()
         sync()
@@ -154,10 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             return jagged_attention(q, k, v, qo, qo, max_seqlen_q=mq, max_seqlen_kv=mq, **causal)
 
-    _kernels("public forward, own plan (kept), no grad", public_fwd)
-    _kernels("public forward + backward, plan=", public)
-    _kernels("TLX forward module", fwd)
-    _kernels("TLX one-pass backward module", bwd)
+    kernel_table("public forward, own plan (kept), no grad", public_fwd)
+    kernel_table("public forward + backward, plan=", public)
+    kernel_table("TLX forward module", fwd)
+    kernel_table("TLX one-pass backward module", bwd)
     if args.device_only:
         return 0
 
@@ -165,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"host ms per call: TLX forward module {_rate(fwd):.3f}, one-pass backward module {_rate(bwd):.3f}")
     print(f"host ms per call: public forward + backward, plan= {_rate(public):.3f}", flush=True)
     with torch.no_grad():
-        _ops("TLX forward module", fwd)
-        _ops("TLX one-pass backward module", bwd)
-    _ops("public forward + backward, plan=", public)
+        op_table("TLX forward module", fwd)
+        op_table("TLX one-pass backward module", bwd)
+    op_table("public forward + backward, plan=", public)
 
     print("\n== Triton launches of the call, replayed (host per launch, medians of 7 x 50)", flush=True)
     table = [(fwd_sm90, "_fwd_kernel", fwd), (bwd_preprocess, "_vectors_kernel", bwd), (bwd_sm90, "_dkdv_kernel", bwd)]

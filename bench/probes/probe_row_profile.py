@@ -7,8 +7,8 @@ when ``--direction fwd``, as a training forward; ``out.backward`` with ``retain_
 
 1. host us per call: the call issued back to back 50 times, medians of 7 rounds (the device
    synchronised between rounds), against the device's kernel time from (2);
-2. ``torch.profiler`` (CPU and CUDA activities) over 20 calls: the torch ops by self CPU time
-   per call, and each device kernel by its time per call;
+2. ``torch.profiler`` over 20 calls each (``probe_launch``'s tables): the torch ops by self CPU
+   time per call, and each device kernel by its time per call;
 3. ``jagflash.bench.timing.measure`` of the call (do_bench, L2 flushed), the bench row's figure;
 4. ``--floor``: the same timing of what no Triton-based call on this host can go below: one
    launch of a one-program Triton kernel (``kernel[grid](...)``), and that launch after a
@@ -25,38 +25,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections import defaultdict
 
 import torch
-from probe_host import host_ms_per_call, sync  # bench/probes/ is on sys.path
-
-
-def _profile(label: str, fn, n: int = 20, top: int = 16) -> None:
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    for _ in range(5):
-        fn()
-    sync()
-    with profile(activities=acts) as prof:
-        for _ in range(n):
-            fn()
-        sync()
-    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
-    total = sum(e.self_cpu_time_total for e in rows) / n
-    print(f"\n== {label}: torch ops, {total:.1f} us self CPU per call", flush=True)
-    for e in rows[:top]:
-        print(f"   {e.self_cpu_time_total / n:8.1f} us  {e.count / n:5.1f}x  {e.key[:90]}")
-    per = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
-            per[e.name][0] += e.time_range.elapsed_us()
-            per[e.name][1] += 1
-    busy = sum(us for us, _ in per.values()) / n
-    print(f"== {label}: device kernels, {busy:.1f} us per call", flush=True)
-    for name, (us, count) in sorted(per.items(), key=lambda kv: -kv[1][0])[:top]:
-        print(f"   {us / n:8.1f} us  {count / n:5.1f}x  {name[:90]}")
+from probe_host import host_ms_per_call  # bench/probes/ is on sys.path
+from probe_launch import kernel_table, op_table
 
 
 def _floor(device: torch.device, like: torch.Tensor) -> None:
@@ -122,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         call()
     host = statistics.median(host_ms_per_call(call, 50) for _ in range(7))
     print(f"host per call, issued back to back: {host * 1e3:.1f} us", flush=True)
-    _profile(f"{args.workload} {args.direction}", call)
+    op_table(f"{args.workload} {args.direction}", call, n=20, top=16)
+    kernel_table(f"{args.workload} {args.direction}", call, top=16)
     t = measure(call, device, grad_to_none=list(prep.leaves) if args.direction == "bwd" else None)
     print(f"\nbench timing ({t.timer}): p20 {t.p20 * 1e3:.1f} / p50 {t.p50 * 1e3:.1f} / p80 {t.p80 * 1e3:.1f} us", flush=True)
     if args.floor:
