@@ -466,8 +466,8 @@ def decode_config(
     it holds dQ and the block's dK, dV in fp32 besides the forward's tiles (compiled for sm_90a
     at D 128, 64 rows: 4 warps spilled ~200 bytes at 255 registers, 8 warps 212 registers, no
     spill). 16-row tiles stay on 4 warps: they spill 20 bytes there, and 8 warps measured
-    slower on the H200 (one query x GQA 4 a sequence against lognormal keys: 1.32 ms backward
-    replayed in a graph on 8 warps against 1.02 ms eager on 4, 2026-12-02)."""
+    slower on the H200 (four queries x GQA 4 a sequence against lognormal keys, the backward
+    replayed in a CUDA graph: 1.32 ms on 8 warps, 1.02 ms on 4; 2026-12-02)."""
     rows = max(max_seqlen_q, 1) * group
     block_n = 32 if backend == "interpreter" or head_dim > 128 else 64
     mean_kv = total_kv / max(batch, 1)
