@@ -19,7 +19,11 @@ timing (as the bench does); the bench's own ``varlen-fa2`` and ``fa4`` providers
 checked against the bench's float32 reference (``jagflash.bench.reference``) before it is timed
 (``jagflash.bench.timing.measure``: do_bench p20/p50/p80; ``--graphs``: replayed in a CUDA graph
 under 0.1 ms). Prints one line per (row, provider): ms, TFLOP/s from the visible pairs, the
-relative error, the path ``last_choice`` reports.
+relative error, the path ``last_choice`` reports. ``--backward``: the backward instead (dQ, dK,
+dV checked against the reference first; TFLOP/s at 2.5x the forward's FLOPs; with ``--graphs``
+replayed by ``jagflash.bench.timing.graph_backward`` on fresh leaves), e.g. whether the decode
+backward (``jagflash-*-decode``) beats the tile kernels on the 1-64-query row, where the
+automatic rule keeps the tiles.
 
 H200: ``PROBE=bench/probes/probe_decode.py PROBE_TIMEOUT_S=400 bash bench/gpu.sh probe``
 (``PROBE_ARGS=--causal`` for the causal rows, ``--graphs`` for CUDA-graph replays).
@@ -76,7 +80,7 @@ def _jagflash(backend: str, path: str, w: Workload, batch, grad: bool) -> Prepar
     from jagflash.core.backend import last_choice
     from jagflash.variants.jagged import jagged_attention, make_plan
 
-    q, k, v = (t.detach() for t in (batch.q, batch.k, batch.v))
+    q, k, v = (t.detach().requires_grad_(grad) for t in (batch.q, batch.k, batch.v))
     decode = {"auto": None, "decode": True, "tiles": False}[path]
     mq, mk = batch.max_q, batch.max_kv
     kw = dict(causal=w.causal, max_seqlen_q=mq, max_seqlen_kv=mk, backend=backend, decode=decode)
@@ -97,31 +101,64 @@ def _jagflash(backend: str, path: str, w: Workload, batch, grad: bool) -> Prepar
     )
 
 
+def _prepare(p: str, w: Workload, batch, device: torch.device, grad: bool) -> Prepared:
+    if p in JAGFLASH:
+        return _jagflash(*JAGFLASH[p], w, batch, grad)
+    prov = PROVIDERS[p]
+    why = prov.available(device) or prov.supports(w)
+    if why:
+        raise NotImplementedError(why)
+    return prov.prepare(w, batch, grad)
+
+
+def _time_backward(p: str, w: Workload, batch, ref, device: torch.device, args):
+    """The backward of provider ``p``: its dQ, dK, dV checked against ``ref``, then timed
+    (eager do_bench, or with ``--graphs`` replayed on fresh leaves); ``(timing, worst error,
+    the path the checked call took)``."""
+    from jagflash.bench.timing import graph_backward
+
+    def backwards(prep):
+        with torch.enable_grad():
+            out = prep.fwd()
+        return lambda: torch.autograd.grad(out, prep.leaves, prep.dout, retain_graph=True)
+
+    prep = _prepare(p, w, batch, device, True)
+    dq, dk, dv = prep.grads_canon(tuple(backwards(prep)()))
+    err = max(rel_err(ref.slice_q(dq), ref.dq), rel_err(ref.slice_kv(dk), ref.dk), rel_err(ref.slice_kv(dv), ref.dv))
+    if not err <= tolerance(batch.q.dtype):
+        raise RuntimeError(f"wrong: relative error {err:.3g} (worst of dQ, dK, dV)")
+    note = prep.note()
+    if args.graphs and device.type == "cuda":
+        t, why = graph_backward(lambda: [backwards(_prepare(p, w, batch, device, True))], device)
+        if t is not None:
+            return t, err, note
+        print(f"{p}: backward graph capture failed ({why}): eager", flush=True)
+    return measure(backwards(prep), device), err, note
+
+
 def _measure_row(name: str, providers: list[str], args) -> list[dict]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     w, q_lens, kv_lens = _row(name, args.causal, args.smoke)
     batch = make_batch(w, device, lengths=(q_lens, kv_lens))
-    ref = compute_reference(batch, grads=False)
+    ref = compute_reference(batch, grads=args.backward)
     flops = fwd_flops(q_lens, kv_lens, heads=w.heads, head_dim=w.head_dim, causal=w.causal)
+    flops *= 2.5 if args.backward else 1
     rows = []
     for p in providers:
         row = {"row": name, "provider": p, "B": len(q_lens), "Tq": int(q_lens.sum()), "Tk": int(kv_lens.sum())}
         try:
-            if p in JAGFLASH:
-                prep = _jagflash(*JAGFLASH[p], w, batch, False)
+            if args.backward:
+                t, err, note = _time_backward(p, w, batch, ref, device, args)
+                row.update(err=err, note=note)
             else:
-                prov = PROVIDERS[p]
-                why = prov.available(device) or prov.supports(w)
-                if why:
-                    raise NotImplementedError(why)
-                prep = prov.prepare(w, batch, False)
-            with torch.no_grad():
-                out = prep.out_canon(prep.fwd())
-                err = rel_err(out[:, : ref.heads_q], ref.out)
-                row.update(err=err, note=prep.note())
-                if not err <= tolerance(batch.q.dtype):
-                    raise RuntimeError(f"wrong: relative error {err:.3g}")
-                t = measure(prep.fwd, device, cuda_graph=args.graphs)
+                prep = _prepare(p, w, batch, device, False)
+                with torch.no_grad():
+                    out = prep.out_canon(prep.fwd())
+                    err = rel_err(out[:, : ref.heads_q], ref.out)
+                    row.update(err=err, note=prep.note())
+                    if not err <= tolerance(batch.q.dtype):
+                        raise RuntimeError(f"wrong: relative error {err:.3g}")
+                    t = measure(prep.fwd, device, cuda_graph=args.graphs)
             row.update(ms=t.p50, p20=t.p20, p80=t.p80, timer=t.timer, tflops=flops / (t.p50 * 1e-3) / 1e12)
         except Exception as e:  # the row says why; the next provider still runs
             row.update(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
@@ -182,6 +219,7 @@ def main() -> None:
     ap.add_argument("--providers", default=",".join([*JAGFLASH, *PEERS]))
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--graphs", action="store_true", help="replay rows under 0.1 ms in a CUDA graph")
+    ap.add_argument("--backward", action="store_true", help="time the backward (gradients checked first)")
     ap.add_argument("--smoke", action="store_true", help="tiny rows (the CPU's interpreter)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON (the FA4 child)")
     ap.add_argument("--ptx", action="store_true", help="compile the decode launches for sm_90a (CPU)")
@@ -199,7 +237,8 @@ def main() -> None:
         rows += _measure_row(name, here, args)
     if child:  # FA4 needs the host's own Triton: a child process without the TLX bundle
         cmd = [sys.executable, __file__, "--json", "--providers", "fa4", "--rows", args.rows]
-        cmd += [f for f, on in (("--causal", args.causal), ("--graphs", args.graphs), ("--smoke", args.smoke)) if on]
+        cmd += [f for f, on in (("--causal", args.causal), ("--graphs", args.graphs), ("--smoke", args.smoke),
+                                ("--backward", args.backward)) if on]
         res = subprocess.run(cmd, env=host_triton_env(), capture_output=True, text=True, check=False)
         lines = [line for line in res.stdout.splitlines() if line.startswith("[")]
         if lines:
