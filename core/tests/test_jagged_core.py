@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 
 from jagflash.core.checks import check_offsets
 from jagflash.core.jagged import (
+    cdiv,
     max_seqlen,
+    next_pow2,
     seq_lengths,
     tile_starts,
     to_jagged,
@@ -222,3 +224,14 @@ def test_lse_layouts_round_trip() -> None:
     assert torch.equal(by_seq[1, 0], lse[0, 5:10])
     assert torch.equal(lse_by_head(by_seq), lse)
     assert lse_by_sequence(torch.empty(2, 0), 0).shape == (0, 2, 0)
+
+
+def test_host_cdiv_and_next_pow2_answer_as_tritons() -> None:
+    """The host helpers that replace ``triton.cdiv`` / ``triton.next_power_of_2`` (constexpr
+    functions, ~3 us a host call) give their answers."""
+    for a in range(0, 1200):
+        for b in (1, 2, 3, 16, 64, 128, 256):
+            assert cdiv(a, b) == triton.cdiv(a, b)
+    for n in range(1, 5000):
+        assert next_pow2(n) == triton.next_power_of_2(n)
+    assert next_pow2(2**31 + 1) == 2**32

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, fields
 
-import triton
+from jagflash.core.jagged import next_pow2
 
 __all__ = [
     "BACKEND_DEFAULT",
@@ -68,7 +68,7 @@ def block_config(backend: str, head_dim: int, pass_: str, block_size: tuple[int,
     so small tiles there buy nothing but they do exercise multi-tile paths on small tests.
     With a block mask's ``block_size`` ``(bm, bn)`` every pass tiles by its blocks (q-tiles of
     ``bm`` rows, kv-tiles of ``bn`` keys), so a tile is one listed block."""
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = next_pow2(head_dim)
     if block_size is not None:
         big = max(block_size) * block_d >= 128 * 64
         return {
@@ -452,6 +452,7 @@ class DecodeConfig:
     num_stages: int = 2
 
 
+@functools.lru_cache(maxsize=256)  # host ints only; a frozen result: ~7 us a decode call less
 def decode_config(
     backend: str, *, batch: int, max_seqlen_q: int, max_seqlen_kv: int, total_kv: int,
     heads_kv: int, group: int, head_dim: int, sms: int, backward: bool = False,
@@ -477,7 +478,7 @@ def decode_config(
     programs = sms * _DECODE_PROGRAMS_PER_SM
     min_chunk = _DECODE_MIN_CHUNK.get(backend, _DECODE_MIN_CHUNK_GPU)
     splits = max(1, min(-(-programs // (packs * max(heads_kv, 1))), -(-longest // min_chunk)))
-    block_m, block_d = max(16, triton.next_power_of_2(rows * seqs)), triton.next_power_of_2(head_dim)
+    block_m, block_d = max(16, next_pow2(rows * seqs)), next_pow2(head_dim)
     wide = block_m * block_d >= (64 * 128 if backward or seqs > 1 else 128 * 128)
     return DecodeConfig(
         ROWS=rows, SEQS=seqs, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SPLITS=splits,

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from jagflash.core.capability import InvalidInput
-from jagflash.core.jagged import seq_lengths
+from jagflash.core.jagged import cdiv, next_pow2, seq_lengths
 from jagflash.core.mask import dkdv_q_range, kv_tile_range
 from jagflash.core.plan.cost import _TILE_COST_ROOM, _section
 from jagflash.core.plan.model import (
@@ -241,8 +241,8 @@ def _build_triton(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, info: PlanI
     seq = torch.empty(max(total, 1), dtype=torch.int32, device=dev)
     start = torch.empty_like(seq)
     slots = 256
-    heads_p2 = triton.next_power_of_2(max(lay.heads for lay in lays))
-    _plan_slots_kernel[(triton.cdiv(max(work), slots), 3)](
+    heads_p2 = next_pow2(max(lay.heads for lay in lays))
+    _plan_slots_kernel[(cdiv(max(work), slots), 3)](
         q_offsets, kv_offsets, prefix, keys, seq, start, tiles, batch, max(batch, 1).bit_length(),
         info.left, info.right, *work, *(lay.heads for lay in lays), *(lay.block_m for lay in lays),
         *(lay.block_n for lay in lays), *kbase, *(lay.row0 for lay in lays), *sort,
@@ -251,7 +251,7 @@ def _build_triton(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, info: PlanI
     )
     if total:
         keys = torch.sort(keys).values
-        _plan_rows_kernel[(triton.cdiv(total, slots),)](
+        _plan_rows_kernel[(cdiv(total, slots),)](
             keys, seq, start, tiles, total, *(lay.heads for lay in lays), *kbase,
             *(lay.row0 for lay in lays), SLOTS=slots, HEADS=heads_p2,
         )

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from jagflash.core.capability import InvalidInput
+from jagflash.core.jagged import cdiv
 from jagflash.core.mask import mask_bounds
 
 __all__ = [
@@ -228,16 +229,12 @@ class Plan:
         )
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _tile_bound(total: int, batch: int, block: int, max_seqlen: int | None) -> int:
     """Tiles per head a section needs room for, from ints only: sum_b ceil(L_b / block) is at
     most (T + B*(block-1)) // block, and at most B * ceil(max_seqlen / block)."""
     bound = (total + batch * (block - 1)) // block if batch else 0
     if max_seqlen is not None and max_seqlen >= 0:
-        bound = min(bound, batch * _cdiv(max_seqlen, block))
+        bound = min(bound, batch * cdiv(max_seqlen, block))
     return max(bound, 0)
 
 

@@ -43,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
+from jagflash.core.jagged import cdiv
 from jagflash.core.mask import band_bounds, ceil_to
 from jagflash.core.ops import alloc, alloc_like, for_kernel
 from jagflash.core.softmax import (
@@ -249,7 +250,7 @@ def _launch(q, k, q_offsets, *, max_seqlen_q, max_seqlen_kv, left, right, backen
         BLOCK_D=cfg.BLOCK_D, SPLITS=cfg.SPLITS, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return cfg, consts, triton.cdiv(batch, cfg.SEQS), (batch, total_q, heads_q)
+    return cfg, consts, cdiv(batch, cfg.SEQS), (batch, total_q, heads_q)
 
 
 def forward(

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from jagflash.core.jagged import seq_lengths
+from jagflash.core.jagged import cdiv, seq_lengths
 from jagflash.core.memo import TensorMemo
 from jagflash.core.ops import stepped_arange
 from jagflash.core.seqlen import upper_bound
@@ -99,12 +99,12 @@ def backward_vectors(
     if lse.dim() == 3:
         _, hq, length = lse.shape
         tq, lse_strides = n_seqs * length, (length, hq)
-        vec_tile = stepped_arange(n_seqs + 1, triton.cdiv(length, VEC_PAD), lse.device, torch.int32, (lse, q_offsets))
+        vec_tile = stepped_arange(n_seqs + 1, cdiv(length, VEC_PAD), lse.device, torch.int32, (lse, q_offsets))
     else:
         hq, tq = lse.shape
         lse_strides = (tq, 1)
         vec_tile = packed_tiles(q_offsets)
-    vec_rows = triton.cdiv(tq + VEC_PAD * n_seqs, 16) * 16  # 16-divisible: aligned per-head rows
+    vec_rows = cdiv(tq + VEC_PAD * n_seqs, 16) * 16  # 16-divisible: aligned per-head rows
     if not (tq and n_seqs):
         lse2 = torch.full((hq, vec_rows), float("inf"), dtype=torch.float32, device=lse.device)
         return lse2, torch.zeros_like(lse2), vec_tile
@@ -122,7 +122,7 @@ def backward_vectors(
         dim = out.shape[-1]
         delta = lse  # unused
     block = 64
-    _vectors_kernel[(triton.cdiv(vec_rows, block), hq)](
+    _vectors_kernel[(cdiv(vec_rows, block), hq)](
         out, dout, lse.contiguous(), delta, lse2, packed_delta, q_offsets, vec_tile, vec_rows,
         n_seqs, n_seqs.bit_length(), *strides, *lse_strides, HEAD_DIM=dim, BLOCK=block, GIVEN_DELTA=given,
         PAD=VEC_PAD, num_warps=4,

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from jagflash.core.jagged import cdiv
 from jagflash.core.ops import alloc, alloc_like, for_kernel
 from jagflash.core.portable.mainloop import (
     atomic_add_rows,
@@ -123,7 +124,7 @@ def _run(kernel, pass_, programs, rows, tensors, strides, q, k, kv_offsets, *, l
     """Launch ``kernel`` on the grid (``programs``, tiles of the pass over ``rows``); an empty
     grid launches nothing."""
     opts = config(backend, pass_, q, k, left, right)
-    grid = (programs, triton.cdiv(rows, opts["CFG"][3 if pass_ == "dkdv" else 2]))
+    grid = (programs, cdiv(rows, opts["CFG"][3 if pass_ == "dkdv" else 2]))
     if grid[0] > 0 and grid[1] > 0:
         kernel[grid](*tensors, kv_offsets, strides, _sizes(q, k, kv_offsets), (scale, left, right), **opts)
 
