@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from jagflash.core.capability import InvalidInput
-from jagflash.core.jagged import seq_lengths
+from jagflash.core.jagged import cdiv, seq_lengths
 from jagflash.core.mask_mod import compile_supported, compiled_part, evaluate
 
 __all__ = ["BLOCK_SIZES", "BLOCK_SIZE_FEATURES", "BlockMask", "local_global", "mask_features", "sessions", "strided", "top_k"]
@@ -371,7 +371,7 @@ class BlockMask:
         lk = int(self.kv_offsets[sequence + 1] - self.kv_offsets[sequence])
         grid = self.to_dense()[sequence, head].cpu()
         shade = torch.full(grid.shape, 160, dtype=torch.uint8)
-        shade[: -(-lq // bm), : -(-lk // bn)] = 255
+        shade[: cdiv(lq, bm), : cdiv(lk, bn)] = 255
         shade[grid] = 0
         img = shade.repeat_interleave(scale, 0).repeat_interleave(scale, 1)
         h, w = img.shape

@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from jagflash.core.jagged import cdiv
 from jagflash.core.memo import memo_allowed
 from jagflash.core.plan.model import PASSES, Plan, PlanInfo
 
@@ -105,7 +106,7 @@ def _occupancy(kernel, device: torch.device, args: tuple, kw: dict) -> int:
             threads = getattr(props, "max_threads_per_multi_processor", 2048)
             regs_sm = getattr(props, "regs_per_multiprocessor", 65536)
             smem_sm = getattr(props, "shared_memory_per_multiprocessor", 233472)
-            per_warp = -(-max(regs, 1) * 32 // 256) * 256
+            per_warp = cdiv(max(regs, 1) * 32, 256) * 256
             _occupancies[key] = max(1, min(
                 threads // (32 * warps), regs_sm // (per_warp * warps),
                 smem_sm // (smem + 1024) if smem else 32, 32,

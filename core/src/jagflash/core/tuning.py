@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, fields
 
-from jagflash.core.jagged import next_pow2
+from jagflash.core.jagged import cdiv, next_pow2
 
 __all__ = [
     "BACKEND_DEFAULT",
@@ -473,11 +473,11 @@ def decode_config(
     block_n = 32 if backend == "interpreter" or head_dim > 128 else 64
     mean_kv = total_kv / max(batch, 1)
     seqs = max(1, min(_DECODE_PACK_ROWS // rows, max(1, int(block_n // max(mean_kv, 1.0))), batch))
-    packs = -(-max(batch, 1) // seqs)
+    packs = cdiv(max(batch, 1), seqs)
     longest = min(seqs * max_seqlen_kv, total_kv)
     programs = sms * _DECODE_PROGRAMS_PER_SM
     min_chunk = _DECODE_MIN_CHUNK.get(backend, _DECODE_MIN_CHUNK_GPU)
-    splits = max(1, min(-(-programs // (packs * max(heads_kv, 1))), -(-longest // min_chunk)))
+    splits = max(1, min(cdiv(programs, packs * max(heads_kv, 1)), cdiv(longest, min_chunk)))
     block_m, block_d = max(16, next_pow2(rows * seqs)), next_pow2(head_dim)
     wide = block_m * block_d >= (64 * 128 if backward or seqs > 1 else 128 * 128)
     return DecodeConfig(
