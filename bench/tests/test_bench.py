@@ -275,6 +275,22 @@ def test_wallclock_timing_and_rotation():
     assert calls == [0, 1, 0, 1, 0]
 
 
+def test_loop_ms_is_the_time_per_call_of_a_loop():
+    from jagflash.bench.timing import loop_ms
+
+    calls = []
+
+    def fn():
+        calls.append(0)
+        time.sleep(0.002)
+
+    ms = loop_ms(fn, torch.device("cpu"), budget_ms=20.0, rounds=3)
+    assert 2.0 <= ms < 10.0  # a sleep overshoots on a busy machine, never undershoots
+    per_round, rest = divmod(len(calls) - 1, 3)  # one call sizes the rounds: 20 ms / >= 2 ms
+    assert rest == 0
+    assert 5 <= per_round <= 10
+
+
 def test_host_triton_env_strips_only_the_tlx_bundle(monkeypatch):
     from jagflash.bench.env import host_triton_env
 

@@ -58,6 +58,7 @@ COLUMNS = (
     "block_density",
     "timer",
     "runs",
+    "loop_ms",
     "device",
     "gpu",
     "torch",
@@ -79,7 +80,7 @@ _CELL = {
     "failed": "FAIL",
     "skipped": "skip",
 }
-_NUMERIC = ("ms_p20", "ms_p50", "ms_p80", "tflops", "peak_mib", "rel_err", "block_density")
+_NUMERIC = ("ms_p20", "ms_p50", "ms_p80", "tflops", "peak_mib", "rel_err", "block_density", "loop_ms")
 _INTS = (
     "flops",
     "num_seqs",

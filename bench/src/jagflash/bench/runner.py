@@ -29,6 +29,9 @@ __all__ = ["CONTEXT_LOST", "run_plan"]
 CONTEXT_LOST = 3
 # Seconds before a stuck item gets its Python stacks dumped to stderr (diagnosis only).
 HANG_DUMP_S = 180
+#: Eager rows under this median also get ``loop_ms`` (``jagflash.bench.timing.loop_ms``): ms per
+#: call of calls issued back to back, what a loop of small eager calls runs at.
+LOOP_BELOW_MS = 2.0
 
 
 class ContextLost(RuntimeError):
@@ -419,10 +422,10 @@ class Worker:
                         p.fwd()
 
                 peak = _peak_mib(functools.partial(fwd_fn, preps[0]), dev)
-                t = measure(
-                    Rotator([functools.partial(fwd_fn, p) for p in preps]), dev, **timing_kw
-                )
-                self._emit_timed(state, prov.name, "fwd", t, err_fwd, notes_fwd, n_sets, peak)
+                calls = Rotator([functools.partial(fwd_fn, p) for p in preps])
+                t = measure(calls, dev, **timing_kw)
+                loop = self._loop_ms(t, calls)
+                self._emit_timed(state, prov.name, "fwd", t, err_fwd, notes_fwd, n_sets, peak, loop)
         if not want_bwd:
             return preps[0] if fwd_ok else None
         if no_bwd is not None:
@@ -480,7 +483,15 @@ class Worker:
             t = measure(Rotator(fns), dev, grad_to_none=leaves, **{**timing_kw, "cuda_graph": False})
             if why:
                 t = replace(t, timer=f"{t.timer} (backward graph capture failed: {why})")
-        self._emit_timed(state, prov.name, "bwd", t, errs[worst], notes, n_sets, peak)
+        eager = Rotator(fns)
+
+        def fresh_grads_call():
+            for x in leaves:
+                x.grad = None
+            eager()
+
+        loop = self._loop_ms(t, fresh_grads_call)
+        self._emit_timed(state, prov.name, "bwd", t, errs[worst], notes, n_sets, peak, loop)
         return preps[0]
 
     def _measure_build(self, prov, prep, state: _WorkloadState, timing_kw: dict) -> None:
@@ -503,7 +514,16 @@ class Worker:
             return
         self._emit_timed(state, prov.name, "build", t, None, [prep.build_note, f"first call {first[0]:.1f} ms (compile included)"], 1)
 
-    def _emit_timed(self, state, provider, direction, t, err, notes, n_sets, peak=None) -> None:
+    def _loop_ms(self, t, fn) -> float | None:
+        """:func:`timing.loop_ms` of an eagerly timed row under ``LOOP_BELOW_MS`` (a graph
+        replay has no loop of eager calls to stand for; a long call is its device time)."""
+        from jagflash.bench.timing import loop_ms
+
+        if t.timer.startswith(("do_bench_cudagraph", "graph_backward")) or t.p50 >= LOOP_BELOW_MS:
+            return None
+        return loop_ms(fn, self.device)
+
+    def _emit_timed(self, state, provider, direction, t, err, notes, n_sets, peak=None, loop=None) -> None:
         row = self._row(
             state,
             provider,
@@ -516,6 +536,7 @@ class Worker:
             ms_p80=t.p80,
             timer=t.timer,
             runs=t.runs,
+            loop_ms=loop,
         )
         row["tflops"] = row["flops"] / (t.p50 * 1e-3) / 1e12 if t.p50 > 0 and row["flops"] else None
         row["peak_mib"] = peak
