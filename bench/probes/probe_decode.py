@@ -123,7 +123,8 @@ def _time_backward(p: str, w: Workload, batch, ref, device: torch.device, args):
         return lambda: torch.autograd.grad(out, prep.leaves, prep.dout, retain_graph=True)
 
     prep = _prepare(p, w, batch, device, True)
-    dq, dk, dv = prep.grads_canon(tuple(backwards(prep)()))
+    eager = backwards(prep)
+    dq, dk, dv = prep.grads_canon(tuple(eager()))
     err = max(rel_err(ref.slice_q(dq), ref.dq), rel_err(ref.slice_kv(dk), ref.dk), rel_err(ref.slice_kv(dv), ref.dv))
     if not err <= tolerance(batch.q.dtype):
         raise RuntimeError(f"wrong: relative error {err:.3g} (worst of dQ, dK, dV)")
@@ -133,7 +134,7 @@ def _time_backward(p: str, w: Workload, batch, ref, device: torch.device, args):
         if t is not None:
             return t, err, note
         print(f"{p}: backward graph capture failed ({why}): eager", flush=True)
-    return measure(backwards(prep), device), err, note
+    return measure(eager, device), err, note
 
 
 def _measure_row(name: str, providers: list[str], args) -> list[dict]:

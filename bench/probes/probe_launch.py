@@ -35,17 +35,24 @@ def _rate(fn, n: int = 50) -> float:
     return statistics.median(host_ms_per_call(fn, n) for _ in range(7))
 
 
-def op_table(label: str, fn, n: int = 50, top: int = 18) -> None:
+def _profiled(fn, n: int, device_too: bool):
+    """``torch.profiler`` over ``n`` calls of ``fn`` after 5 warm-up calls (CPU activity, and the
+    CUDA one where ``device_too`` and a GPU is present)."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(5):
         fn()
     sync()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_too and torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
         for _ in range(n):
             fn()
         sync()
-    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    return prof
+
+
+def op_table(label: str, fn, n: int = 50, top: int = 18) -> None:
+    rows = sorted(_profiled(fn, n, False).key_averages(), key=lambda e: -e.self_cpu_time_total)
     total = sum(e.self_cpu_time_total for e in rows) / n
     print(f"\n== torch.profiler, {label}: {total:.1f} us self CPU per call in torch ops and ranges", flush=True)
     for e in rows[:top]:
@@ -58,18 +65,9 @@ def kernel_table(label: str, fn, n: int = 20, top: int = 14) -> None:
     from collections import defaultdict
 
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(5):
-        fn()
-    sync()
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=acts) as prof:
-        for _ in range(n):
-            fn()
-        sync()
     per = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
+    for e in _profiled(fn, n, True).events():
         if e.device_type == DeviceType.CUDA:
             per[e.name][0] += e.time_range.elapsed_us()
             per[e.name][1] += 1

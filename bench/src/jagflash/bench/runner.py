@@ -478,12 +478,12 @@ class Worker:
         peak = _peak_mib(fns[0], dev)
         for x in leaves:
             x.grad = None
-        t, why = self._graph_backward(prov, state, batches, Rotator(fns), leaves, timing_kw)
+        eager = Rotator(fns)
+        t, why = self._graph_backward(prov, state, batches, eager, leaves, timing_kw)
         if t is None:
-            t = measure(Rotator(fns), dev, grad_to_none=leaves, **{**timing_kw, "cuda_graph": False})
+            t = measure(eager, dev, grad_to_none=leaves, **{**timing_kw, "cuda_graph": False})
             if why:
                 t = replace(t, timer=f"{t.timer} (backward graph capture failed: {why})")
-        eager = Rotator(fns)
 
         def fresh_grads_call():
             for x in leaves:
