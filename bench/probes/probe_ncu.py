@@ -6,7 +6,8 @@ Target (run under ncu): ``python bench/probes/probe_ncu.py [--kernel bwd|fwd]
 [--batch lognormal|dense|tiny] [--causal] [--reps N]``: ``bwd`` is the one-pass backward
 (``bwd_sm90.backward``, kernel ``_dkdv_kernel``), ``fwd`` the forward (``_fwd_kernel``), each
 on the plan a call gets by default, on a bench workload's batch (:data:`BATCHES`: bf16, H16, D128;
-lognormal: 128 sequences, dense: 4 x 4096, tiny: 2,048 sequences of 1-63 tokens; until session 10
+lognormal: 128 sequences, dense: 4 x 4096, tiny: 2,048 sequences of 1-63 tokens, bs-lognormal and
+bs-dense8k: the block-sparse rows at 25 %, forward only; until session 10
 the probe drew its own lengths, other draws of the same distributions). The kernel runs
 ``--reps`` times (default 3): profile the last with ``--launch-skip reps-1 --launch-count 1``, so
 that compilation and first-touch effects stay out.
@@ -29,6 +30,9 @@ BATCHES = {
     "lognormal": "jagged-lognormal-d128",
     "dense": "dense-b4h16n4096d128",
     "tiny": "jagged-tiny-d128",
+    # block-sparse (causal, 25 % of the band's 128 x 128 blocks; the forward only)
+    "bs-lognormal": "bs-lognormal-d25",
+    "bs-dense8k": "bs-dense8k-d25",
 }
 
 
@@ -39,11 +43,18 @@ def _run(args: argparse.Namespace) -> None:
     from jagflash.bench.workloads import get
     from jagflash.core.tlx import bwd_sm90, fwd_sm90
 
-    b = make_batch(get(BATCHES[args.batch]), "cuda")
+    w = get(BATCHES[args.batch])
+    b = make_batch(w, "cuda")
     q, k, v, dout, offs = b.q, b.k, b.v, b.dout, b.q_offsets
     dim = q.shape[-1]
-    right = 0 if args.causal else -1
+    right = 0 if args.causal or w.causal else -1
     kw = {"left": -1, "right": right, "scale": dim**-0.5}
+    if w.blocks is not None:
+        from jagflash.bench.sparsity import make_block_mask
+
+        if args.kernel != "fwd":
+            raise SystemExit("probe_ncu: the block-sparse batches run the forward (--kernel fwd)")
+        kw["blocks"] = make_block_mask(w.blocks, b.q_lens, b.kv_lens, w.causal, offs, offs)
     longest = b.max_q
     out, lse = fwd_sm90.forward(q, k, v, offs, offs, longest, **kw)
     for _ in range(args.reps):

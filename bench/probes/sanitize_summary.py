@@ -32,13 +32,19 @@ KNOWN: dict[tuple[str, str, str], str] = {
         "ring_kernel-sm90a.ptx, barriers A-D in bench/NOTES.md, session 12). Every write and read "
         "of the word is ordered by a CTA-wide barrier.sync; racecheck reports it all the same"
     ),
-    ("racecheck", "pipeline.record_publish", "pipeline.record_take"): (
+    # record_read: record_take's read (the consumers), and since session 17 also the TLX
+    # forward producer's read-back of a record it published (the tile ring one tile ahead)
+    ("racecheck", "pipeline.record_publish", "pipeline.record_read"): (
         "the walk's record ring: every producer thread stores the record, the warpgroup's "
         "bar.sync orders those stores before the one elected mbarrier arrive (release), the "
         "consumers' wait (acquire) orders their loads after it; racecheck does not follow an order "
         "through bar.sync into an mbarrier. bench/probes/race_record_ring.py reproduces it in a "
         "minimal kernel (ring) and checks every value read; warp barriers (every thread arrives) "
-        "silence it in the probe, but in the real kernels they failed (bench/NOTES.md, session 12)"
+        "silence it in the probe, but in the real kernels they failed (bench/NOTES.md, session 12). "
+        "The forward producer's own read-back of a slot and its next store there are ordered by "
+        "the producer warpgroup's bar.sync 0, 128 that Triton's shared-memory pass puts before a "
+        "publish's first store (PTX of tlx_fwd_dynamic_sparse bf16 d128 causal, bench/NOTES.md, "
+        "session 17)"
     ),
     ("*", "api CUDA_ERROR_INVALID_VALUE", "cuFuncSetAttribute"): (
         "Triton's loader (backends/nvidia/driver.c, loadBinary) first asks for "

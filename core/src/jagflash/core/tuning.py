@@ -237,14 +237,15 @@ def fwd_config(
     dynamic: bool, zigzag: bool, total_kv: int, batch: int, sparse: bool = False,
 ) -> FwdConfig:
     """The :class:`FwdConfig` of a forward call (``sparse``: with a block mask's lists). A
-    block-sparse call never hands tiles through the tile ring: its record has no sequence index,
-    which a tile needs to find its list row. Every forward asks: kept per arguments (a config is
-    frozen)."""
+    block-sparse call always hands tiles through the tile ring: its producer walks each list row
+    (dependent loads: the row's count, then searches through its indices) once, for itself and
+    both consumers (bench/NOTES.md, session 17). Every forward asks: kept per arguments (a config
+    is frozen)."""
     block_m, block_n = tlx_sm90_blocks(head_dim)["fwd"]
     return FwdConfig(
         HEAD_DIM=head_dim, GROUP=group, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
         Q_SHARED=q_shared, FOLD_SCALE=scale > 0, HEAD_MAJOR=default_head_major(left, right, dynamic),
-        DYNAMIC=dynamic, ZIGZAG=zigzag, RING_TILES=not sparse and default_ring_tiles(total_kv, batch, block_n),
+        DYNAMIC=dynamic, ZIGZAG=zigzag, RING_TILES=sparse or default_ring_tiles(total_kv, batch, block_n),
         BLOCK_M=block_m, BLOCK_N=block_n, SPARSE=sparse,
     )
 

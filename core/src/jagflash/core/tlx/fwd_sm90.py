@@ -17,9 +17,13 @@ walk_first``) and splits the work over three warp roles:
 Every q-tile visits the kv-blocks of ``jagflash.core.mask.kv_tile_range`` through the mask's
 block iterator (``block_walk`` / ``block_at``; with ``SPARSE`` the listed blocks of the tile's
 row of a block mask's lists, ``lists``); producer and consumers walk the same positions. With ``RING_TILES`` the producer alone walks the table and
-hands each decoded tile to the consumers through a record ring; otherwise, on a dynamic plan, it
-hands them the table index. TMA reads past a sequence's end are harmless
-(``jagflash.core.tlx.descriptors``).
+hands each decoded tile to the consumers through a record ring (with ``SPARSE`` also the tile's
+sequence and its four walk positions, so that the consumers run none of the list's dependent
+loads), one tile ahead: it decodes and publishes the next tile right after it has loaded this
+tile's Q and first kv-block, so that the decode does not wait behind this tile's K/V slots; a
+tile that visits no kv-block (an empty list row, a window that misses the keys) loads no Q and
+its rows get O 0 and LSE -inf. Otherwise, on a dynamic plan, the producer hands the consumers
+the table index. TMA reads past a sequence's end are harmless (``jagflash.core.tlx.descriptors``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from jagflash.core.tlx.pipeline import (
     TURN_0,
     alloc_walk_ring,
     record_publish,
+    record_read,
     record_take,
     ring_load,
     ring_slot,
@@ -61,8 +66,74 @@ from jagflash.core.tuning import (
 )
 
 # The fields of a decoded forward tile in the tile ring (``RING_TILES``): state (1 live, 0 none
-# to compute, -1 the walk's end), head, first row, q start, lq, kv start, lk.
+# to compute, -1 the walk's end), head, first row, q start, lq, kv start, lk; with ``SPARSE``
+# also the sequence and the positions ``block_walk`` gives the tile's list row.
 TILE_FIELDS = tl.constexpr(7)
+SPARSE_TILE_FIELDS = tl.constexpr(12)
+
+
+@triton.jit
+def publish_tile(ring, counter, i, count, TILES, q_offsets, kv_offsets, heads, lists, left, right,
+                 HEAD_MAJOR: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr):
+    """Producer side of the forward's tile ring: decode the tile at table index ``i`` and publish
+    it as record ``counter`` (:data:`TILE_FIELDS`; with ``SPARSE`` the list row is walked here,
+    its dependent loads paid once for the three roles), or the walk's end (state -1) when ``i``
+    is past the table."""
+    if i < count:
+        live, h, m0, q_start, lq, k_start, lk, b = fwd_tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
+        if SPARSE:
+            p0 = count * 0
+            p1, p2, p3 = p0, p0, p0
+            if live:
+                lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                p0, p1, p2, p3 = block_walk(lo, full_lo, full_hi, hi, tile_list(lists, b, h, m0 // BLOCK_M, SPARSE), BLOCK_N, SPARSE, 1, True)
+            record_publish(ring[0], ring[1], ring[2], counter, (live.to(tl.int32), h, m0, q_start, lq, k_start, lk, b, p0, p1, p2, p3), ID_RING)
+        else:
+            record_publish(ring[0], ring[1], ring[2], counter, (live.to(tl.int32), h, m0, q_start, lq, k_start, lk), ID_RING)
+    else:
+        z = count * 0
+        if SPARSE:
+            record_publish(ring[0], ring[1], ring[2], counter, (z - 1, z, z, z, z, z, z, z, z, z, z, z), ID_RING)
+        else:
+            record_publish(ring[0], ring[1], ring[2], counter, (z - 1, z, z, z, z, z, z), ID_RING)
+
+
+@triton.jit
+def tile_record(ring, counter, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr, TAKE: tl.constexpr):
+    """Record ``counter`` of the forward's tile ring: ``(state, h, m0, q_start, lq, k_start, lk, b,
+    blocks)``, ``blocks`` the tile's ``block_walk`` positions (sent with ``SPARSE``; without it
+    the tile's kv range, from its lengths, and ``b`` 0). ``TAKE``: the consumers' take (wait for
+    the record, release its slot); else the producer's read-back of a record it published."""
+    if SPARSE:
+        if TAKE:
+            state, h, m0, q_start, lq, k_start, lk, b, p0, p1, p2, p3 = record_take(ring[0], ring[1], ring[2], counter, SPARSE_TILE_FIELDS, ID_RING)
+        else:
+            state, h, m0, q_start, lq, k_start, lk, b, p0, p1, p2, p3 = record_read(ring[0], counter, SPARSE_TILE_FIELDS, ID_RING)
+    else:
+        if TAKE:
+            state, h, m0, q_start, lq, k_start, lk = record_take(ring[0], ring[1], ring[2], counter, TILE_FIELDS, ID_RING)
+        else:
+            state, h, m0, q_start, lq, k_start, lk = record_read(ring[0], counter, TILE_FIELDS, ID_RING)
+        b = state * 0
+        p0, p1, p2, p3 = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+    return state, h, m0, q_start, lq, k_start, lk, b, (p0, p1, p2, p3)
+
+
+@triton.jit
+def load_kv_blocks(desc_k, desc_v, kv, kv_cnt, listed, start, end, k_start, col,
+                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, ELEM: tl.constexpr, NUM_KV: tl.constexpr, SPARSE: tl.constexpr):
+    """Producer side: K and V of the kv-blocks at positions ``[start, end)`` (the positions the
+    consumers walk: ``fwd_mainloop.attend``) into the K/V ring ``kv`` (its counter
+    ``kv_cnt``, returned advanced)."""
+    STEP: tl.constexpr = 1 if SPARSE else BLOCK_N
+    for t in range(start, end, STEP):
+        n0 = block_at(listed, t, BLOCK_N, SPARSE)
+        ring_load(desc_k, kv[0], kv[2], kv[3], kv_cnt, k_start + n0, col, NUM_KV, ELEM * BLOCK_N * HEAD_DIM)
+        ring_load(desc_v, kv[1], kv[4], kv[5], kv_cnt, k_start + n0, col, NUM_KV, ELEM * BLOCK_N * HEAD_DIM)
+        kv_cnt += 1
+    return kv_cnt
 
 
 @triton.jit
@@ -78,7 +149,6 @@ def _fwd_kernel(
     :class:`jagflash.core.tuning.FwdConfig`'s. ``lists``: with ``SPARSE``, the forward lists
     of ``jagflash.core.block_mask.BlockMask.kernel_lists`` (blocks of BLOCK_M x BLOCK_N), else
     None."""
-    tl.static_assert(not (SPARSE and RING_TILES), "a tile-ring record has no sequence index for the block list")
     STEP: tl.constexpr = 1 if SPARSE else BLOCK_N
     HALF: tl.constexpr = BLOCK_M // 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -99,45 +169,59 @@ def _fwd_kernel(
     # The tile ring: with RING_TILES the producer walks the table alone and passes each decoded
     # tile (TILE_FIELDS ints) to the consumers; otherwise, on a dynamic plan, the table index.
     if RING_TILES:
-        ring = alloc_walk_ring(TILE_FIELDS)
+        ring = alloc_walk_ring(SPARSE_TILE_FIELDS if SPARSE else TILE_FIELDS)
     else:
         ring = alloc_walk_ring(1)
-    ids, id_fulls, id_empties = ring
 
     with tlx.async_tasks():
         with tlx.async_task("default", registers=24):  # producer: TMA loads
             count = tl.load(COUNT).to(tl.int32)
+            kv = (k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties)
             kv_cnt = 0
             tile_cnt = 0
-            pub_cnt = 0  # tiles published in the tile ring (RING_TILES)
-            i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC, not RING_TILES)
-            while i < count:
-                i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, not RING_TILES)
-                live, h, m0, q_start, lq, k_start, lk, b = fwd_tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
-                if RING_TILES:
-                    # published as the producer reaches the tile: Q_BUFS tiles ahead of the
-                    # consumers, who then read a tile from shared memory, not three dependent
-                    # global loads (table row, offsets) at every tile start
-                    record_publish(ids, id_fulls, id_empties, pub_cnt, (live.to(tl.int32), h, m0, q_start, lq, k_start, lk), ID_RING)
+            if RING_TILES:
+                # One tile ahead: tile i was decoded and published in the round before; this round
+                # loads its Q and first block, then decodes and publishes the next tile (its
+                # dependent loads overlap the consumers' work on tile i - 1 and i, rather than
+                # waiting behind tile i's K/V slots), then loads tile i's other blocks.
+                i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC, False)
+                publish_tile(ring, 0, i, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE)
+                pub_cnt = 1  # records published
+                while i < count:
+                    i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
+                    state, h, m0, q_start, lq, k_start, lk, b, blocks = tile_record(ring, pub_cnt - 1, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, False)
+                    loads = (state > 0) & (blocks[3] > blocks[0])  # a tile that visits no block loads no Q
+                    if loads:
+                        qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
+                        for c in tl.static_range(2):
+                            tma_load(desc_q, q_tiles[2 * qb + c], q_fulls[2 * qb + c], q_empties[2 * qb + c], q_phase, q_row(q_start, m0, Q_SHARED) + c * HALF, h * HEAD_DIM, ELEM * HALF * HEAD_DIM)
+                        listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)  # (its indices: the count is not read again)
+                        kv_cnt = load_kv_blocks(desc_k, desc_v, kv, kv_cnt, listed, blocks[0], blocks[0] + STEP, k_start, (h // GROUP) * HEAD_DIM, BLOCK_N, HEAD_DIM, ELEM, NUM_KV, SPARSE)
+                    publish_tile(ring, pub_cnt, i_next, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE)
                     pub_cnt += 1
-                if live:
-                    lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
-                    listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)
-                    p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_N, SPARSE, 1, True)
-                    row = q_row(q_start, m0, Q_SHARED)
-                    qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
-                    for c in tl.static_range(2):
-                        tma_load(desc_q, q_tiles[2 * qb + c], q_fulls[2 * qb + c], q_empties[2 * qb + c], q_phase, row + c * HALF, h * HEAD_DIM, ELEM * HALF * HEAD_DIM)
-                    col = (h // GROUP) * HEAD_DIM
-                    for t in range(p0, p3, STEP):  # the positions the consumers walk (fwd_mainloop.attend)
-                        n0 = block_at(listed, t, BLOCK_N, SPARSE)
-                        ring_load(desc_k, k_tiles, k_fulls, k_empties, kv_cnt, k_start + n0, col, NUM_KV, ELEM * BLOCK_N * HEAD_DIM)
-                        ring_load(desc_v, v_tiles, v_fulls, v_empties, kv_cnt, k_start + n0, col, NUM_KV, ELEM * BLOCK_N * HEAD_DIM)
-                        kv_cnt += 1
-                    tile_cnt += 1
-                i = i_next
-            if RING_TILES:  # the walk's end
-                record_publish(ids, id_fulls, id_empties, pub_cnt, (-1, 0, 0, 0, 0, 0, 0), ID_RING)
+                    if loads:
+                        # tile i's fields again from its record (still in its slot), not carried
+                        # across the decode in the producer's 24 registers
+                        state, h, m0, q_start, lq, k_start, lk, b, blocks = tile_record(ring, pub_cnt - 2, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, False)
+                        listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)
+                        kv_cnt = load_kv_blocks(desc_k, desc_v, kv, kv_cnt, listed, blocks[0] + STEP, blocks[3], k_start, (h // GROUP) * HEAD_DIM, BLOCK_N, HEAD_DIM, ELEM, NUM_KV, SPARSE)
+                        tile_cnt += 1
+                    i = i_next
+            else:
+                i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC, True)
+                while i < count:
+                    i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, True)
+                    live, h, m0, q_start, lq, k_start, lk, b = fwd_tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
+                    if live:
+                        lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                        listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)
+                        p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_N, SPARSE, 1, True)
+                        qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
+                        for c in tl.static_range(2):
+                            tma_load(desc_q, q_tiles[2 * qb + c], q_fulls[2 * qb + c], q_empties[2 * qb + c], q_phase, q_row(q_start, m0, Q_SHARED) + c * HALF, h * HEAD_DIM, ELEM * HALF * HEAD_DIM)
+                        kv_cnt = load_kv_blocks(desc_k, desc_v, kv, kv_cnt, listed, p0, p3, k_start, (h // GROUP) * HEAD_DIM, BLOCK_N, HEAD_DIM, ELEM, NUM_KV, SPARSE)
+                        tile_cnt += 1
+                    i = i_next
 
         with tlx.async_task(num_warps=4, registers=240, replicate=2):  # consumers
             cid: tl.constexpr = tlx.async_task_replica_id()
@@ -150,32 +234,43 @@ def _fwd_kernel(
             tile_cnt = 0
             if RING_TILES:
                 taken = 0
-                state, h, m0, q_start, lq, k_start, lk = record_take(ids, id_fulls, id_empties, taken, TILE_FIELDS, ID_RING)
-                more = state >= 0
-                b = 0  # (not SPARSE)
+                more = count >= 0
             else:
                 i, r = walk_first(pid, COUNTER, ring, False, DYNAMIC)
                 more = i < count
             while more:
                 if RING_TILES:
+                    # taken at the top of the round, so the record is not carried round the loop
+                    # (12 more live registers beside the main loop's: spills at D 128)
+                    state, h, m0, q_start, lq, k_start, lk, b, sent = tile_record(ring, taken, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, True)
+                    taken += 1
+                    more = state >= 0
                     live = state > 0
                 else:
                     live, h, m0, q_start, lq, k_start, lk, b = fwd_tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
                 if live:
-                    lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                     listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)
-                    blocks = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_N, SPARSE, 1, True)
+                    if RING_TILES:
+                        blocks = sent  # the producer's walk of the list row (SPARSE), else the range
+                        busy = blocks[3] > blocks[0]  # else the producer loaded no Q (O 0, LSE -inf)
+                    else:
+                        lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                        blocks = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_N, SPARSE, 1, True)
+                        busy = True  # the per-consumer walk: Q always loads (its kernels as they were measured)
                     rows = m0 + cid * HALF + tl.arange(0, HALF)
                     bounds = band_bounds(rows, lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
                     qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
-                    tlx.barrier_wait(q_fulls[2 * qb + cid], q_phase)
+                    if busy:
+                        tlx.barrier_wait(q_fulls[2 * qb + cid], q_phase)
                     q_buf = q_tiles[2 * qb + cid]
                     if m0 + cid * HALF >= lq:  # an idle half (only the second can be)
                         kv_cnt = pass_kv_blocks(kv_cnt, blocks[0], blocks[3], kv, cid, STEP, NUM_KV)
-                        tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
+                        if busy:
+                            tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
                     else:
                         acc, m_i, l_i, kv_cnt = attend(kv_cnt, q_buf, kv, bounds, listed, blocks, qk_scale2, cid, dtype, HALF, HEAD_DIM, BLOCK_N, NUM_KV, BOUNDED_LEFT, FOLD_SCALE, SPARSE)
-                        tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
+                        if busy:
+                            tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
                         out, lse = finish_softmax(acc, m_i, l_i)
                         valid = rows < lq
                         offs_d = tl.arange(0, HEAD_DIM)
@@ -185,12 +280,9 @@ def _fwd_kernel(
                         # LSE [Hq, Tq] (stride_lh = Tq, stride_ls = 1) or [B, Hq, L] (L, Hq: q_start = b L);
                         # int32 offsets: LSE has D times fewer elements than O, which fits in memory
                         tl.store(LSE + (h * stride_lh + q_start * stride_ls + rows), lse, mask=valid)
-                    tile_cnt += 1
-                if RING_TILES:
-                    taken += 1
-                    state, h, m0, q_start, lq, k_start, lk = record_take(ids, id_fulls, id_empties, taken, TILE_FIELDS, ID_RING)
-                    more = state >= 0
-                else:
+                    if busy:
+                        tile_cnt += 1
+                if not RING_TILES:
                     i, r = walk_next(i, r, pid, nprog, COUNTER, ring, False, DYNAMIC, ZIGZAG)
                     more = i < count
 

@@ -94,15 +94,26 @@ def record_publish(fields, fulls, empties, counter, values, NUM: tl.constexpr):
 
 
 @triton.jit
+def record_read(fields, counter, FIELDS: tl.constexpr, NUM: tl.constexpr):
+    """The FIELDS int32 values (a tuple) in slot ``counter`` of a record ring, read without
+    waiting or releasing: :func:`record_take`'s read, and the producer's own read-back of a
+    record it published (its threads wrote the slot, which is not written again before the
+    producer publishes record ``counter + NUM``)."""
+    slot = counter % NUM
+    values = ()
+    for j in tl.static_range(FIELDS):
+        values = values + (tl.sum(tlx.local_load(fields[slot * FIELDS + j]), 0),)  # noqa: RUF005 (Triton's frontend concatenates tuples; no unpacking)
+    return values
+
+
+@triton.jit
 def record_take(fields, fulls, empties, counter, FIELDS: tl.constexpr, NUM: tl.constexpr):
     """Consumer side of a record ring: the FIELDS int32 values (a tuple) of slot ``counter``
     once the producer published them (:func:`record_publish`); the slot is released as soon as
     they are read (the empty barrier counts one arrival per consumer warpgroup)."""
     slot, phase = ring_slot(counter, NUM)
     tlx.barrier_wait(fulls[slot], phase)
-    values = ()
-    for j in tl.static_range(FIELDS):
-        values = values + (tl.sum(tlx.local_load(fields[slot * FIELDS + j]), 0),)  # noqa: RUF005 (Triton's frontend concatenates tuples; no unpacking)
+    values = record_read(fields, counter, FIELDS, NUM)
     ring_release(empties, slot)
     return values
 
