@@ -123,6 +123,35 @@ def test_backward_vectors_pack_each_sequence_at_a_multiple_of_the_pad(given_delt
     torch.testing.assert_close(packed_delta, want_delta, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["jagged", "broadcast_q"])
+def test_backward_vectors_zero_the_dq_accumulator_on_every_row(shared) -> None:
+    """With ``dq_acc`` the preprocess zeroes the one-pass backward's fp32 dQ accumulator (a
+    NaN-poisoned one here) on every query row, each head's columns, while it reads O and dO, and
+    packs the same vectors as without it; broadcast-Q's accumulator is the shared block (zeroed
+    through the first sequence's rows). No rows to read: zeroed all the same. A given delta
+    (nothing read) is refused."""
+    gen = torch.Generator().manual_seed(9)
+    hq, dim = 3, 16
+    lens = [70, 70, 70] if shared else [0, 5, tuning.VEC_PAD + 3, 0, 1]
+    offs = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    tq = int(offs[-1])
+    out = torch.randn(tq, hq, dim, generator=gen)
+    dout = torch.randn(tq, hq, dim, generator=gen)
+    lse = torch.randn(hq, tq, generator=gen)
+    acc = torch.full((lens[0] if shared else tq, hq * dim), float("nan"))
+    got = bwd_preprocess.backward_vectors(lse, offs, out=out, dout=dout, dq_acc=acc, acc_shared=shared)
+    want = bwd_preprocess.backward_vectors(lse, offs, out=out, dout=dout)
+    assert torch.equal(acc, torch.zeros_like(acc))
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    empty = torch.full((4, hq * dim), float("nan"))
+    none = torch.zeros(1, dtype=torch.int32)
+    bwd_preprocess.backward_vectors(torch.empty(hq, 0), none, out=out[:0], dout=dout[:0], dq_acc=empty)
+    assert torch.equal(empty, torch.zeros_like(empty))
+    with pytest.raises(ValueError, match="dq_acc"):
+        bwd_preprocess.backward_vectors(lse, offs, delta=lse, dq_acc=acc)
+
+
 @pytest.mark.parametrize("given_delta", [False, True])
 def test_backward_vectors_read_a_per_sequence_lse_in_place(given_delta) -> None:
     """LSE (and a given delta) ``[B, Hq, L]``, as the dense and broadcast-Q forwards store it

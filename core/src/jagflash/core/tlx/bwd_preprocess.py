@@ -20,9 +20,10 @@ from jagflash.core.tuning import VEC_PAD
 
 @triton.jit
 def _vectors_kernel(
-    O, DO, LSE, DELTA_IN, LSE2, DELTA, q_offsets, VEC_TILE, vec_rows, n_seqs, search_steps,
-    stride_ot, stride_oh, stride_dot, stride_doh, stride_lh, stride_ls,
+    O, DO, LSE, DELTA_IN, LSE2, DELTA, DQ_ACC, q_offsets, VEC_TILE, vec_rows, n_seqs, search_steps,
+    stride_ot, stride_oh, stride_dot, stride_doh, stride_lh, stride_ls, stride_acc,
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, GIVEN_DELTA: tl.constexpr, PAD: tl.constexpr,
+    ZERO_ACC: tl.constexpr, ACC_SHARED: tl.constexpr,
 ):
     """The backward's preprocess: ``BLOCK`` rows of head ``program_id(1)`` of the packed
     ``[Hq, vec_rows]`` vectors, each written once. Packed row ``p`` lies in the PAD-row tile
@@ -32,7 +33,12 @@ def _vectors_kernel(
     ``DELTA_IN``, laid out as LSE, when ``GIVEN_DELTA``); else padding, lse2 = +inf (P = 0) and
     delta = 0. LSE (and DELTA_IN) are ``[Hq, Tq]`` (``stride_lh`` Tq, ``stride_ls`` 1) or ``[B,
     Hq, L]`` (L, Hq): the value of query r of sequence b is at ``h * stride_lh + q_offsets[b] *
-    stride_ls + r``."""
+    stride_ls + r``.
+
+    ``ZERO_ACC``: also zero the one-pass backward's fp32 dQ accumulator ``DQ_ACC`` (rows of
+    ``stride_acc``, head h's D columns at ``h * HEAD_DIM``) on the rows read here, every query
+    row once (the offsets end at the row count); ``ACC_SHARED`` (broadcast-Q): its rows are the
+    shared block's, zeroed through the first sequence's."""
     p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     h = tl.program_id(1).to(tl.int64)
     in_range = p < vec_rows
@@ -51,6 +57,9 @@ def _vectors_kernel(
         o = tl.load(O + r64 * stride_ot + h * stride_oh + offs_d[None, :], mask=valid[:, None], other=0.0)
         do = tl.load(DO + r64 * stride_dot + h * stride_doh + offs_d[None, :], mask=valid[:, None], other=0.0)
         delta = attn_delta(o, do)
+        if ZERO_ACC:
+            keep = (valid & (b == 0)) if ACC_SHARED else valid  # (the first sequence's rows are the block's)
+            tl.store(DQ_ACC + r64 * stride_acc + h * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK, HEAD_DIM], tl.float32), mask=keep[:, None])
     lse2 = tl.where(valid, lse_to_log2(tl.load(LSE + at, mask=valid, other=0.0)), float("inf"))
     tl.store(LSE2 + h * vec_rows + p, lse2, mask=in_range)
     tl.store(DELTA + h * vec_rows + p, delta, mask=in_range)
@@ -84,6 +93,8 @@ def backward_vectors(
     out: torch.Tensor | None = None,
     dout: torch.Tensor | None = None,
     delta: torch.Tensor | None = None,
+    dq_acc: torch.Tensor | None = None,
+    acc_shared: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The dK/dV kernel's per-query vectors, packed (see the module's docstring): ``(lse2, delta,
     vec_tile)``, ``lse2`` and ``delta`` ``[Hq, vec_rows]`` fp32 and ``vec_tile`` ``[B + 1]`` int32,
@@ -94,7 +105,12 @@ def backward_vectors(
     fills); for sequences of one length ``vec_tile`` is ``arange(B + 1) * ceil(L / VEC_PAD)``,
     kept in plain eager mode (``core.ops.stepped_arange``), else :func:`packed_tiles`' (kept per
     offsets tensor). No host synchronisation:
-    ``vec_rows`` is the bound ``Tq + VEC_PAD * B``."""
+    ``vec_rows`` is the bound ``Tq + VEC_PAD * B``.
+
+    ``dq_acc`` (with ``out`` and ``dout``): the one-pass backward's fp32 dQ accumulator ``[Tq,
+    Hq * D]`` (``acc_shared``, broadcast-Q: ``[Lq, Hq * D]``, the block every sequence adds
+    into), zeroed by the same kernel while it reads O and dO (one pass over memory fewer than a
+    separate fill); with no rows to read (Tq or B 0) it is zeroed here."""
     n_seqs = q_offsets.numel() - 1
     if lse.dim() == 3:
         _, hq, length = lse.shape
@@ -105,7 +121,11 @@ def backward_vectors(
         lse_strides = (tq, 1)
         vec_tile = packed_tiles(q_offsets)
     vec_rows = cdiv(tq + VEC_PAD * n_seqs, 16) * 16  # 16-divisible: aligned per-head rows
+    if dq_acc is not None and delta is not None:
+        raise ValueError("backward_vectors: dq_acc is zeroed while O and dO are read; a given delta reads neither")
     if not (tq and n_seqs):
+        if dq_acc is not None:
+            dq_acc.zero_()
         lse2 = torch.full((hq, vec_rows), float("inf"), dtype=torch.float32, device=lse.device)
         return lse2, torch.zeros_like(lse2), vec_tile
     lse2 = torch.empty((hq, vec_rows), dtype=torch.float32, device=lse.device)
@@ -122,10 +142,11 @@ def backward_vectors(
         dim = out.shape[-1]
         delta = lse  # unused
     block = 64
+    zero = dq_acc is not None
     _vectors_kernel[(cdiv(vec_rows, block), hq)](
-        out, dout, lse.contiguous(), delta, lse2, packed_delta, q_offsets, vec_tile, vec_rows,
-        n_seqs, n_seqs.bit_length(), *strides, *lse_strides, HEAD_DIM=dim, BLOCK=block, GIVEN_DELTA=given,
-        PAD=VEC_PAD, num_warps=4,
+        out, dout, lse.contiguous(), delta, lse2, packed_delta, dq_acc if zero else lse2, q_offsets, vec_tile, vec_rows,
+        n_seqs, n_seqs.bit_length(), *strides, *lse_strides, dq_acc.stride(0) if zero else 0, HEAD_DIM=dim, BLOCK=block,
+        GIVEN_DELTA=given, PAD=VEC_PAD, ZERO_ACC=zero, ACC_SHARED=acc_shared, num_warps=4,
     )
     return lse2, packed_delta, vec_tile
 

@@ -314,12 +314,14 @@ def backward(
     # The accumulator has dQ's layout in fp32 (queries as rows; broadcast-Q: the Lq shared rows,
     # which every sequence adds into). A q-tile that runs past its sequence's end adds exact
     # zeros into the next sequence's rows (TMA clips the rows past the last). Zeroed, so rows
-    # that no tile reaches get dQ = 0.
-    acc = torch.zeros((lq, hq * dim), dtype=torch.float32, device=q.device)
+    # that no tile reaches get dQ = 0: by the preprocess, which reads every query row's O and dO
+    # anyway (backward_vectors' dq_acc), so no separate fill pass.
     if k.shape[0] and lay.rows and tq:
-        vectors = backward_vectors(lse, q_offsets, out=out, dout=dout)
+        acc = torch.empty((lq, hq * dim), dtype=torch.float32, device=q.device)
+        vectors = backward_vectors(lse, q_offsets, out=out, dout=dout, dq_acc=acc, acc_shared=q_shared)
         _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, acc, left, right, scale, q_shared, config, "one-pass backward", blocks)
     else:
+        acc = torch.zeros((lq, hq * dim), dtype=torch.float32, device=q.device)
         dk.zero_()
         dv.zero_()
     dq = torch.empty_like(q)
