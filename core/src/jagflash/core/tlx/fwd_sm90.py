@@ -167,7 +167,8 @@ def _fwd_kernel(
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
     v_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
     # The tile ring: with RING_TILES the producer walks the table alone and passes each decoded
-    # tile (TILE_FIELDS ints) to the consumers; otherwise, on a dynamic plan, the table index.
+    # tile (TILE_FIELDS ints, SPARSE_TILE_FIELDS with a block list) to the consumers; otherwise,
+    # on a dynamic plan, the table index.
     if RING_TILES:
         ring = alloc_walk_ring(SPARSE_TILE_FIELDS if SPARSE else TILE_FIELDS)
     else:
