@@ -106,16 +106,15 @@ def tile_record(ring, counter, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
     blocks)``, ``blocks`` the tile's ``block_walk`` positions (sent with ``SPARSE``; without it
     the tile's kv range, from its lengths, and ``b`` 0). ``TAKE``: the consumers' take (wait for
     the record, release its slot); else the producer's read-back of a record it published."""
-    if SPARSE:
-        if TAKE:
-            state, h, m0, q_start, lq, k_start, lk, b, p0, p1, p2, p3 = record_take(ring[0], ring[1], ring[2], counter, SPARSE_TILE_FIELDS, ID_RING)
-        else:
-            state, h, m0, q_start, lq, k_start, lk, b, p0, p1, p2, p3 = record_read(ring[0], counter, SPARSE_TILE_FIELDS, ID_RING)
+    FIELDS: tl.constexpr = SPARSE_TILE_FIELDS if SPARSE else TILE_FIELDS
+    if TAKE:
+        rec = record_take(ring[0], ring[1], ring[2], counter, FIELDS, ID_RING)
     else:
-        if TAKE:
-            state, h, m0, q_start, lq, k_start, lk = record_take(ring[0], ring[1], ring[2], counter, TILE_FIELDS, ID_RING)
-        else:
-            state, h, m0, q_start, lq, k_start, lk = record_read(ring[0], counter, TILE_FIELDS, ID_RING)
+        rec = record_read(ring[0], counter, FIELDS, ID_RING)
+    state, h, m0, q_start, lq, k_start, lk = rec[0], rec[1], rec[2], rec[3], rec[4], rec[5], rec[6]
+    if SPARSE:
+        b, p0, p1, p2, p3 = rec[7], rec[8], rec[9], rec[10], rec[11]
+    else:
         b = state * 0
         p0, p1, p2, p3 = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
     return state, h, m0, q_start, lq, k_start, lk, b, (p0, p1, p2, p3)
