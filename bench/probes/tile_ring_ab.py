@@ -40,10 +40,7 @@ def main() -> None:
     from jagflash.bench.sparsity import make_block_mask
     from jagflash.bench.timing import measure
     from jagflash.bench.workloads import get
-    from jagflash.core.plan.build import make_plan
-    from jagflash.core.tile_scheduler import deal_flags
     from jagflash.core.tlx import fwd_sm90
-    from jagflash.core.tuning import default_schedules, fwd_config, tlx_sm90_blocks
 
     dev = torch.device("cuda")
     print("workload,ring,policy,ms_p50,tflops,listed_blocks,tiles,empty_tiles")
@@ -54,17 +51,8 @@ def main() -> None:
         m = None if w.blocks is None else make_block_mask(w.blocks, b.q_lens, b.kv_lens, w.causal, qo, ko)
         hq, dim = q.shape[1], q.shape[2]
         left, right = (-1, 0) if w.causal else (-1, -1)
-        bm, bn = tlx_sm90_blocks(dim)["fwd"]
-        schedule, _ = default_schedules("tlx-sm90", dim, window=(left, right))
-        plan = make_plan(
-            qo, ko, total_q=q.shape[0], total_kv=k.shape[0], heads_q=hq, heads_kv=k.shape[1], window=(left, right),
-            block_m=bm, block_n=bn, max_seqlen_q=b.max_q, backward=False, schedule=schedule, block_mask=m,
-        )
-        dynamic, zigzag = deal_flags(plan.info, "fwd")
-        want = fwd_config(
-            head_dim=dim, group=hq // k.shape[1], left=left, right=right, q_shared=False, scale=dim**-0.5,
-            dynamic=dynamic, zigzag=zigzag, total_kv=plan.info.total_kv, batch=plan.info.batch, sparse=m is not None,
-        )
+        plan, want = fwd_sm90.plan_and_config(q, k, qo, ko, b.max_q, left=left, right=right, scale=dim**-0.5, blocks=m)
+        bm = want.BLOCK_M
         if m is None:
             pairs, listed, tiles, empty = visible_pairs(b.q_lens, b.kv_lens, w.causal) * hq, "", "", ""
         else:

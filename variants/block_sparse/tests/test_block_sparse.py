@@ -348,10 +348,7 @@ def test_tlx_forward_tile_ring_on_and_off_bitwise(causal) -> None:
     tile ring by default; forced off, each consumer walks the list row itself. The same
     arithmetic either way: bitwise equal outputs, on a mask with empty rows (tiles that load no
     Q) at a density that leaves most rows one or two blocks."""
-    from jagflash.core.plan.build import make_plan as core_plan
-    from jagflash.core.tile_scheduler import deal_flags
     from jagflash.core.tlx import fwd_sm90
-    from jagflash.core.tuning import default_schedules, fwd_config
 
     case = JaggedCase(LENGTHS, LENGTHS, hq=4, hkv=2, head_dim=128, dtype=torch.bfloat16, causal=causal, seed=6)
     _require_tlx(case, False, None)
@@ -361,16 +358,7 @@ def test_tlx_forward_tile_ring_on_and_off_bitwise(causal) -> None:
     own = torch.arange(m.kv_counts.shape[2], device="cuda") * 128 < seq_lengths(qo)[:, None].to("cuda")
     assert bool((m.kv_counts[:, 0] == 0)[own].any())  # some of the sequences' own q-blocks list nothing
     left, right = (-1, 0) if causal else (-1, -1)
-    schedule, _ = default_schedules("tlx-sm90", 128, window=(left, right))
-    plan = core_plan(
-        qo, ko, total_q=q.shape[0], total_kv=k.shape[0], heads_q=4, heads_kv=2, window=(left, right), block_m=128,
-        block_n=128, max_seqlen_q=max(LENGTHS), backward=False, schedule=schedule, block_mask=m,
-    )
-    dynamic, zigzag = deal_flags(plan.info, "fwd")
-    want = fwd_config(
-        head_dim=128, group=2, left=left, right=right, q_shared=False, scale=128**-0.5, dynamic=dynamic,
-        zigzag=zigzag, total_kv=plan.info.total_kv, batch=plan.info.batch, sparse=True,
-    )
+    plan, want = fwd_sm90.plan_and_config(q, k, qo, ko, max(LENGTHS), left=left, right=right, scale=128**-0.5, blocks=m)
     assert want.RING_TILES
     outs = [
         fwd_sm90.forward(

@@ -287,6 +287,32 @@ def _fwd_kernel(
                     more = i < count
 
 
+def plan_and_config(q, k, q_offsets, kv_offsets, max_seqlen_q, *, left, right, scale, plan=None, q_shared=False,
+                    blocks=None, block_sizes=None, total_q=None):
+    """The plan a :func:`forward` call runs (``plan``, or one built with the default schedule
+    over ``block_sizes``' tiles, the policy's when ``None``) and the :class:`FwdConfig` the
+    policy picks for the call on that plan (``fwd_config``): ``(plan, config)``. Tests and
+    probes that force one of the config's choices start from this one. ``total_q``: the output
+    rows (``forward``'s ``Tq``), derived from ``q`` when not given."""
+    tq = total_q if total_q is not None else ((q_offsets.numel() - 1) * q.shape[0] if q_shared else q.shape[0])
+    hq, dim, hkv = q.shape[1], q.shape[2], k.shape[1]
+    block_m, block_n = block_sizes or tlx_sm90_blocks(dim)["fwd"]
+    if plan is None:
+        schedule, _ = default_schedules("tlx-sm90", dim, window=(left, right))
+        plan = make_plan(
+            q_offsets, kv_offsets, total_q=tq, total_kv=k.shape[0], heads_q=hq, heads_kv=hkv,
+            window=(left, right), block_m=block_m, block_n=block_n, max_seqlen_q=max_seqlen_q,
+            backward=False, schedule=schedule, block_mask=blocks,
+        )
+    dynamic, zigzag = deal_flags(plan.info, "fwd")
+    config = fwd_config(
+        head_dim=dim, group=hq // hkv, left=left, right=right, q_shared=q_shared, scale=scale,
+        dynamic=dynamic, zigzag=zigzag, total_kv=plan.info.total_kv, batch=plan.info.batch,
+        sparse=blocks is not None,
+    )
+    return plan, config
+
+
 def forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -334,7 +360,6 @@ def forward(
         raise ValueError(f"tlx forward: lse_per_sequence needs sequences of one length: {tq} query rows in {n_seqs} sequences")
     q, k, v = (t.contiguous() for t in (q, k, v))
     _, hq, dim = q.shape
-    hkv = k.shape[1]
     out = alloc((tq, hq, dim), q.dtype, q.device)
     if lse_per_sequence:
         rows = tq // n_seqs if n_seqs else 0
@@ -343,21 +368,11 @@ def forward(
     else:
         lse = alloc((hq, tq), torch.float32, q.device)
         lse_strides = (tq, 1)
-    block_m, block_n = (config.BLOCK_M, config.BLOCK_N) if config else tlx_sm90_blocks(dim)["fwd"]
-    if plan is None:
-        schedule, _ = default_schedules("tlx-sm90", dim, window=(left, right))
-        plan = make_plan(
-            q_offsets, kv_offsets, total_q=tq, total_kv=k.shape[0], heads_q=hq, heads_kv=hkv,
-            window=(left, right), block_m=block_m, block_n=block_n, max_seqlen_q=max_seqlen_q,
-            backward=False, schedule=schedule, block_mask=blocks,
-        )
-    lay = plan.info.layout("fwd")
-    dynamic, zigzag = deal_flags(plan.info, "fwd")
-    want = fwd_config(
-        head_dim=dim, group=hq // hkv, left=left, right=right, q_shared=q_shared, scale=scale,
-        dynamic=dynamic, zigzag=zigzag, total_kv=plan.info.total_kv, batch=plan.info.batch,
-        sparse=blocks is not None,
+    plan, want = plan_and_config(
+        q, k, q_offsets, kv_offsets, max_seqlen_q, left=left, right=right, scale=scale, plan=plan,
+        q_shared=q_shared, blocks=blocks, block_sizes=(config.BLOCK_M, config.BLOCK_N) if config else None, total_q=tq,
     )
+    lay = plan.info.layout("fwd")
     config = config or want
     reasons = config_reasons(config, want, (lay.block_m, lay.block_n))
     if reasons:
