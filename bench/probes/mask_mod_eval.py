@@ -1,0 +1,124 @@
+"""Probe (one GPU; issue 22): the pair evaluation behind ``BlockMask.from_mask_mod`` on its own,
+in several formulations, and what one whole build costs on the device and on the host.
+
+    python bench/probes/mask_mod_eval.py                        # bs-lognormal-d25, -local-global
+    python bench/probes/mask_mod_eval.py --code                 # + Inductor's generated code (stderr)
+    TRITON_INTERPRET=1 python bench/probes/mask_mod_eval.py --smoke   # the CPU, tiny, no figures
+
+For each workload (the bench's batches; its mask_mod: the local + global rule or the lookup of
+the listed grid, ``jagflash.bench.sparsity.mask_mod``) the blocks of the builder's no-sync room
+are enumerated once (``jagflash.core.mask_mod``'s enumeration), then each formulation of the
+pairs' ``any`` is compiled (``torch.compile``, dynamic shapes, one graph) and timed on those
+blocks (``measure`` p50, CUDA events) and per call in a loop (``loop_ms``: the host's share):
+
+* ``flat``: the builder's, ``[C, H, bm, bn]`` reduced over ``bm * bn`` at once (int64 indices);
+* ``rows``: the same pairs reduced over ``bn`` then ``bm``: a row's own terms once a row;
+* ``rows32`` / ``flat32``: as ``rows`` / ``flat`` with int32 index tensors (FlexAttention's
+  kernels hand a mask_mod int32 indices);
+
+every formulation's hits must equal ``flat``'s. Then the whole build (``from_mask_mod``, the max
+lengths and totals given) the same two ways. Rows: ``workload, what, ms_p50, loop_ms, blocks,
+pairs_g_per_s``; the sparse forward of the workload is a row too (the goal: build <= 10 % of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+
+import torch
+
+DEFAULT_WORKLOADS = ("bs-lognormal-d25", "bs-lognormal-local-global")
+
+
+def _pairs(mask_mod, heads, bm, bn, rows, idx, b, q0, k0, lq, lk):
+    """Whether any in-range pair of each block is visible, ``[C, heads]`` (``rows``: reduce the
+    kv axis first; ``idx``: the index dtype the mask_mod sees)."""
+    dev = b.device
+    b, q0, k0, lq, lk = (t.to(idx) for t in (b, q0, k0, lq, lk))
+    q_idx = q0.view(-1, 1, 1, 1) + torch.arange(bm, device=dev, dtype=idx).view(1, 1, -1, 1)
+    kv_idx = k0.view(-1, 1, 1, 1) + torch.arange(bn, device=dev, dtype=idx).view(1, 1, 1, -1)
+    h = torch.arange(heads, device=dev, dtype=idx).view(1, -1, 1, 1)
+    seen = torch.as_tensor(mask_mod(b.view(-1, 1, 1, 1), h, q_idx, kv_idx), device=dev).to(torch.bool)
+    inside = (q_idx < lq.view(-1, 1, 1, 1)) & (kv_idx < lk.view(-1, 1, 1, 1))
+    both = (seen & inside).expand(b.numel(), heads, bm, bn)
+    return both.any(-1).any(-1) if rows else both.reshape(b.numel(), heads, bm * bn).any(-1)
+
+
+FORMS = {"flat": (False, torch.int64), "rows": (True, torch.int64), "flat32": (False, torch.int32), "rows32": (True, torch.int32)}
+
+
+def workload_rows(name: str, smoke: bool, dev: torch.device) -> list[tuple]:
+    import functools
+
+    from jagflash.bench.data import make_batch
+    from jagflash.bench.sparsity import mask_mod
+    from jagflash.bench.timing import loop_ms, measure
+    from jagflash.bench.workloads import get
+    from jagflash.core.block_mask import BlockMask, _block_counts
+    from jagflash.core.jagged import seq_lengths
+    from jagflash.core.mask_mod import _blocks
+    from jagflash.variants.block_sparse import block_sparse_attention
+    from jagflash.variants.block_sparse import make_plan as sparse_plan
+
+    w = get(name, smoke=smoke)
+    bt = make_batch(w, dev)
+    m = bt.block_mask
+    bm, bn = m.block_size
+    rule = mask_mod(w.blocks, m)
+    qo, ko = bt.q_offsets, bt.kv_offsets
+    rows = []
+    with torch.no_grad():
+        sp = sparse_plan(bt.q, bt.k, qo, ko, m, causal=w.causal)
+        fwd = measure(lambda: block_sparse_attention(bt.q, bt.k, bt.v, qo, ko, m, causal=w.causal, plan=sp), dev).p50
+    rows.append((name, "block_sparse_attention fwd", fwd, "", int(m.kv_counts.sum()), ""))
+    nq_b, nk_b = _block_counts(qo, bm), _block_counts(ko, bn)
+    nq, nk = -(-bt.max_q // bm), -(-bt.max_kv // bn)
+    batch = qo.numel() - 1
+    room = min(batch * nq * nk, (bt.total_q + batch * (bm - 1)) // bm * nk, (bt.total_kv + batch * (bn - 1)) // bn * nq)
+    *block, _where = _blocks(bm, bn, False, nq_b * nk_b, nq_b, nk_b, seq_lengths(qo), seq_lengths(ko), 0, room, nq, nk)
+    ref = None
+    for form, (by_rows, idx) in FORMS.items():
+        fn = torch.compile(functools.partial(_pairs, rule, 1, bm, bn, by_rows, idx), dynamic=True, fullgraph=True)
+        got = fn(*block)
+        ref = got if ref is None else ref
+        if not torch.equal(got, ref):
+            raise SystemExit(f"{name}: formulation {form} lists other blocks than flat")
+        t = measure(lambda fn=fn: fn(*block), dev).p50
+        rows.append((name, f"pairs {form}", t, loop_ms(lambda fn=fn: fn(*block), dev), room, round(room * bm * bn / t / 1e6, 1)))
+
+    def build():
+        return BlockMask.from_mask_mod(
+            rule, qo, ko, 1, (bm, bn), max_seqlen_q=bt.max_q, max_seqlen_kv=bt.max_kv, total_q=bt.total_q, total_kv=bt.total_kv,
+        )
+
+    built = build()
+    if w.blocks.kind == "local_global" and not torch.equal(built.to_dense(), m.to_dense()):
+        raise SystemExit(f"{name}: from_mask_mod listed other blocks than the workload's mask")
+    t = measure(build, dev).p50
+    rows.append((name, "from_mask_mod default", t, loop_ms(build, dev), room, ""))
+    return [tuple(round(x, 4) if isinstance(x, float) else x for x in r) for r in rows]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
+    ap.add_argument("--smoke", action="store_true", help="the workloads' smoke versions (CPU interpreter)")
+    ap.add_argument("--csv", default=None)
+    ap.add_argument("--code", action="store_true", help="Inductor's generated code, to stderr")
+    a = ap.parse_args()
+    if a.code:
+        torch._logging.set_logs(output_code=True)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    table = [["workload", "what", "ms_p50", "loop_ms", "blocks", "pairs_g_per_s"]]
+    for name in a.workloads.split(","):
+        table += workload_rows(name, a.smoke, dev)
+    csv.writer(sys.stdout).writerows(table)
+    if a.csv:
+        with open(a.csv, "w", newline="") as f:
+            csv.writer(f).writerows(table)
+
+
+if __name__ == "__main__":
+    main()
