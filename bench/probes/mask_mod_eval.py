@@ -13,8 +13,11 @@ blocks (``measure`` p50, CUDA events) and per call in a loop (``loop_ms``: the h
 
 * ``flat``: the builder's, ``[C, H, bm, bn]`` reduced over ``bm * bn`` at once (int64 indices);
 * ``rows``: the same pairs reduced over ``bn`` then ``bm``: a row's own terms once a row;
-* ``rows32`` / ``flat32``: as ``rows`` / ``flat`` with int32 index tensors (FlexAttention's
-  kernels hand a mask_mod int32 indices);
+* ``-static``: compiled with only the block count dynamic (``mark_dynamic``), so the block
+  size and the mask_mod's own ints are constants (``dynamic=True`` makes them runtime values:
+  Inductor then divides by them, in int64, once a pair); ``-noassert``: without Inductor's
+  per-element bound asserts on indirect indexing; ``rows32``: int32 index tensors
+  (FlexAttention's kernels hand a mask_mod int32 indices);
 
 every formulation's hits must equal ``flat``'s. Then the whole build (``from_mask_mod``, the max
 lengths and totals given) the same two ways. Rows: ``workload, what, ms_p50, loop_ms, blocks,
@@ -46,7 +49,13 @@ def _pairs(mask_mod, heads, bm, bn, rows, idx, b, q0, k0, lq, lk):
     return both.any(-1).any(-1) if rows else both.reshape(b.numel(), heads, bm * bn).any(-1)
 
 
-FORMS = {"flat": (False, torch.int64), "rows": (True, torch.int64), "flat32": (False, torch.int32), "rows32": (True, torch.int32)}
+#: name: (reduce rows first, index dtype, dynamic=True (else only the block count dynamic), Inductor's indirect-index asserts)
+FORMS = {
+    "flat": (False, torch.int64, True, True), "rows": (True, torch.int64, True, True),
+    "flat-static": (False, torch.int64, False, True), "rows-static": (True, torch.int64, False, True),
+    "flat-static-noassert": (False, torch.int64, False, False), "rows-static-noassert": (True, torch.int64, False, False),
+    "rows32-static-noassert": (True, torch.int32, False, False),
+}
 
 
 def workload_rows(name: str, smoke: bool, dev: torch.device) -> list[tuple]:
@@ -79,8 +88,14 @@ def workload_rows(name: str, smoke: bool, dev: torch.device) -> list[tuple]:
     room = min(batch * nq * nk, (bt.total_q + batch * (bm - 1)) // bm * nk, (bt.total_kv + batch * (bn - 1)) // bn * nq)
     *block, _where = _blocks(bm, bn, False, nq_b * nk_b, nq_b, nk_b, seq_lengths(qo), seq_lengths(ko), 0, room, nq, nk)
     ref = None
-    for form, (by_rows, idx) in FORMS.items():
-        fn = torch.compile(functools.partial(_pairs, rule, 1, bm, bn, by_rows, idx), dynamic=True, fullgraph=True)
+    for form, (by_rows, idx, dynamic, asserts) in FORMS.items():
+        fn = torch.compile(
+            functools.partial(_pairs, rule, 1, bm, bn, by_rows, idx), dynamic=True if dynamic else None, fullgraph=True,
+            options={"assert_indirect_indexing": asserts},
+        )
+        if not dynamic:
+            for t in block:
+                torch._dynamo.mark_dynamic(t, 0)
         got = fn(*block)
         ref = got if ref is None else ref
         if not torch.equal(got, ref):
@@ -110,6 +125,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.code:
         torch._logging.set_logs(output_code=True)
+    torch._dynamo.config.recompile_limit = 64  # one code object, compiled once per formulation and batch
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     table = [["workload", "what", "ms_p50", "loop_ms", "blocks", "pairs_g_per_s"]]
     for name in a.workloads.split(","):
