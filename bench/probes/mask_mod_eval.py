@@ -7,21 +7,18 @@ in several formulations, and what one whole build costs on the device and on the
 
 For each workload (the bench's batches; its mask_mod: the local + global rule or the lookup of
 the listed grid, ``jagflash.bench.sparsity.mask_mod``) the blocks of the builder's no-sync room
-are enumerated once (``jagflash.core.mask_mod``'s enumeration), then each formulation of the
-pairs' ``any`` is compiled (``torch.compile``, dynamic shapes, one graph) and timed on those
-blocks (``measure`` p50, CUDA events) and per call in a loop (``loop_ms``: the host's share):
+are enumerated once (``jagflash.core.mask_mod``'s enumeration), then the builder's compiled
+evaluation of the pairs' ``any`` (``jagflash.core.mask_mod._compiled``: only the block count
+dynamic, the kv axis reduced first) is timed on those blocks (``measure`` p50, CUDA events) and
+per call in a loop (``loop_ms``: the host's share), with int32 and with int64 indices; both
+must list the same blocks. Then the whole build (``from_mask_mod``, the max lengths and totals
+given; for the local + global rule, which reads no ``b``, also ``per_sequence=False``) the same
+two ways. Rows: ``workload, what, ms_p50, loop_ms, blocks, pairs_g_per_s``; the sparse forward
+of the workload is a row too (the goal: build <= 10 % of it).
 
-* ``flat``: the builder's, ``[C, H, bm, bn]`` reduced over ``bm * bn`` at once (int64 indices);
-* ``rows``: the same pairs reduced over ``bn`` then ``bm``: a row's own terms once a row;
-* ``-static``: compiled with only the block count dynamic (``mark_dynamic``), so the block
-  size and the mask_mod's own ints are constants (``dynamic=True`` makes them runtime values:
-  Inductor then divides by them, in int64, once a pair); ``-noassert``: without Inductor's
-  per-element bound asserts on indirect indexing; ``rows32``: int32 index tensors
-  (FlexAttention's kernels hand a mask_mod int32 indices);
-
-every formulation's hits must equal ``flat``'s. Then the whole build (``from_mask_mod``, the max
-lengths and totals given) the same two ways. Rows: ``workload, what, ms_p50, loop_ms, blocks,
-pairs_g_per_s``; the sparse forward of the workload is a row too (the goal: build <= 10 % of it).
+Session 20's calls 1-2 compared the formulations this replaced (this file at 7afbfc8 and at
+the commit after it: one reduction over ``bm * bn`` or the kv axis first, ``dynamic=True`` or
+only the count dynamic, with and without Inductor's indirect-index asserts).
 """
 
 from __future__ import annotations
@@ -35,39 +32,18 @@ import torch
 DEFAULT_WORKLOADS = ("bs-lognormal-d25", "bs-lognormal-local-global")
 
 
-def _pairs(mask_mod, heads, bm, bn, rows, idx, b, q0, k0, lq, lk):
-    """Whether any in-range pair of each block is visible, ``[C, heads]`` (``rows``: reduce the
-    kv axis first; ``idx``: the index dtype the mask_mod sees)."""
-    dev = b.device
-    b, q0, k0, lq, lk = (t.to(idx) for t in (b, q0, k0, lq, lk))
-    q_idx = q0.view(-1, 1, 1, 1) + torch.arange(bm, device=dev, dtype=idx).view(1, 1, -1, 1)
-    kv_idx = k0.view(-1, 1, 1, 1) + torch.arange(bn, device=dev, dtype=idx).view(1, 1, 1, -1)
-    h = torch.arange(heads, device=dev, dtype=idx).view(1, -1, 1, 1)
-    seen = torch.as_tensor(mask_mod(b.view(-1, 1, 1, 1), h, q_idx, kv_idx), device=dev).to(torch.bool)
-    inside = (q_idx < lq.view(-1, 1, 1, 1)) & (kv_idx < lk.view(-1, 1, 1, 1))
-    both = (seen & inside).expand(b.numel(), heads, bm, bn)
-    return both.any(-1).any(-1) if rows else both.reshape(b.numel(), heads, bm * bn).any(-1)
-
-
-#: name: (reduce rows first, index dtype, dynamic=True (else only the block count dynamic), Inductor's indirect-index asserts)
-FORMS = {
-    "flat": (False, torch.int64, True, True), "rows": (True, torch.int64, True, True),
-    "flat-static": (False, torch.int64, False, True), "rows-static": (True, torch.int64, False, True),
-    "flat-static-noassert": (False, torch.int64, False, False), "rows-static-noassert": (True, torch.int64, False, False),
-    "rows32-static-noassert": (True, torch.int32, False, False),
-}
+#: name: the index dtype the builder's compiled evaluation hands the mask_mod
+FORMS = {"builder int32": torch.int32, "builder int64": torch.int64}
 
 
 def workload_rows(name: str, smoke: bool, dev: torch.device) -> list[tuple]:
-    import functools
-
     from jagflash.bench.data import make_batch
     from jagflash.bench.sparsity import mask_mod
     from jagflash.bench.timing import loop_ms, measure
     from jagflash.bench.workloads import get
     from jagflash.core.block_mask import BlockMask, _block_counts
     from jagflash.core.jagged import seq_lengths
-    from jagflash.core.mask_mod import _blocks
+    from jagflash.core.mask_mod import _blocks, _compiled
     from jagflash.variants.block_sparse import block_sparse_attention
     from jagflash.variants.block_sparse import make_plan as sparse_plan
 
@@ -88,31 +64,27 @@ def workload_rows(name: str, smoke: bool, dev: torch.device) -> list[tuple]:
     room = min(batch * nq * nk, (bt.total_q + batch * (bm - 1)) // bm * nk, (bt.total_kv + batch * (bn - 1)) // bn * nq)
     *block, _where = _blocks(bm, bn, False, nq_b * nk_b, nq_b, nk_b, seq_lengths(qo), seq_lengths(ko), 0, room, nq, nk)
     ref = None
-    for form, (by_rows, idx, dynamic, asserts) in FORMS.items():
-        fn = torch.compile(
-            functools.partial(_pairs, rule, 1, bm, bn, by_rows, idx), dynamic=True if dynamic else None, fullgraph=True,
-            options={"assert_indirect_indexing": asserts},
-        )
-        if not dynamic:
-            for t in block:
-                torch._dynamo.mark_dynamic(t, 0)
+    for form, idx in FORMS.items():
+        fn = _compiled(rule, 1, bm, bn, idx)
         got = fn(*block)
         ref = got if ref is None else ref
         if not torch.equal(got, ref):
-            raise SystemExit(f"{name}: formulation {form} lists other blocks than flat")
+            raise SystemExit(f"{name}: {form} lists other blocks than int32")
         t = measure(lambda fn=fn: fn(*block), dev).p50
         rows.append((name, f"pairs {form}", t, loop_ms(lambda fn=fn: fn(*block), dev), room, round(room * bm * bn / t / 1e6, 1)))
 
-    def build():
-        return BlockMask.from_mask_mod(
-            rule, qo, ko, 1, (bm, bn), max_seqlen_q=bt.max_q, max_seqlen_kv=bt.max_kv, total_q=bt.total_q, total_kv=bt.total_kv,
-        )
+    for path, per_sequence in (("default", True), ("shared", False))[: 2 if w.blocks.kind == "local_global" else 1]:
+        def build(per_sequence=per_sequence):
+            return BlockMask.from_mask_mod(
+                rule, qo, ko, 1, (bm, bn), max_seqlen_q=bt.max_q, max_seqlen_kv=bt.max_kv, total_q=bt.total_q,
+                total_kv=bt.total_kv, per_sequence=per_sequence,
+            )
 
-    built = build()
-    if w.blocks.kind == "local_global" and not torch.equal(built.to_dense(), m.to_dense()):
-        raise SystemExit(f"{name}: from_mask_mod listed other blocks than the workload's mask")
-    t = measure(build, dev).p50
-    rows.append((name, "from_mask_mod default", t, loop_ms(build, dev), room, ""))
+        built = build()
+        if w.blocks.kind == "local_global" and not torch.equal(built.to_dense(), m.to_dense()):
+            raise SystemExit(f"{name}: from_mask_mod ({path}) listed other blocks than the workload's mask")
+        t = measure(build, dev).p50
+        rows.append((name, f"from_mask_mod {path}", t, loop_ms(build, dev), room, ""))
     return [tuple(round(x, 4) if isinstance(x, float) else x for x in r) for r in rows]
 
 

@@ -170,8 +170,42 @@ def test_compiled_equals_eager_without_recompiles() -> None:
         _same_lists(c, e)
     # three graphs, each compiled once: the blocks' enumeration, the mask_mod's pairs, the lists
     assert counters["stats"]["unique_graphs"] == 3, dict(counters["stats"])
-    assert set(evaluation._COMPILED[mm]) == {(2, 64, 64)}
+    assert set(evaluation._COMPILED[mm]) == {(2, 64, 64, torch.int32)}
     assert {(64, 64, False), "lists"} <= set(evaluation._COMPILED_PARTS)
+
+
+def test_index_dtype_and_one_entry_code_per_mask_mod_function() -> None:
+    """The mask_mod sees int32 indices by default and int64 when asked, both listing the same
+    blocks; the compiled entry has one code object per mask_mod function (closures of one
+    function share it, another function has its own), so Dynamo's automatic-dynamic record of
+    one mask_mod's closure ints is never compared against another's."""
+    from jagflash.core import mask_mod as evaluation
+
+    seen = set()
+
+    def band(width):
+        def rule(b, h, q, k):
+            seen.add((q.dtype, k.dtype, b.dtype, h.dtype))
+            return (q - k).abs() < width
+
+        return rule
+
+    o = _offsets([130, 70])
+    m32 = BlockMask.from_mask_mod(band(40), o, o, 1, (64, 64), compile=False)
+    assert seen == {(torch.int32,) * 4}
+    seen.clear()
+    m64 = BlockMask.from_mask_mod(band(40), o, o, 1, (64, 64), compile=False, index_dtype=torch.int64)
+    assert seen == {(torch.int64,) * 4}
+    _same_lists(m32, m64)
+
+    def other(b, h, q, k):
+        return k <= q
+
+    codes = [evaluation._entry(f, 1, 64, 64, torch.int32).__code__ for f in (band(3), band(5), other)]
+    assert codes[0] is codes[1]
+    assert codes[2] is not codes[0]
+    assert codes[0].co_name != codes[2].co_name
+    assert evaluation._entry(other, 1, 128, 128, torch.int32).__code__ is not codes[2]
 
 
 @pytest.mark.gpu
@@ -215,7 +249,10 @@ def test_refuses_bad_bounds_and_compile_with_every_reason() -> None:
 
     o = _offsets([100, 20])
     with pytest.raises(InvalidInput) as e:
-        BlockMask.from_mask_mod(lambda b, h, q, k: k <= q, o, o, 1, (64, 64), total_q=-1, max_seqlen_kv=True, compile="yes", per_sequence=None)
+        BlockMask.from_mask_mod(
+            lambda b, h, q, k: k <= q, o, o, 1, (64, 64), total_q=-1, max_seqlen_kv=True, compile="yes", per_sequence=None,
+            index_dtype=torch.int16,
+        )
     text = str(e.value)
-    for want in ("total_q must be", "max_seqlen_kv must be", "compile must be", "per_sequence must be"):
+    for want in ("total_q must be", "max_seqlen_kv must be", "compile must be", "per_sequence must be", "index_dtype must be"):
         assert want in text
