@@ -1,8 +1,9 @@
 """Probe (one GPU; issue 22): the pair evaluation behind ``BlockMask.from_mask_mod`` on its own,
 in several formulations, and what one whole build costs on the device and on the host.
 
-    python bench/probes/mask_mod_eval.py                        # bs-lognormal-d25, -local-global
+    python bench/probes/mask_mod_eval.py                        # bs-lognormal-d25, -local-global, bs-dense8k-local-global
     python bench/probes/mask_mod_eval.py --code                 # + Inductor's generated code (stderr)
+    python bench/probes/mask_mod_eval.py --host-profile         # + cProfile of warm builds (stderr)
     TRITON_INTERPRET=1 python bench/probes/mask_mod_eval.py --smoke   # the CPU, tiny, no figures
 
 For each workload (the bench's batches; its mask_mod: the local + global rule or the lookup of
@@ -29,14 +30,33 @@ import sys
 
 import torch
 
-DEFAULT_WORKLOADS = ("bs-lognormal-d25", "bs-lognormal-local-global")
+DEFAULT_WORKLOADS = ("bs-lognormal-d25", "bs-lognormal-local-global", "bs-dense8k-local-global")
 
 
 #: name: the index dtype the builder's compiled evaluation hands the mask_mod
 FORMS = {"builder int32": torch.int32, "builder int64": torch.int64}
 
 
-def workload_rows(name: str, smoke: bool, dev: torch.device) -> list[tuple]:
+def _host_profile(title: str, build, dev: torch.device, calls: int = 3) -> None:
+    """cProfile of ``calls`` warm builds (the device drained after each), to stderr: where a
+    build's host time goes, by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    for _ in range(calls):
+        prof.enable()
+        build()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(30)
+    print(f"## host profile {title}, {calls} builds\n{out.getvalue()}", file=sys.stderr)
+
+
+def workload_rows(name: str, smoke: bool, dev: torch.device, host_profile: bool = False) -> list[tuple]:
     from jagflash.bench.data import make_batch
     from jagflash.bench.sparsity import mask_mod
     from jagflash.bench.timing import loop_ms, measure
@@ -85,6 +105,8 @@ def workload_rows(name: str, smoke: bool, dev: torch.device) -> list[tuple]:
             raise SystemExit(f"{name}: from_mask_mod ({path}) listed other blocks than the workload's mask")
         t = measure(build, dev).p50
         rows.append((name, f"from_mask_mod {path}", t, loop_ms(build, dev), room, ""))
+        if host_profile:
+            _host_profile(f"{name} {path}", build, dev)
     return [tuple(round(x, 4) if isinstance(x, float) else x for x in r) for r in rows]
 
 
@@ -94,6 +116,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="the workloads' smoke versions (CPU interpreter)")
     ap.add_argument("--csv", default=None)
     ap.add_argument("--code", action="store_true", help="Inductor's generated code, to stderr")
+    ap.add_argument("--host-profile", action="store_true", help="cProfile of warm builds, to stderr")
     a = ap.parse_args()
     if a.code:
         torch._logging.set_logs(output_code=True)
@@ -101,7 +124,7 @@ def main() -> None:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     table = [["workload", "what", "ms_p50", "loop_ms", "blocks", "pairs_g_per_s"]]
     for name in a.workloads.split(","):
-        table += workload_rows(name, a.smoke, dev)
+        table += workload_rows(name, a.smoke, dev, a.host_profile)
     csv.writer(sys.stdout).writerows(table)
     if a.csv:
         with open(a.csv, "w", newline="") as f:
