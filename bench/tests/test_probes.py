@@ -46,6 +46,7 @@ def test_probe_answers_help_without_a_gpu(script: Path) -> None:
         ("probe_bq_backward", "WORKLOADS"),
         ("probe_host", "DEFAULT_WORKLOADS"),
         ("mask_mod_build", "DEFAULT_WORKLOADS"),
+        ("mask_mod_eval", "DEFAULT_WORKLOADS"),
         ("tile_ring_ab", "DEFAULT_WORKLOADS"),
     ],
 )
