@@ -5,6 +5,8 @@ batch; on a GPU compiled vs eager vs the padded grid on a larger batch, without 
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from hypothesis import given
@@ -206,6 +208,17 @@ def test_index_dtype_and_one_entry_code_per_mask_mod_function() -> None:
     assert codes[2] is not codes[0]
     assert codes[0].co_name != codes[2].co_name
     assert evaluation._entry(other, 1, 128, 128, torch.int32).__code__ is not codes[2]
+
+    def shifted(b, h, q, k, shift):
+        return k <= q + shift
+
+    partials = [evaluation._entry(functools.partial(shifted, shift=s), 1, 64, 64, torch.int32).__code__ for s in (0, 9)]
+    assert partials[0] is partials[1]
+    assert partials[0] not in codes
+    rule = functools.partial(shifted, shift=-70)  # compiled through its function's own entry code
+    _same_lists(
+        BlockMask.from_mask_mod(rule, o, o, 1, (64, 64), compile=True), BlockMask.from_mask_mod(rule, o, o, 1, (64, 64), compile=False),
+    )
 
 
 @pytest.mark.gpu

@@ -53,8 +53,9 @@ def _pairs(mask_mod, heads, bm, bn, idx, b, q0, k0, lq, lk):
     """Whether any in-range pair of each block is visible, ``[count, heads]``: the mask_mod on
     ``b [C, 1, 1, 1]``, ``h [1, heads, 1, 1]``, ``q_idx [C, 1, bm, 1]``, ``kv_idx [C, 1, 1, bn]``
     (dtype ``idx``) and ``any`` over the block, the kv axis first (under ``torch.compile`` one
-    fused reduction over ``bn`` a row, then a small one over the rows: session 20 measured it
-    1.1-3.5x faster than one reduction over the ``bm * bn`` pairs)."""
+    fused reduction over ``bn`` a row, then a small one over the rows; session 20: 1.04-1.13x
+    faster than one reduction over the ``bm * bn`` pairs with the block size a constant, 3.5x on
+    the local + global rule with it a run-time value)."""
     dev = b.device
     b, q0, k0, lq, lk = (t.to(idx) for t in (b, q0, k0, lq, lk))
     q_idx = q0.view(-1, 1, 1, 1) + torch.arange(bm, device=dev, dtype=idx).view(1, 1, -1, 1)
@@ -94,16 +95,19 @@ def _entry(mask_mod, heads: int, bm: int, bn: int, idx: torch.dtype):
     code, heads, block size, index dtype). Dynamo keeps its automatic-dynamic record per code
     (name, file, line): on one code shared by every mask_mod, an int of one mask_mod's closure
     compared against another's (a block size against a window) turned dynamic and Inductor
-    divided by it at run time, once a pair, in int64 (session 20: 2.6 ms against 1.6). Per
+    divided by it at run time, once a pair, in int64 (session 20: 2.6 ms against 0.69). Per
     code, an int turns dynamic only where closures of the same mask_mod function differ in it
     (a grid size from batch to batch), never a constant the function always closes over."""
 
     def pairs(b, q0, k0, lq, lk):
         return _pairs(mask_mod, heads, bm, bn, idx, b, q0, k0, lq, lk)
 
-    fn = getattr(mask_mod, "__func__", mask_mod)
+    fn = mask_mod
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    fn = getattr(fn, "__func__", fn)  # a bound method: its function's code
     code = getattr(fn, "__code__", None)
-    key = (code if code is not None else type(mask_mod), heads, bm, bn, idx)
+    key = (code if code is not None else type(fn), heads, bm, bn, idx)
     if key not in _ENTRY_CODES:
         name = f"mask_mod_pairs_{len(_ENTRY_CODES)}"
         _ENTRY_CODES[key] = pairs.__code__.replace(co_name=name, co_qualname=name)
