@@ -22,7 +22,6 @@ Hopper GPU for the default pick).
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 
 import torch
@@ -100,10 +99,9 @@ def main() -> None:
         "what", "backend", "density", "fwd_ms_p50", "fwd_bwd_ms_p50", "listed_blocks", "fwd_tflops", "fwd_bwd_tflops",
         "fwd_speedup_vs_dense", "fwd_bwd_speedup_vs_dense",
     ]
-    csv.writer(sys.stdout).writerows([header, *rows])
-    if a.csv:
-        with open(a.csv, "w", newline="") as f:
-            csv.writer(f).writerows([header, *rows])
+    from jagflash.bench.report import emit_table
+
+    emit_table([header, *rows], a.csv)
     print(f"# {w.name}: {w.describe()}, block {a.block}, device {torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu'}", file=sys.stderr)
 
 

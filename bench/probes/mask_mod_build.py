@@ -23,7 +23,6 @@ adds, on stderr, each build path's busiest kernels, its launches a build and its
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 
 import torch
@@ -137,10 +136,9 @@ def main() -> None:
     table = [["workload", "what", "path", "ms_p50", "first_call_ms", "build_over_dense_fwd", "build_over_sparse_fwd", "listed_blocks"]]
     for name in a.workloads.split(","):
         table += workload_rows(name, a.smoke, dev, a.profile)
-    csv.writer(sys.stdout).writerows(table)
-    if a.csv:
-        with open(a.csv, "w", newline="") as f:
-            csv.writer(f).writerows(table)
+    from jagflash.bench.report import emit_table
+
+    emit_table(table, a.csv)
     print(f"# device {torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu'}", file=sys.stderr)
 
 

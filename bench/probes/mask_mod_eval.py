@@ -25,7 +25,6 @@ only the count dynamic, with and without Inductor's indirect-index asserts).
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 
 import torch
@@ -125,10 +124,9 @@ def main() -> None:
     table = [["workload", "what", "ms_p50", "loop_ms", "blocks", "pairs_g_per_s"]]
     for name in a.workloads.split(","):
         table += workload_rows(name, a.smoke, dev, a.host_profile)
-    csv.writer(sys.stdout).writerows(table)
-    if a.csv:
-        with open(a.csv, "w", newline="") as f:
-            csv.writer(f).writerows(table)
+    from jagflash.bench.report import emit_table
+
+    emit_table(table, a.csv)
 
 
 if __name__ == "__main__":

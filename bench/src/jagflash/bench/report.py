@@ -23,6 +23,7 @@ from pathlib import Path
 __all__ = [
     "COLUMNS",
     "STATUSES",
+    "emit_table",
     "read_csv",
     "render",
     "summary_text",
@@ -113,6 +114,17 @@ def write_csv(rows: Iterable[dict], path: Path) -> None:
         writer.writeheader()
         for row in rows:
             writer.writerow({c: _fmt(row.get(c)) for c in COLUMNS})
+
+
+def emit_table(table: Iterable[Iterable], path: str | Path | None = None) -> None:
+    """A probe's table (its header row first) as CSV on stdout and, with ``path``, in that file."""
+    import sys
+
+    table = [list(r) for r in table]
+    csv.writer(sys.stdout).writerows(table)
+    if path:
+        with Path(path).open("w", newline="") as fh:
+            csv.writer(fh).writerows(table)
 
 
 def read_csv(path: Path) -> list[dict]:
