@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import sys
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -118,8 +119,6 @@ def write_csv(rows: Iterable[dict], path: Path) -> None:
 
 def emit_table(table: Iterable[Iterable], path: str | Path | None = None) -> None:
     """A probe's table (its header row first) as CSV on stdout and, with ``path``, in that file."""
-    import sys
-
     table = [list(r) for r in table]
     csv.writer(sys.stdout).writerows(table)
     if path:
