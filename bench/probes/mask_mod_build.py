@@ -11,8 +11,9 @@ global rule, ``jagflash.bench.sparsity.mask_mod``, and a causal document mask_mo
 lognormal lengths, median 200 rows, inside each sequence, looked up per token from a packed id
 tensor) it times, after the first call (its wall clock printed on its own: where the compiled
 builder compiles), ``from_mask_mod`` with the max lengths and totals given (no host sync) on the
-builder's default path (compiled on CUDA) and on the eager path (the local + global rule, which
-reads no ``b``, also with ``per_sequence=False``: the shared grid, compiled and eager), and one forward of
+builder's default path (the generated kernel on CUDA), compiled (``torch.compile``) and eager
+(the local + global rule, which reads no ``b``, also with ``per_sequence=False``: the kernel and
+the shared grid compiled), and one forward of
 ``jagged_attention`` (dense, causal) and of ``block_sparse_attention`` with the workload's
 mask, plans built outside the timing. Times are ``jagflash.bench.timing.measure`` p50 (CUDA
 events, many repetitions; wall clock on the CPU). Rows: ``workload, what, path, ms_p50,
@@ -102,13 +103,13 @@ def workload_rows(name: str, smoke: bool, dev: torch.device, profile: bool = Fal
         (name, "jagged_attention fwd", "default", dense, "", "", "", ""),
         (name, "block_sparse_attention fwd", "default", sparse, "", "", "", int(m.kv_counts.sum())),
     ]
-    paths = (("default", None, True), ("eager", False, True))
-    shared = (("shared", None, False), ("shared eager", False, False))  # per_sequence=False: b not read
+    paths = (("default", None, True), ("compiled", "compiled", True), ("eager", "eager", True))
+    shared = (("shared", None, False), ("shared compiled", "compiled", False))  # per_sequence=False: b not read
     for rule_name, rule, more in (("local+global", mask_mod(w.blocks, m), shared), ("document", document_mask_mod(b), ())):
-        for path, compile_, per_sequence in paths + more:
-            def build(rule=rule, compile_=compile_, per_sequence=per_sequence):
+        for path, evaluator, per_sequence in paths + more:
+            def build(rule=rule, evaluator=evaluator, per_sequence=per_sequence):
                 return BlockMask.from_mask_mod(
-                    rule, qo, ko, 1, m.block_size, **bounds, total_q=b.total_q, total_kv=b.total_kv, compile=compile_,
+                    rule, qo, ko, 1, m.block_size, **bounds, total_q=b.total_q, total_kv=b.total_kv, evaluator=evaluator,
                     per_sequence=per_sequence,
                 )
 

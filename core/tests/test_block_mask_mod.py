@@ -1,7 +1,8 @@
 """BlockMask.from_mask_mod: the own-block enumeration against a pair-by-pair brute force and
 against the padded-grid evaluation it replaced (the lists bit-for-bit), over hypothesis-drawn
 jagged batches; compiled (inductor, on the CPU too) against eager with no recompile on a new
-batch; on a GPU compiled vs eager vs the padded grid on a larger batch, without a host sync."""
+batch; on a GPU the generated kernel vs compiled vs eager vs the padded grid on a larger batch,
+without a host sync (the generated kernel's own properties: test_mask_mod_kernel.py)."""
 
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ def test_own_blocks_match_brute_force_and_the_padded_grid(lq, extra, size, heads
         kw = dict(max_seqlen_q=max(lq) + 3, max_seqlen_kv=max(lk))  # a bound above the longest is legal
     if given_bounds == "max+totals":
         kw.update(total_q=sum(lq), total_kv=sum(lk))
-    m = BlockMask.from_mask_mod(mm, qo, ko, heads, size, compile=False, **kw)
+    m = BlockMask.from_mask_mod(mm, qo, ko, heads, size, evaluator="eager", **kw)
     nq, nk = m.grid
     assert (nq, nk) == (-(-(max(lq) + (3 if kw else 0)) // bm), -(-max(lk) // bn))
     brute = BlockMask.from_dense(_brute_grid(mm, lq, lk, heads, bm, bn, nq, nk), qo, ko, size)
@@ -108,7 +109,7 @@ def test_own_blocks_match_brute_force_and_the_padded_grid(lq, extra, size, heads
     # per_sequence=False (the mask_mod reads no b): the longest grid once plus each sequence's
     # partial edges list what the brute force lists
     flat = lambda b, h, q, k: mm(torch.zeros_like(b), h, q, k)
-    shared = BlockMask.from_mask_mod(flat, qo, ko, heads, size, compile=False, per_sequence=False, **kw)
+    shared = BlockMask.from_mask_mod(flat, qo, ko, heads, size, evaluator="eager", per_sequence=False, **kw)
     _same_lists(shared, BlockMask.from_dense(_brute_grid(flat, lq, lk, heads, bm, bn, nq, nk), qo, ko, size))
 
 
@@ -123,7 +124,7 @@ def test_shared_grid_edges_are_evaluated_on_their_own(size) -> None:
     lk = [2 * bn - 7, 3 * bn, 4 * bn + 3, 2 * bn, bn, bn]
     qo, ko = _offsets(lq), _offsets(lk)
     for kw in ({}, dict(max_seqlen_q=max(lq), max_seqlen_kv=max(lk), total_q=sum(lq), total_kv=sum(lk))):
-        m = BlockMask.from_mask_mod(mm, qo, ko, 1, size, compile=False, per_sequence=False, **kw)
+        m = BlockMask.from_mask_mod(mm, qo, ko, 1, size, evaluator="eager", per_sequence=False, **kw)
         want = [(a // bm) * (c // bn) for a, c in zip(lq, lk)]  # the full blocks
         assert m.kv_counts.sum(-1).flatten().tolist() == want
         _same_lists(m, BlockMask.from_dense(_brute_grid(mm, lq, lk, 1, bm, bn, *m.grid), qo, ko, size))
@@ -136,11 +137,11 @@ def test_empty_batches_and_chunks(monkeypatch) -> None:
 
     mm = _mask_mod("per_head", 40, torch.zeros(0))
     for lq, lk in (([], []), ([0, 0], [0, 5]), ([0], [0])):
-        m = BlockMask.from_mask_mod(mm, _offsets(lq), _offsets(lk), 2, (64, 64), compile=False)
+        m = BlockMask.from_mask_mod(mm, _offsets(lq), _offsets(lk), 2, (64, 64), evaluator="eager")
         assert int(m.kv_counts.sum()) == 0
     monkeypatch.setattr(evaluation, "_CHUNK", 2 * 2 * 64 * 64)  # 2 blocks of 2 heads a chunk
     lq, lk = [130, 0, 200, 64], [65, 9, 260, 64]
-    m = BlockMask.from_mask_mod(mm, _offsets(lq), _offsets(lk), 2, (64, 64), compile=False)
+    m = BlockMask.from_mask_mod(mm, _offsets(lq), _offsets(lk), 2, (64, 64), evaluator="eager")
     _same_lists(m, BlockMask.from_dense(_brute_grid(mm, lq, lk, 2, 64, 64, *m.grid), _offsets(lq), _offsets(lk), (64, 64)))
 
 
@@ -167,8 +168,8 @@ def test_compiled_equals_eager_without_recompiles() -> None:
     counters.clear()
     for lq, lk in (([130, 0, 70, 300], [100, 5, 140, 300]), ([5, 400, 64], [64, 64, 511]), ([1, 2, 3, 4, 900], [9, 8, 7, 6, 5])):
         qo, ko = _offsets(lq), _offsets(lk)
-        c = BlockMask.from_mask_mod(mm, qo, ko, 2, (64, 64), compile=True)
-        e = BlockMask.from_mask_mod(mm, qo, ko, 2, (64, 64), compile=False)
+        c = BlockMask.from_mask_mod(mm, qo, ko, 2, (64, 64), evaluator="compiled")
+        e = BlockMask.from_mask_mod(mm, qo, ko, 2, (64, 64), evaluator="eager")
         _same_lists(c, e)
     # three graphs, each compiled once: the blocks' enumeration, the mask_mod's pairs, the lists
     assert counters["stats"]["unique_graphs"] == 3, dict(counters["stats"])
@@ -193,10 +194,10 @@ def test_index_dtype_and_one_entry_code_per_mask_mod_function() -> None:
         return rule
 
     o = _offsets([130, 70])
-    m32 = BlockMask.from_mask_mod(band(40), o, o, 1, (64, 64), compile=False)
+    m32 = BlockMask.from_mask_mod(band(40), o, o, 1, (64, 64), evaluator="eager")
     assert seen == {(torch.int32,) * 4}
     seen.clear()
-    m64 = BlockMask.from_mask_mod(band(40), o, o, 1, (64, 64), compile=False, index_dtype=torch.int64)
+    m64 = BlockMask.from_mask_mod(band(40), o, o, 1, (64, 64), evaluator="eager", index_dtype=torch.int64)
     assert seen == {(torch.int64,) * 4}
     _same_lists(m32, m64)
 
@@ -217,7 +218,7 @@ def test_index_dtype_and_one_entry_code_per_mask_mod_function() -> None:
     assert partials[0] not in codes
     rule = functools.partial(shifted, shift=-70)  # compiled through its function's own entry code
     _same_lists(
-        BlockMask.from_mask_mod(rule, o, o, 1, (64, 64), compile=True), BlockMask.from_mask_mod(rule, o, o, 1, (64, 64), compile=False),
+        BlockMask.from_mask_mod(rule, o, o, 1, (64, 64), evaluator="compiled"), BlockMask.from_mask_mod(rule, o, o, 1, (64, 64), evaluator="eager"),
     )
 
 
@@ -225,8 +226,8 @@ def test_index_dtype_and_one_entry_code_per_mask_mod_function() -> None:
 @pytest.mark.parametrize("size", [(64, 64), (128, 128)])
 def test_gpu_compiled_eager_padded_agree_without_sync(size) -> None:
     """A lognormal-like batch of 96 sequences (up to 3000 rows, cross lengths, zero lengths),
-    per-head document/band and local+global mask_mods: compiled = eager = the padded grid; a warm
-    compiled call with the max lengths and totals given makes no host sync."""
+    per-head document/band and local+global mask_mods: the generated kernel = compiled = eager =
+    the padded grid; a warm call (the kernel) with the max lengths and totals given makes no host sync."""
     bm, bn = size
     gen = torch.Generator().manual_seed(7)
     lq = (torch.randn(96, generator=gen) + 6.0).exp().clamp(max=3000).long()
@@ -240,9 +241,9 @@ def test_gpu_compiled_eager_padded_agree_without_sync(size) -> None:
         (lambda b, h, q, k: ((q // 512 - k // 512).abs() <= 1) | (k < 128), 1),
     ]
     for mm, heads in mods:
-        c = BlockMask.from_mask_mod(mm, qo, ko, heads, size, **kw)  # compiled: the CUDA default
-        e = BlockMask.from_mask_mod(mm, qo, ko, heads, size, compile=False, **kw)
-        _same_lists(c, e)
+        c = BlockMask.from_mask_mod(mm, qo, ko, heads, size, **kw)  # the generated kernel: the CUDA default
+        for other in ("compiled", "eager"):
+            _same_lists(c, BlockMask.from_mask_mod(mm, qo, ko, heads, size, evaluator=other, **kw))
         padded = _padded_grid(mm, qo, ko, heads, bm, bn, *c.grid)
         _same_lists(c, BlockMask.from_dense(padded, qo, ko, size))
         torch.cuda.synchronize()
@@ -252,20 +253,20 @@ def test_gpu_compiled_eager_padded_agree_without_sync(size) -> None:
         finally:
             torch.cuda.set_sync_debug_mode("default")
         _same_lists(c, again)
-        if heads == 1:  # the local+global rule reads no b: the shared grid, compiled and eager
-            for compile_ in (None, False):
-                _same_lists(c, BlockMask.from_mask_mod(mm, qo, ko, heads, size, compile=compile_, per_sequence=False, **kw))
+        if heads == 1:  # the local+global rule reads no b: the shared grid, every evaluator
+            for ev in (None, "compiled", "eager"):
+                _same_lists(c, BlockMask.from_mask_mod(mm, qo, ko, heads, size, evaluator=ev, per_sequence=False, **kw))
 
 
-def test_refuses_bad_bounds_and_compile_with_every_reason() -> None:
+def test_refuses_bad_bounds_and_evaluator_with_every_reason() -> None:
     from jagflash.core.capability import InvalidInput
 
     o = _offsets([100, 20])
     with pytest.raises(InvalidInput) as e:
         BlockMask.from_mask_mod(
-            lambda b, h, q, k: k <= q, o, o, 1, (64, 64), total_q=-1, max_seqlen_kv=True, compile="yes", per_sequence=None,
+            lambda b, h, q, k: k <= q, o, o, 1, (64, 64), total_q=-1, max_seqlen_kv=True, evaluator="yes", per_sequence=None,
             index_dtype=torch.int16,
         )
     text = str(e.value)
-    for want in ("total_q must be", "max_seqlen_kv must be", "compile must be", "per_sequence must be", "index_dtype must be"):
+    for want in ("total_q must be", "max_seqlen_kv must be", "evaluator must be", "per_sequence must be", "index_dtype must be"):
         assert want in text

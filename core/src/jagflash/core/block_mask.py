@@ -30,14 +30,16 @@ and :func:`top_k`. The kernels read the lists through ``jagflash.core.mask``'s b
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from jagflash.core.capability import InvalidInput
+from jagflash.core.capability import InvalidInput, UnsupportedProblem
 from jagflash.core.jagged import cdiv, seq_lengths
 from jagflash.core.mask_mod import compile_supported, compiled_part, evaluate
+from jagflash.core.mask_mod_kernel import Untraceable, block_lists, hit_grid, kernel_reasons
 
 __all__ = ["BLOCK_SIZES", "BLOCK_SIZE_FEATURES", "BlockMask", "local_global", "mask_features", "sessions", "strided", "top_k"]
 
@@ -120,6 +122,22 @@ def _hit_lists(hits: torch.Tensor, nq: int, nk: int, nq_b: torch.Tensor, nk_b: t
     taken for one: a recompile whenever they part)."""
     grid = hits[:, :-1].view(hits.shape[0], nq_b.shape[0], nq, nk).transpose(0, 1)
     return _lists(grid, nq_b, nk_b)
+
+
+#: Codes of the mask_mods whose fallback from the generated kernel was already reported.
+_WARNED: set = set()
+
+
+def _warn_fallback(mask_mod, reasons: list[str]) -> None:
+    """Say once per mask_mod function why the generated kernel did not evaluate it."""
+    code = getattr(getattr(mask_mod, "__func__", mask_mod), "__code__", type(mask_mod))
+    if code not in _WARNED:
+        _WARNED.add(code)
+        other = "torch.compile" if compile_supported() else "eager torch ops"
+        warnings.warn(
+            f"BlockMask.from_mask_mod: the generated kernel cannot evaluate this mask_mod ({'; '.join(reasons)}); "
+            f"evaluating it with {other}, slower (pass evaluator= to choose)", stacklevel=3,
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -250,7 +268,7 @@ class BlockMask:
         cls, mask_mod: Callable, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, heads: int = 1,
         block_size: tuple[int, int] = (128, 128), *, max_seqlen_q: int | None = None,
         max_seqlen_kv: int | None = None, total_q: int | None = None, total_kv: int | None = None,
-        compile: bool | None = None, per_sequence: bool = True, index_dtype: torch.dtype = torch.int32,
+        evaluator: str | None = None, per_sequence: bool = True, index_dtype: torch.dtype = torch.int32,
     ) -> BlockMask:
         """From FlexAttention's ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (vectorised over
         broadcastable index tensors of ``index_dtype``; ``b`` the sequence, ``h`` the head,
@@ -264,12 +282,24 @@ class BlockMask:
         ``b``, ``h``, ``q_idx``, ``kv_idx`` shaped ``[C, 1, 1, 1]``, ``[1, heads, 1, 1]``,
         ``[C, 1, bm, 1]``, ``[C, 1, 1, bn]`` for a chunk of ``C`` blocks.
 
-        ``compile``: evaluate through ``torch.compile`` (per chunk, the blocks' positions and
-        lengths are enumerated first, a few small ops, then one fused kernel evaluates the
-        mask_mod and reduces with ``any`` reading them, the ``bm x bn`` pairs never stored; dynamic shapes,
-        so a new batch does not recompile; cached per ``mask_mod`` object) or eagerly in chunks of
-        at most ``2**24`` pairs. Default: compiled on CUDA where ``torch.compile`` is supported,
-        eager elsewhere; ``compile=True`` where it is not is refused. Both list the same blocks.
+        ``evaluator``: how the pairs are evaluated; all three list the same blocks.
+
+        * ``"kernel"``: jagflash's own Triton kernel generated from the mask_mod
+          (:mod:`jagflash.core.mask_mod_kernel`: traced once with ``torch.fx``; each block is
+          first decided from bounds of the mask_mod's values over its pairs, a few scalar
+          instructions, and only a block the bounds leave open evaluates its pairs), then a
+          second kernel writes the lists: two launches, nothing enumerated on the host. On
+          CUDA, or on the CPU under ``TRITON_INTERPRET=1``. A mask_mod it cannot trace is
+          refused with the reasons.
+        * ``"compiled"``: ``torch.compile`` (per chunk, the blocks' positions and lengths are
+          enumerated first, a few small ops, then one fused kernel evaluates the mask_mod and
+          reduces with ``any`` reading them, the ``bm x bn`` pairs never stored; dynamic shapes,
+          so a new batch does not recompile; cached per ``mask_mod`` object).
+        * ``"eager"``: torch ops in chunks of at most ``2**24`` pairs.
+
+        Default: ``"kernel"`` on CUDA, falling back (with a warning that gives the reasons, once
+        per mask_mod) to ``"compiled"`` where ``torch.compile`` is supported and ``"eager"``
+        elsewhere; ``"eager"`` on the CPU.
 
         ``per_sequence=False`` declares that ``mask_mod`` does not read ``b`` (as FlexAttention's
         ``B=None``; it is called with ``b = 0``): the longest sequence's grid is evaluated once
@@ -300,14 +330,16 @@ class BlockMask:
             reasons.append(f"per_sequence must be True or False, got {per_sequence!r}")
         if index_dtype not in (torch.int32, torch.int64):
             reasons.append(f"index_dtype must be torch.int32 or torch.int64, got {index_dtype!r}")
-        if compile not in (None, True, False):
-            reasons.append(f"compile must be True, False or None, got {compile!r}")
-        elif compile and not compile_supported():
-            reasons.append("compile=True, but torch.compile is not supported in this Python (torch._dynamo.is_dynamo_supported())")
+        if evaluator not in (None, "kernel", "compiled", "eager"):
+            reasons.append(f"evaluator must be 'kernel', 'compiled', 'eager' or None, got {evaluator!r}")
+        elif evaluator == "compiled" and not compile_supported():
+            reasons.append("evaluator='compiled', but torch.compile is not supported in this Python (torch._dynamo.is_dynamo_supported())")
         if reasons:
             raise InvalidInput(_WHO, reasons)
-        bm, bn = (int(x) for x in block_size)
         dev = q_offsets.device
+        if evaluator == "kernel" and kernel_reasons(dev):
+            raise UnsupportedProblem(f"{_WHO}.from_mask_mod (evaluator='kernel')", kernel_reasons(dev))
+        bm, bn = (int(x) for x in block_size)
         batch = q_offsets.numel() - 1
         nq_b, nk_b = _block_counts(q_offsets, bm), _block_counts(kv_offsets, bn)
         if max_seqlen_q is None or max_seqlen_kv is None:  # one sync: the max lengths and the block count
@@ -324,7 +356,15 @@ class BlockMask:
                 room = min(room, (total_kv + batch * (bn - 1)) // bn * nq)
             if total_q is not None and total_kv is not None:
                 edge_room = min(edge_room, (total_q + batch * (bm - 1)) // bm + (total_kv + batch * (bn - 1)) // bn)
-        use_compile = dev.type == "cuda" and compile_supported() if compile is None else compile
+        if evaluator in (None, "kernel") and (evaluator or dev.type == "cuda"):
+            try:
+                hits = hit_grid(mask_mod, heads, (bm, bn), q_offsets, kv_offsets, nq, nk, per_sequence=per_sequence, index_dtype=index_dtype)
+                return cls(*block_lists(hits, q_offsets, kv_offsets, (bm, bn)), q_offsets, kv_offsets, (bm, bn))
+            except Untraceable as e:
+                if evaluator:
+                    raise UnsupportedProblem(f"{_WHO}.from_mask_mod (evaluator='kernel')", e.reasons) from None
+                _warn_fallback(mask_mod, e.reasons)
+        use_compile = evaluator == "compiled" or (evaluator is None and dev.type == "cuda" and compile_supported())
         hits = evaluate(
             mask_mod, heads, (bm, bn), nq_b, nk_b, seq_lengths(q_offsets), seq_lengths(kv_offsets), nq, nk,
             room, edge_room, per_sequence=per_sequence, compiled=use_compile, index_dtype=index_dtype,

@@ -1,0 +1,255 @@
+"""The generated mask_mod kernel (``jagflash.core.mask_mod_kernel``): random mask_mod expressions
+over hypothesis-drawn jagged batches list exactly the eager evaluation's blocks (which
+test_block_mask_mod.py holds against a pair-by-pair brute force), so the bounds that decide a
+block without its pairs never decide one wrongly; reads of closed-over tensors (strided,
+negative indices, int / float / 0-d); the trace cache; refusals with their reasons. On the CPU
+under ``TRITON_INTERPRET=1``, on a GPU where one is present."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jagflash.core import mask_mod_kernel as mk
+from jagflash.core.block_mask import BlockMask
+from jagflash.core.capability import UnsupportedProblem
+from jagflash.testing.strategies import length_lists
+
+_DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = pytest.mark.skipif(bool(mk.kernel_reasons(_DEV)), reason="; ".join(mk.kernel_reasons(_DEV)) or "runs")
+
+
+def _offsets(lengths) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int32, device=_DEV)
+
+
+def _same(mm, lq, lk, heads=1, size=(64, 64), **kw) -> BlockMask:
+    qo, ko = _offsets(lq), _offsets(lk)
+    got = BlockMask.from_mask_mod(mm, qo, ko, heads, size, evaluator="kernel", **kw)
+    want = BlockMask.from_mask_mod(mm, qo, ko, heads, size, evaluator="eager", **kw)
+    for x, y in zip((got.kv_counts, got.kv_indices, got.q_counts, got.q_indices), (want.kv_counts, want.kv_indices, want.q_counts, want.q_indices)):
+        assert x.dtype == torch.int32
+        assert x.is_contiguous()
+        assert torch.equal(x, y)
+    return got
+
+
+# -- random mask_mod expressions ---------------------------------------------------------------
+_INT_TABLE = torch.randint(-50, 400, (7, 5), generator=torch.Generator().manual_seed(1)).to(_DEV)
+_BOOL_TABLE = (torch.rand(3, 6, 6, generator=torch.Generator().manual_seed(2)) < 0.4).to(_DEV)
+
+
+def _ints(depth: int):
+    leaves = st.sampled_from(["q", "k", "b", "h"]) | st.integers(-20, 300)
+    if depth == 0:
+        return leaves
+    sub = _ints(depth - 1)
+    return st.one_of(
+        leaves,
+        st.tuples(st.sampled_from(["+", "-", "min", "max"]), sub, sub),
+        st.tuples(st.just("*"), sub, st.integers(-3, 3)),
+        st.tuples(st.sampled_from(["//", "%"]), sub, st.integers(1, 130)),
+        st.tuples(st.sampled_from(["abs", "neg"]), sub),
+        st.tuples(st.just("clamp"), sub, st.integers(-10, 100), st.integers(100, 400)),
+        st.tuples(st.just("where"), _bools(depth - 1), sub, sub),
+        st.tuples(st.just("read"), sub, sub),
+    )
+
+
+def _bools(depth: int):
+    cmp = st.tuples(st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), _ints(depth), _ints(depth))
+    if depth == 0:
+        return cmp
+    sub = _bools(depth - 1)
+    return st.one_of(
+        cmp,
+        st.tuples(st.sampled_from(["&", "|", "^"]), sub, sub),
+        st.tuples(st.just("~"), sub),
+        st.tuples(st.just("bread"), _ints(depth - 1), _ints(depth - 1)),
+    )
+
+
+def _number(x) -> bool:
+    return isinstance(x, (bool, int, float))
+
+
+def _build(t):
+    """A mask_mod sub-expression (a function of b, h, q, k) from a drawn tree; a sub-expression
+    of constants alone is folded with Python's rules (torch's for Python numbers)."""
+    if isinstance(t, int):
+        return lambda b, h, q, k: t
+    if isinstance(t, str):
+        return {"q": lambda b, h, q, k: q, "k": lambda b, h, q, k: k, "b": lambda b, h, q, k: b, "h": lambda b, h, q, k: h}[t]
+    op, *args = t
+    n = {"*": 1, "//": 1, "%": 1, "clamp": 2}.get(op, 0)
+    consts = args[len(args) - n :]
+    fs = [_build(a) for a in args[: len(args) - len(consts)]]
+
+    def ev(*x):
+        v = [f(*x) for f in fs]
+        if op == "read":
+            return _INT_TABLE[v[0] % 7, v[1] % 5]
+        if op == "bread":
+            return _BOOL_TABLE[x[0] % 3, v[0] % 6, v[1] % 6]
+        if op == "where":
+            if _number(v[0]):
+                return v[1] if v[0] else v[2]
+            return torch.where(v[0], v[1], v[2])
+        if op in ("min", "max"):
+            if _number(v[0]) and _number(v[1]):
+                return (min if op == "min" else max)(v[0], v[1])
+            if _number(v[0]):
+                v = v[::-1]
+            if _number(v[1]):
+                return v[0].clamp(max=v[1]) if op == "min" else v[0].clamp(min=v[1])
+            return (torch.minimum if op == "min" else torch.maximum)(v[0], v[1])
+        if op == "clamp":
+            return max(consts[0], min(consts[1], v[0])) if _number(v[0]) else v[0].clamp(consts[0], consts[1])
+        if op == "~":
+            return (not v[0]) if _number(v[0]) else ~v[0]
+        if op in ("&", "|", "^") and _number(v[0]) and _number(v[1]):
+            return {"&": v[0] and v[1], "|": v[0] or v[1], "^": v[0] != v[1]}[op]
+        if op in ("*", "//", "%"):
+            return {"*": lambda a: a * consts[0], "//": lambda a: a // consts[0], "%": lambda a: a % consts[0]}[op](v[0])
+        return {
+            "+": lambda a, c: a + c, "-": lambda a, c: a - c, "abs": lambda a: abs(a), "neg": lambda a: -a,
+            "<": lambda a, c: a < c, "<=": lambda a, c: a <= c, ">": lambda a, c: a > c, ">=": lambda a, c: a >= c,
+            "==": lambda a, c: a == c, "!=": lambda a, c: a != c, "&": lambda a, c: a & c, "|": lambda a, c: a | c,
+            "^": lambda a, c: a ^ c,
+        }[op](*v)
+
+    return ev
+
+
+def _tensor_valued(t) -> bool:
+    """Whether the drawn expression depends on an argument (a constant one is not a mask_mod)."""
+    return isinstance(t, str) or (isinstance(t, tuple) and any(_tensor_valued(a) for a in t[1:]))
+
+
+@given(
+    lq=length_lists(max_batch=3, max_len=260),
+    extra=st.lists(st.integers(-40, 140), min_size=3, max_size=3),
+    tree=_bools(2),
+    heads=st.sampled_from([1, 2]),
+    size=st.sampled_from([(64, 64), (128, 128)]),
+)
+def test_random_expressions_list_the_eager_blocks(lq, extra, tree, heads, size) -> None:
+    lk = [max(0, a + e) for a, e in zip(lq, extra)]
+    if not _tensor_valued(tree):
+        tree = ("&", tree, ("<=", "k", "q"))
+    _same(_build(tree), lq, lk, heads, size)
+
+
+def test_bounds_at_block_edges() -> None:
+    """Bands whose edge falls on, just before and just after a block edge: an off-by-one in a
+    bound decides a block wrongly here."""
+    forms = [
+        lambda w: lambda b, h, q, k: q - k <= w,
+        lambda w: lambda b, h, q, k: k - q < w,
+        lambda w: lambda b, h, q, k: (q - k).abs() >= w,
+        lambda w: lambda b, h, q, k: q * 2 - k * 3 > w,
+        lambda w: lambda b, h, q, k: -(q // 3) + k // 5 == w // 8,
+        lambda w: lambda b, h, q, k: torch.minimum(q, k + w) != q,
+    ]
+    for form in forms:
+        for w in (-129, -128, -65, -64, -63, -1, 0, 1, 63, 64, 65, 127, 128, 129):
+            _same(form(w), [256, 131], [192, 200])
+
+
+# -- the forms the bench and users write -------------------------------------------------------
+def test_named_forms_and_reads() -> None:
+    """Local + global in block arithmetic, a lookup of a block grid (decided from bounds), a
+    document mask (pairs), per-head rules, a strided 2-d table read through negative indices,
+    int64 and float tables, a 0-d tensor, FlexAttention's and_masks start (``new_ones``), int64
+    indices, per_sequence=False."""
+    lq, lk = [300, 0, 64, 130, 1], [250, 70, 0, 130, 129]
+    bs = 64
+    grid = torch.rand(5, 2, 6, 6, generator=torch.Generator().manual_seed(3)).to(_DEV) < 0.3
+    doc = torch.randint(0, 4, (300,), generator=torch.Generator().manual_seed(4)).sort().values.to(_DEV)
+    wide = torch.randint(0, 9, (6, 40), generator=torch.Generator().manual_seed(5)).to(_DEV).t()  # strided [40, 6]
+    scores = torch.rand(8, generator=torch.Generator().manual_seed(6), dtype=torch.float64).to(_DEV)
+    shift = torch.tensor(17, device=_DEV)
+    big = torch.arange(400, dtype=torch.int64, device=_DEV) * 3
+
+    def local_global(b, h, q, k):
+        qb, kb = q // bs, k // bs
+        return ((kb <= qb) & (kb >= qb - 1)) | (kb < 1)
+
+    rules = [
+        (local_global, 1),
+        (lambda b, h, q, k: grid[b, h, (q // bs).clamp(0, 5), (k // bs).clamp(0, 5)], 2),
+        (lambda b, h, q, k: doc[q.clamp(max=299)] == doc[k.clamp(max=299)], 1),
+        (lambda b, h, q, k: torch.where(h == 0, k <= q, (q - k).abs() < 40), 2),
+        (lambda b, h, q, k: wide[q % 40, -1 - (k % 6)] > 4, 1),
+        (lambda b, h, q, k: big[k.clamp(max=399)] < q * 2 + 100, 1),
+        (lambda b, h, q, k: scores[(q // 37) % 8] > 0.5, 1),
+        (lambda b, h, q, k: k < q + shift, 1),
+        (lambda b, h, q, k: b.new_ones((), dtype=torch.bool) & (k <= q), 1),
+        (lambda b, h, q, k: ((q ^ k) & 64) == 0, 1),
+    ]
+    for rule, heads in rules:
+        _same(rule, lq, lk, heads, (bs, bs))
+    _same(local_global, lq, lk, 1, (bs, bs), index_dtype=torch.int64)
+    _same(local_global, lq, lk, 1, (bs, bs), per_sequence=False, max_seqlen_q=300, max_seqlen_kv=250)
+    _same(local_global, [0, 0], [0, 5])
+
+
+def test_trace_cache_and_kernel_reuse() -> None:
+    """A mask_mod object is traced once; closures of one function that differ in an int (a
+    window) share the compiled kernel (the int is an argument, not a constant); a rebound
+    closure cell (another table) is a new trace that reads the new tensor."""
+
+    def band(width):
+        return lambda b, h, q, k: (q - k).abs() <= width
+
+    a, b = band(10), band(90)
+    _same(a, [200, 70], [150, 300])
+    kernels = len(mk._KERNELS)
+    _same(b, [200, 70], [150, 300])
+    assert len(mk._KERNELS) == kernels
+    assert len(mk._TRACES[a]) == 1
+    _same(a, [5, 400], [64, 64])
+    assert len(mk._TRACES[a]) == 1
+
+    table = torch.zeros(8, dtype=torch.bool, device=_DEV)
+
+    def rule(b, h, q, k):
+        return table[(q // 64) % 8]
+
+    m = _same(rule, [512], [64])
+    assert int(m.kv_counts.sum()) == 0
+    table = torch.ones(8, dtype=torch.bool, device=_DEV)  # read by rule through its cell
+    m = _same(rule, [512], [64])
+    assert int(m.kv_counts.sum()) == 8
+    assert len(mk._TRACES[rule]) == 2
+    _same(functools.partial(lambda b, h, q, k, w: k <= q + w, w=30), [100], [300])
+
+
+def test_refusals_list_their_reasons() -> None:
+    """evaluator='kernel' refuses what it cannot evaluate, with the reason; the default path
+    (on the CPU: eager) still evaluates it."""
+
+    def control_flow(b, h, q, k):
+        return k <= q if int(q.max()) > 5 else k > q
+
+    def divide(b, h, q, k):
+        return q / 3 > k
+
+    table = torch.zeros(10, dtype=torch.bool, device=_DEV)
+
+    def computed_index(b, h, q, k):
+        return (table | (b > 0))[q % 10]
+
+    def by_tensor(b, h, q, k):
+        return q // (k + 1) > 2
+
+    qo = _offsets([100])
+    for rule, want in ((control_flow, "torch.fx cannot trace"), (divide, "truediv"), (computed_index, "whole tensor"), (by_tensor, "only a positive int")):
+        with pytest.raises(UnsupportedProblem) as e:
+            BlockMask.from_mask_mod(rule, qo, qo, 1, (64, 64), evaluator="kernel")
+        assert want in str(e.value), str(e.value)
+        assert "evaluator='kernel'" in str(e.value)
