@@ -19,16 +19,19 @@ from jagflash.core.block_mask import BlockMask
 from jagflash.core.capability import UnsupportedProblem
 from jagflash.testing.strategies import length_lists
 
-_DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-pytestmark = pytest.mark.skipif(bool(mk.kernel_reasons(_DEV)), reason="; ".join(mk.kernel_reasons(_DEV)) or "runs")
+
+@pytest.fixture(scope="module", params=[pytest.param("cpu", marks=pytest.mark.interpret), pytest.param("cuda", marks=pytest.mark.gpu)])
+def dev(request) -> torch.device:
+    """The CPU under Triton's interpreter, or a GPU."""
+    return torch.device(request.param)
 
 
-def _offsets(lengths) -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int32, device=_DEV)
+def _offsets(lengths, dev) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int32, device=dev)
 
 
-def _same(mm, lq, lk, heads=1, size=(64, 64), **kw) -> BlockMask:
-    qo, ko = _offsets(lq), _offsets(lk)
+def _same(mm, lq, lk, dev, heads=1, size=(64, 64), **kw) -> BlockMask:
+    qo, ko = _offsets(lq, dev), _offsets(lk, dev)
     got = BlockMask.from_mask_mod(mm, qo, ko, heads, size, evaluator="kernel", **kw)
     want = BlockMask.from_mask_mod(mm, qo, ko, heads, size, evaluator="eager", **kw)
     for x, y in zip((got.kv_counts, got.kv_indices, got.q_counts, got.q_indices), (want.kv_counts, want.kv_indices, want.q_counts, want.q_indices)):
@@ -39,8 +42,8 @@ def _same(mm, lq, lk, heads=1, size=(64, 64), **kw) -> BlockMask:
 
 
 # -- random mask_mod expressions ---------------------------------------------------------------
-_INT_TABLE = torch.randint(-50, 400, (7, 5), generator=torch.Generator().manual_seed(1)).to(_DEV)
-_BOOL_TABLE = (torch.rand(3, 6, 6, generator=torch.Generator().manual_seed(2)) < 0.4).to(_DEV)
+_INT_TABLE = torch.randint(-50, 400, (7, 5), generator=torch.Generator().manual_seed(1))
+_BOOL_TABLE = torch.rand(3, 6, 6, generator=torch.Generator().manual_seed(2)) < 0.4
 
 
 def _ints(depth: int):
@@ -77,24 +80,25 @@ def _number(x) -> bool:
     return isinstance(x, (bool, int, float))
 
 
-def _build(t):
+def _build(t, dev):
     """A mask_mod sub-expression (a function of b, h, q, k) from a drawn tree; a sub-expression
     of constants alone is folded with Python's rules (torch's for Python numbers)."""
     if isinstance(t, int):
         return lambda b, h, q, k: t
+    ints, bools = _INT_TABLE.to(dev), _BOOL_TABLE.to(dev)
     if isinstance(t, str):
         return {"q": lambda b, h, q, k: q, "k": lambda b, h, q, k: k, "b": lambda b, h, q, k: b, "h": lambda b, h, q, k: h}[t]
     op, *args = t
     n = {"*": 1, "//": 1, "%": 1, "clamp": 2}.get(op, 0)
     consts = args[len(args) - n :]
-    fs = [_build(a) for a in args[: len(args) - len(consts)]]
+    fs = [_build(a, dev) for a in args[: len(args) - len(consts)]]
 
     def ev(*x):
         v = [f(*x) for f in fs]
         if op == "read":
-            return _INT_TABLE[v[0] % 7, v[1] % 5]
+            return ints[v[0] % 7, v[1] % 5]
         if op == "bread":
-            return _BOOL_TABLE[x[0] % 3, v[0] % 6, v[1] % 6]
+            return bools[x[0] % 3, v[0] % 6, v[1] % 6]
         if op == "where":
             if _number(v[0]):
                 return v[1] if v[0] else v[2]
@@ -137,14 +141,14 @@ def _tensor_valued(t) -> bool:
     heads=st.sampled_from([1, 2]),
     size=st.sampled_from([(64, 64), (128, 128)]),
 )
-def test_random_expressions_list_the_eager_blocks(lq, extra, tree, heads, size) -> None:
+def test_random_expressions_list_the_eager_blocks(dev, lq, extra, tree, heads, size) -> None:
     lk = [max(0, a + e) for a, e in zip(lq, extra)]
     if not _tensor_valued(tree):
         tree = ("&", tree, ("<=", "k", "q"))
-    _same(_build(tree), lq, lk, heads, size)
+    _same(_build(tree, dev), lq, lk, dev, heads, size)
 
 
-def test_bounds_at_block_edges() -> None:
+def test_bounds_at_block_edges(dev) -> None:
     """Bands whose edge falls on, just before and just after a block edge: an off-by-one in a
     bound decides a block wrongly here."""
     forms = [
@@ -157,23 +161,23 @@ def test_bounds_at_block_edges() -> None:
     ]
     for form in forms:
         for w in (-129, -128, -65, -64, -63, -1, 0, 1, 63, 64, 65, 127, 128, 129):
-            _same(form(w), [256, 131], [192, 200])
+            _same(form(w), [256, 131], [192, 200], dev)
 
 
 # -- the forms the bench and users write -------------------------------------------------------
-def test_named_forms_and_reads() -> None:
+def test_named_forms_and_reads(dev) -> None:
     """Local + global in block arithmetic, a lookup of a block grid (decided from bounds), a
     document mask (pairs), per-head rules, a strided 2-d table read through negative indices,
     int64 and float tables, a 0-d tensor, FlexAttention's and_masks start (``new_ones``), int64
     indices, per_sequence=False."""
     lq, lk = [300, 0, 64, 130, 1], [250, 70, 0, 130, 129]
     bs = 64
-    grid = torch.rand(5, 2, 6, 6, generator=torch.Generator().manual_seed(3)).to(_DEV) < 0.3
-    doc = torch.randint(0, 4, (300,), generator=torch.Generator().manual_seed(4)).sort().values.to(_DEV)
-    wide = torch.randint(0, 9, (6, 40), generator=torch.Generator().manual_seed(5)).to(_DEV).t()  # strided [40, 6]
-    scores = torch.rand(8, generator=torch.Generator().manual_seed(6), dtype=torch.float64).to(_DEV)
-    shift = torch.tensor(17, device=_DEV)
-    big = torch.arange(400, dtype=torch.int64, device=_DEV) * 3
+    grid = torch.rand(5, 2, 6, 6, generator=torch.Generator().manual_seed(3)).to(dev) < 0.3
+    doc = torch.randint(0, 4, (300,), generator=torch.Generator().manual_seed(4)).sort().values.to(dev)
+    wide = torch.randint(0, 9, (6, 40), generator=torch.Generator().manual_seed(5)).to(dev).t()  # strided [40, 6]
+    scores = torch.rand(8, generator=torch.Generator().manual_seed(6), dtype=torch.float64).to(dev)
+    shift = torch.tensor(17, device=dev)
+    big = torch.arange(400, dtype=torch.int64, device=dev) * 3
 
     def local_global(b, h, q, k):
         qb, kb = q // bs, k // bs
@@ -192,13 +196,13 @@ def test_named_forms_and_reads() -> None:
         (lambda b, h, q, k: ((q ^ k) & 64) == 0, 1),
     ]
     for rule, heads in rules:
-        _same(rule, lq, lk, heads, (bs, bs))
-    _same(local_global, lq, lk, 1, (bs, bs), index_dtype=torch.int64)
-    _same(local_global, lq, lk, 1, (bs, bs), per_sequence=False, max_seqlen_q=300, max_seqlen_kv=250)
-    _same(local_global, [0, 0], [0, 5])
+        _same(rule, lq, lk, dev, heads, (bs, bs))
+    _same(local_global, lq, lk, dev, 1, (bs, bs), index_dtype=torch.int64)
+    _same(local_global, lq, lk, dev, 1, (bs, bs), per_sequence=False, max_seqlen_q=300, max_seqlen_kv=250)
+    _same(local_global, [0, 0], [0, 5], dev)
 
 
-def test_trace_cache_and_kernel_reuse() -> None:
+def test_trace_cache_and_kernel_reuse(dev) -> None:
     """A mask_mod object is traced once; closures of one function that differ in an int (a
     window) share the compiled kernel (the int is an argument, not a constant); a rebound
     closure cell (another table) is a new trace that reads the new tensor."""
@@ -207,29 +211,29 @@ def test_trace_cache_and_kernel_reuse() -> None:
         return lambda b, h, q, k: (q - k).abs() <= width
 
     a, b = band(10), band(90)
-    _same(a, [200, 70], [150, 300])
+    _same(a, [200, 70], [150, 300], dev)
     kernels = len(mk._KERNELS)
-    _same(b, [200, 70], [150, 300])
+    _same(b, [200, 70], [150, 300], dev)
     assert len(mk._KERNELS) == kernels
     assert len(mk._TRACES[a]) == 1
-    _same(a, [5, 400], [64, 64])
+    _same(a, [5, 400], [64, 64], dev)
     assert len(mk._TRACES[a]) == 1
 
-    table = torch.zeros(8, dtype=torch.bool, device=_DEV)
+    table = torch.zeros(8, dtype=torch.bool, device=dev)
 
     def rule(b, h, q, k):
         return table[(q // 64) % 8]
 
-    m = _same(rule, [512], [64])
+    m = _same(rule, [512], [64], dev)
     assert int(m.kv_counts.sum()) == 0
-    table = torch.ones(8, dtype=torch.bool, device=_DEV)  # read by rule through its cell
-    m = _same(rule, [512], [64])
+    table = torch.ones(8, dtype=torch.bool, device=dev)  # read by rule through its cell
+    m = _same(rule, [512], [64], dev)
     assert int(m.kv_counts.sum()) == 8
     assert len(mk._TRACES[rule]) == 2
-    _same(functools.partial(lambda b, h, q, k, w: k <= q + w, w=30), [100], [300])
+    _same(functools.partial(lambda b, h, q, k, w: k <= q + w, w=30), [100], [300], dev)
 
 
-def test_refusals_list_their_reasons() -> None:
+def test_refusals_list_their_reasons(dev) -> None:
     """evaluator='kernel' refuses what it cannot evaluate, with the reason; the default path
     (on the CPU: eager) still evaluates it."""
 
@@ -239,7 +243,7 @@ def test_refusals_list_their_reasons() -> None:
     def divide(b, h, q, k):
         return q / 3 > k
 
-    table = torch.zeros(10, dtype=torch.bool, device=_DEV)
+    table = torch.zeros(10, dtype=torch.bool, device=dev)
 
     def computed_index(b, h, q, k):
         return (table | (b > 0))[q % 10]
@@ -247,7 +251,7 @@ def test_refusals_list_their_reasons() -> None:
     def by_tensor(b, h, q, k):
         return q // (k + 1) > 2
 
-    qo = _offsets([100])
+    qo = _offsets([100], dev)
     for rule, want in ((control_flow, "torch.fx cannot trace"), (divide, "truediv"), (computed_index, "whole tensor"), (by_tensor, "only a positive int")):
         with pytest.raises(UnsupportedProblem) as e:
             BlockMask.from_mask_mod(rule, qo, qo, 1, (64, 64), evaluator="kernel")
