@@ -341,22 +341,17 @@ class BlockMask:
             raise UnsupportedProblem(f"{_WHO}.from_mask_mod (evaluator='kernel')", kernel_reasons(dev))
         bm, bn = (int(x) for x in block_size)
         batch = q_offsets.numel() - 1
-        nq_b, nk_b = _block_counts(q_offsets, bm), _block_counts(kv_offsets, bn)
-        if max_seqlen_q is None or max_seqlen_kv is None:  # one sync: the max lengths and the block count
+        if max_seqlen_q is not None and max_seqlen_kv is not None:  # no sync, and no device op yet
+            nq, nk = _grid_blocks(q_offsets, bm, max_seqlen_q), _grid_blocks(kv_offsets, bn, max_seqlen_kv)
+            counts = None
+        else:  # one sync: the max lengths and the block count
+            counts = _block_counts(q_offsets, bm), _block_counts(kv_offsets, bn)
+            nq_b, nk_b = counts
             read = torch.stack([nq_b.max(), nk_b.max(), (nq_b * nk_b).sum(), (nq_b + nk_b).sum()]) if batch else torch.zeros(4, dtype=torch.int64)
             mq, mk, room, edge_room = read.tolist()
             nq = mq if max_seqlen_q is None else _grid_blocks(q_offsets, bm, max_seqlen_q)
             nk = mk if max_seqlen_kv is None else _grid_blocks(kv_offsets, bn, max_seqlen_kv)
-        else:
-            nq, nk = _grid_blocks(q_offsets, bm, max_seqlen_q), _grid_blocks(kv_offsets, bn, max_seqlen_kv)
-            room, edge_room = batch * nq * nk, batch * (nq + nk)
-            if total_q is not None:
-                room = min(room, (total_q + batch * (bm - 1)) // bm * nk)
-            if total_kv is not None:
-                room = min(room, (total_kv + batch * (bn - 1)) // bn * nq)
-            if total_q is not None and total_kv is not None:
-                edge_room = min(edge_room, (total_q + batch * (bm - 1)) // bm + (total_kv + batch * (bn - 1)) // bn)
-        if evaluator in (None, "kernel") and (evaluator or dev.type == "cuda"):
+        if evaluator == "kernel" or (evaluator is None and dev.type == "cuda"):
             try:
                 hits = hit_grid(mask_mod, heads, (bm, bn), q_offsets, kv_offsets, nq, nk, per_sequence=per_sequence, index_dtype=index_dtype)
                 return cls(*block_lists(hits, q_offsets, kv_offsets, (bm, bn)), q_offsets, kv_offsets, (bm, bn))
@@ -364,6 +359,16 @@ class BlockMask:
                 if evaluator:
                     raise UnsupportedProblem(f"{_WHO}.from_mask_mod (evaluator='kernel')", e.reasons) from None
                 _warn_fallback(mask_mod, e.reasons)
+        if counts is None:  # the other evaluators' room, from the host's bounds
+            counts = _block_counts(q_offsets, bm), _block_counts(kv_offsets, bn)
+            room, edge_room = batch * nq * nk, batch * (nq + nk)
+            if total_q is not None:
+                room = min(room, (total_q + batch * (bm - 1)) // bm * nk)
+            if total_kv is not None:
+                room = min(room, (total_kv + batch * (bn - 1)) // bn * nq)
+            if total_q is not None and total_kv is not None:
+                edge_room = min(edge_room, (total_q + batch * (bm - 1)) // bm + (total_kv + batch * (bn - 1)) // bn)
+        nq_b, nk_b = counts
         use_compile = evaluator == "compiled" or (evaluator is None and dev.type == "cuda" and compile_supported())
         hits = evaluate(
             mask_mod, heads, (bm, bn), nq_b, nk_b, seq_lengths(q_offsets), seq_lengths(kv_offsets), nq, nk,
