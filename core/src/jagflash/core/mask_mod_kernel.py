@@ -385,7 +385,8 @@ def _float(g: _Gen, sym: str, a: _V, b: _V, dtype) -> _V:
 
 
 def _read(g: _Gen, table, index, dtype) -> _V:
-    """``table[index]``: a tensor the mask_mod closes over, read at one element a pair."""
+    """``table[index]``: a tensor the mask_mod closes over, read at one element a pair; its
+    bounds over a block are the least and greatest element the block's indices reach."""
     if not isinstance(table, _V) or table.const is None or not isinstance(table.const, torch.Tensor):
         raise Untraceable(["indexing a value the mask_mod computed (only tensors it closes over can be read)"])
     tensor = table.const
@@ -395,7 +396,7 @@ def _read(g: _Gen, table, index, dtype) -> _V:
     if dtype not in _TL:
         raise Untraceable([f"a tensor of dtype {dtype} read"])
     ptr, sizes, strides = g.tables[id(tensor)]
-    tile_off, bound_off, inside, point = [], [], [], []
+    tile_off, fixed, inside, dims = [], [], [], []
     for d, i in enumerate(index):
         if isinstance(i, bool) or not isinstance(i, (int, _V)):
             raise Untraceable([f"an index of type {type(i).__name__} (ints and int values only)"])
@@ -404,7 +405,7 @@ def _read(g: _Gen, table, index, dtype) -> _V:
             if not 0 <= j < tensor.shape[d]:
                 raise Untraceable([f"index {i} outside dimension {d} of size {tensor.shape[d]}"])
             tile_off.append(f"{j} * {strides[d]}")
-            bound_off.append(f"{j} * {strides[d]}")
+            fixed.append(f"{j} * {strides[d]}")
             continue
         if i.kind != "int":
             raise Untraceable([f"a {i.kind} index (int values only)"])
@@ -412,27 +413,56 @@ def _read(g: _Gen, table, index, dtype) -> _V:
         t = i.t if i.nonneg else f"tl.where({i.t} < 0, {i.t} + {n}, {i.t})"
         tile_off.append(f"({t}).to(tl.int64) * {strides[d]}")
         inside.append(f"({t} >= 0) & ({t} < {n})" if not i.nonneg else f"({t} < {n})")
-        pv, pk = g.point(i)
-        b = f"tl.where({pv} < 0, {pv} + {n}, {pv})"
-        bound_off.append(f"{b} * {strides[d]}")
-        point.append(f"{pk} & ({b} >= 0) & ({b} < {n})")
+        dims.append((i.bounds, n, strides[d]))
     # a pair past the lengths may read any in-bounds element (its value is dropped): only the
     # index bounds mask the read, which then takes the index's shape (a row's term once a row)
     tmask = " & ".join(f"({m})" for m in inside)
-    ok = " & ".join(["_T"] + [f"({m})" for m in point])
     kind = "bool" if dtype is torch.bool else ("float" if dtype.is_floating_point else "int")
     t = f"tl.load({ptr} + {' + '.join(tile_off) or '0'}" + (f", mask={tmask}, other=0)" if tmask else ")")
-    k = g.name("r")
-    g.bound.append(f"{k} = {ok}")
-    v = f"tl.load({ptr} + tl.where({k}, {' + '.join(bound_off) or '0'}, 0), mask={k}, other=0)"
+    # bounds: the elements the block's indices reach, when they are one element or a run of at
+    # most _RUN along one dimension (every other index one value), each index on one side of 0
+    ok, width, firsts, runs, spans = g.name("r"), g.name("w"), [], [], []
+    lines = []
+    for (lo, u, k), n, stride in dims:
+        a, z, span = g.name("i"), g.name("j"), g.name("d")
+        lines += [
+            f"{a} = tl.where({u} < 0, {lo} + {n}, {lo})",
+            f"{z} = tl.where({u} < 0, {u} + {n}, {u})",
+            f"{span} = {z} - {a}",
+        ]
+        firsts.append((a, stride))
+        spans.append(span)
+        runs.append(f"{k} & (({lo} >= 0) | ({u} < 0)) & ({a} >= 0) & ({z} < {n})")
+    lines.append(f"{width} = {_minmax('maximum', *spans) if spans else '_Z'}")
+    several = " + ".join(f"({x} > 0).to(tl.int32)" for x in spans) or "0"
+    lines.append(f"{ok} = " + " & ".join(["_T", *(f"({r})" for r in runs), f"(({several}) <= 1)", f"({width} < {_RUN})"]))
+    base = " + ".join([*fixed, *(f"{a} * {st}" for a, st in firsts)]) or "0"
+    one = f"tl.load({ptr} + tl.where({ok}, {base}, 0), mask={ok}, other=0)"
+    if kind == "float":
+        lines.append(f"{ok} = {ok} & ({width} == 0)")
+        g.bound.append("\n".join(lines))
+        return g.emit("float", dtype, t, (one, ok))
+    lo, hi = g.name("m"), g.name("x")
+    along = " + ".join([*fixed, *(f"({a} + tl.minimum(_RUNS, {sp})) * {st}" for (a, st), sp in zip(firsts, spans))]) or "0"
+    lines += [
+        f"if ({width} == 0) | ({ok} == 0):",
+        f"    {lo} = {one}.to(tl.int64)",
+        f"    {hi} = {lo}",
+        "else:",
+        f"    _m = {ok} & (_RUNS <= {width})",
+        f"    _v = tl.load({ptr} + tl.where(_m, {along}, 0), mask=_m, other=0).to(tl.int64)",
+        f"    {lo} = tl.min(tl.where(_m, _v, {2**62}))",
+        f"    {hi} = tl.max(tl.where(_m, _v, {-(2**62)}))",
+    ]
+    g.bound.append("\n".join(lines))
     if kind == "bool":
-        return g.emit("bool", torch.bool, t, (f"{k} & ({v} != 0)", f"({k} == 0) | ({v} != 0)"))
-    if kind == "int":
-        w = g.name("w")
-        g.bound.append(f"{w} = {v}.to(tl.int64)")
-        return g.emit("int", dtype, t, (w, w, k))
-    return g.emit("float", dtype, t, (v, k))
+        return g.emit("bool", torch.bool, t, (f"{ok} & ({lo} != 0)", f"({ok} == 0) | ({hi} != 0)"))
+    return g.emit("int", dtype, t, (lo, hi, ok))
 
+
+#: The longest run of elements along one dimension a block's bounds read (the rows of a 128-block
+#: and then some: a per-token table indexed by a position plus a per-sequence start).
+_RUN = 256
 
 _HEAD = '''
 @triton.jit(do_not_specialize=[{lifted}])
@@ -441,6 +471,7 @@ def mask_mod_blocks(hits, qo, ko, nq, nk, {args}HEADS: tl.constexpr, BM: tl.cons
     _T = tl.full([], 1, tl.int1)
     _F = tl.full([], 0, tl.int1)
     _Z = tl.full([], 0, tl.int64)
+    _RUNS = tl.arange(0, {run})
     row = tl.program_id(0)
     seq = row // nq
     qb = row - seq * nq
@@ -547,9 +578,9 @@ def _generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[s
     res = g.as_bool(out)
     every, some = res.bounds
     evals, stores = (heads, 1) if g.reads_h else (1, heads)
-    text = _HEAD.format(lifted=", ".join(repr(x) for x in g.lifted), args="".join(f"{a}, " for a in g.args), idx=_TL[idx], evals=evals)
+    text = _HEAD.format(lifted=", ".join(repr(x) for x in g.lifted), args="".join(f"{a}, " for a in g.args), idx=_TL[idx], evals=evals, run=_RUN)
     ind = " " * 16
-    text += "".join(f"{ind}{s}\n" for s in g.bound)
+    text += "".join(f"{ind}{line}\n" for s in g.bound for line in s.split("\n"))
     text += _PAIRS.format(every=every, some=some, idx=_TL[idx])
     text += "".join(f"{ind}    {s}\n" for s in g.tile)
     text += f"{ind}    hit = tl.max(tl.where(_live & ({res.t}), 1, 0)).to(tl.int8)\n"
