@@ -257,3 +257,49 @@ def test_refusals_list_their_reasons(dev) -> None:
             BlockMask.from_mask_mod(rule, qo, qo, 1, (64, 64), evaluator="kernel")
         assert want in str(e.value), str(e.value)
         assert "evaluator='kernel'" in str(e.value)
+
+
+_SM90 = r'''
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from jagflash.core import mask_mod_kernel as mk
+
+TYPES = {torch.bool: "i1", torch.int8: "i8", torch.int32: "i32", torch.int64: "i64", torch.float64: "fp64"}
+
+
+def build(fn, values, constexprs):
+    sig = {n: ("*" + TYPES[v.dtype]) if isinstance(v, torch.Tensor) else "i32" for n, v in zip(fn.arg_names, values)}
+    sig.update(dict.fromkeys(constexprs, "constexpr"))
+    triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32))
+
+
+i8, i32 = torch.zeros(1, dtype=torch.int8), torch.zeros(1, dtype=torch.int32)
+build(mk._lists_kernel, [i8, i32, i32, i32, i32, i32, i32, 5, 5, 7], {"HEADS": 2, "BM": 128, "BN": 128, "NQ": 32, "NK": 8})
+grid = torch.zeros(3, 4, 5, dtype=torch.bool)
+doc, start, scores = torch.zeros(400, dtype=torch.int64), torch.zeros(4, dtype=torch.int64), torch.zeros(8, dtype=torch.float64)
+rules = [
+    lambda b, h, q, k: (((k // 128) <= (q // 128)) & ((k // 128) >= (q // 128) - 3)) | (k < 128),
+    lambda b, h, q, k: grid[b, (q // 128).clamp(0, 3), (k // 128).clamp(0, 4)],
+    lambda b, h, q, k: (doc[(start[b] + q).clamp(max=399)] == doc[(start[b] + k).clamp(max=399)]) & (k <= q),
+    lambda b, h, q, k: torch.where(h == 0, (q - k).abs() < 40, scores[(q // 37) % 8] > 0.5),
+]
+for rule in rules:
+    kernel, g = mk.traced(rule, 2, torch.int32)
+    build(kernel, [i8, i32, i32, 5, 5, *g.values], {"HEADS": 2, "BM": 128, "BN": 128, "KC": 16, "B_ZERO": False})
+print("compiled", len(rules) + 1)
+'''
+
+
+def test_kernels_compile_for_sm90() -> None:
+    """The lists kernel and generated kernels of the bench's and users' forms compile for
+    sm_90 (in a process without the interpreter: the GPU compiler's type rules are stricter
+    than the interpreter's, e.g. a name bound to a scalar in one branch and a block in the other)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _SM90], env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "compiled 5" in run.stdout

@@ -687,38 +687,39 @@ def hit_grid(mask_mod, heads: int, block_size: tuple[int, int], q_offsets: torch
 
 
 @triton.jit
+def _compress(hits, counts, indices, out, first, step, n, valid, N: tl.constexpr):
+    """Program ``out``'s list: the places ``p < n`` (ascending) where ``hits[first + p * step]``
+    is set, in the first slots of ``indices[out * n:]``, the rest zero; their count."""
+    p = tl.arange(0, N)
+    hit = tl.load(hits + first + p * step, mask=valid & (p < n), other=0) != 0
+    count = tl.sum(hit.to(tl.int32))
+    slot = tl.cumsum(hit.to(tl.int32)) - 1
+    tl.store(indices + out * n + slot, p, mask=hit)
+    tl.store(indices + out * n + p, 0, mask=(p >= count) & (p < n))
+    tl.store(counts + out, count)
+
+
+@triton.jit
 def _lists_kernel(hits, kv_counts, kv_indices, q_counts, q_indices, qo, ko, nq, nk, rows,
                   HEADS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NQ: tl.constexpr, NK: tl.constexpr):
-    """One q-block row's kv list (programs ``< rows``) or one kv-block column's q list, ascending,
-    the slots past the count zero."""
+    """One q-block row's kv list (programs ``< rows``) or one kv-block column's q list."""
     pid = tl.program_id(0)
     if pid < rows:
-        bh = pid // nq
-        i = pid - bh * nq
-        seq = bh // HEADS
+        seq = pid // (HEADS * nq)
+        i = pid % nq
         lq = tl.load(qo + seq + 1).to(tl.int64) - tl.load(qo + seq).to(tl.int64)
         lk = tl.load(ko + seq + 1).to(tl.int64) - tl.load(ko + seq).to(tl.int64)
-        j = tl.arange(0, NK)
-        hit = tl.load(hits + pid * nk + j, mask=(j < nk) & (j * BN < lk) & (i * BM < lq), other=0) != 0
-        count = tl.sum(hit.to(tl.int32))
-        slot = tl.cumsum(hit.to(tl.int32)) - 1
-        tl.store(kv_indices + pid * nk + slot, j, mask=hit)
-        tl.store(kv_indices + pid * nk + j, 0, mask=(j >= count) & (j < nk))
-        tl.store(kv_counts + pid, count)
+        n_own = tl.minimum((lk + BN - 1) // BN, nk).to(tl.int32)  # the row's own kv-blocks
+        _compress(hits, kv_counts, kv_indices, pid, pid * nk, 1, nk, (i * BM < lq) & (tl.arange(0, NK) < n_own), NK)
     else:
         c = pid - rows
+        seq = c // (HEADS * nk)
+        j = c % nk
         bh = c // nk
-        j = c - bh * nk
-        seq = bh // HEADS
         lq = tl.load(qo + seq + 1).to(tl.int64) - tl.load(qo + seq).to(tl.int64)
         lk = tl.load(ko + seq + 1).to(tl.int64) - tl.load(ko + seq).to(tl.int64)
-        i = tl.arange(0, NQ)
-        hit = tl.load(hits + (bh * nq + i) * nk + j, mask=(i < nq) & (i * BM < lq) & (j * BN < lk), other=0) != 0
-        count = tl.sum(hit.to(tl.int32))
-        slot = tl.cumsum(hit.to(tl.int32)) - 1
-        tl.store(q_indices + c * nq + slot, i, mask=hit)
-        tl.store(q_indices + c * nq + i, 0, mask=(i >= count) & (i < nq))
-        tl.store(q_counts + c, count)
+        n_own = tl.minimum((lq + BM - 1) // BM, nq).to(tl.int32)
+        _compress(hits, q_counts, q_indices, c, bh * nq * nk + j, nk, nq, (j * BN < lk) & (tl.arange(0, NQ) < n_own), NQ)
 
 
 def block_lists(hits: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, block_size: tuple[int, int]) -> tuple[torch.Tensor, ...]:
