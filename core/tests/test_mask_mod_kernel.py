@@ -257,6 +257,10 @@ def test_refusals_list_their_reasons(dev) -> None:
             BlockMask.from_mask_mod(rule, qo, qo, 1, (64, 64), evaluator="kernel")
         assert want in str(e.value), str(e.value)
         assert "evaluator='kernel'" in str(e.value)
+    if dev.type == "cuda":  # the default falls back, saying why, once per mask_mod function
+        with pytest.warns(UserWarning, match="cannot evaluate this mask_mod"):
+            got = BlockMask.from_mask_mod(divide, qo, qo, 1, (64, 64))
+        assert torch.equal(got.kv_counts, BlockMask.from_mask_mod(divide, qo, qo, 1, (64, 64), evaluator="eager").kv_counts)
 
 
 _SM90 = r'''
