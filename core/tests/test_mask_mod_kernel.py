@@ -290,7 +290,7 @@ rules = [
 ]
 for rule in rules:
     kernel, g = mk.traced(rule, 2, torch.int32)
-    build(kernel, [i8, i32, i32, 5, 5, *g.values], {"HEADS": 2, "BM": 128, "BN": 128, "KC": 16, "B_ZERO": False})
+    build(kernel, [i8, i32, i32, 5, 5, torch.zeros(1, dtype=torch.int64), *g.values], {"HEADS": 2, "BM": 128, "BN": 128, "KC": 16, "B_ZERO": False})
 print("compiled", len(rules) + 1)
 '''
 

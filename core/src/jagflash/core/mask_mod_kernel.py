@@ -28,8 +28,9 @@ mask_mod that ``torch.fx`` cannot trace (Python control flow on its arguments), 
 with :class:`Untraceable` and its reasons. An index outside a tensor it reads (an error in
 torch) reads 0 (False) here.
 
-Python ints the mask_mod closes over are kernel arguments (a new window or grid size reuses the
-compiled kernel), except divisors and factors, which stay constants (a shift, not a division).
+Python ints the mask_mod closes over are run-time parameters of the kernel (a new window or grid
+size reuses the compiled kernel), except divisors and factors, which stay constants (a shift,
+not a division).
 """
 
 from __future__ import annotations
@@ -108,15 +109,19 @@ class _V:
 
 class _Gen:
     """The generated kernel's source: the pairs' statements, the bounds' statements, its
-    arguments (tensors read, their sizes and strides, the ints lifted out of the code)."""
+    arguments (the tensors read) and its parameters (their sizes and strides, the ints lifted
+    out of the code: one int64 tensor the kernel reads once, so that a launch binds a few
+    arguments only; fixed for the trace, as the closure's contents are)."""
 
     def __init__(self, idx: torch.dtype):
         self.idx = idx
         self.tile: list[str] = []
         self.bound: list[str] = []
+        self.pre: list[str] = []  # the parameters' loads, before the loops
         self.args: list[str] = []
         self.values: list = []  # the run-time values of the arguments, in order
-        self.lifted: list[str] = []
+        self.params: list[int] = []
+        self.on_device: dict = {}  # the parameters' tensor per device
         self.tables: dict[int, tuple] = {}
         self.n = 0
         self.reads_h = False
@@ -125,13 +130,26 @@ class _Gen:
         self.n += 1
         return f"{prefix}{self.n}"
 
-    def arg(self, prefix: str, value, lift: bool = False) -> str:
+    def arg(self, prefix: str, value) -> str:
         name = self.name(prefix)
         self.args.append(name)
         self.values.append(value)
-        if lift:
-            self.lifted.append(name)
         return name
+
+    def param(self, prefix: str, value: int, narrow: bool = False) -> str:
+        """A parameter's name in the kernel; ``narrow``: int32 where it fits (as Triton would
+        have passed it as an int argument)."""
+        name = self.name(prefix)
+        cast = ".to(tl.int32)" if narrow and -(2**31) <= value < 2**31 else ""
+        self.pre.append(f"{name} = tl.load(_P + {len(self.params)}){cast}")
+        self.params.append(int(value))
+        return name
+
+    def param_tensor(self, device: torch.device) -> torch.Tensor:
+        """The parameters on ``device`` (copied there at the first launch on it)."""
+        if device not in self.on_device:
+            self.on_device[device] = torch.tensor(self.params or [0], dtype=torch.int64, device=device)
+        return self.on_device[device]
 
     # -- values -------------------------------------------------------------------------------
     def const(self, c, lift: bool) -> _V:
@@ -139,7 +157,7 @@ class _Gen:
             word = "_T" if c else "_F"
             return _V("bool", None, repr(c), (word, word), const=c)
         if isinstance(c, int):
-            text = self.arg("c", c, lift=True) if lift else repr(c)
+            text = self.param("c", c, narrow=True) if lift else repr(c)
             return _V("int", None, text, (f"({text} + _Z)", f"({text} + _Z)", "_T"), nonneg=c >= 0, const=c)
         if isinstance(c, float):
             return _V("float", None, repr(c), (repr(c), "_T"), const=c)
@@ -465,14 +483,14 @@ def _read(g: _Gen, table, index, dtype) -> _V:
 _RUN = 256
 
 _HEAD = '''
-@triton.jit(do_not_specialize=[{lifted}])
-def mask_mod_blocks(hits, qo, ko, nq, nk, {args}HEADS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+@triton.jit
+def mask_mod_blocks(hits, qo, ko, nq, nk, _P, {args}HEADS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     KC: tl.constexpr, B_ZERO: tl.constexpr):
     _T = tl.full([], 1, tl.int1)
     _F = tl.full([], 0, tl.int1)
     _Z = tl.full([], 0, tl.int64)
     _RUNS = tl.arange(0, {run})
-    row = tl.program_id(0)
+{pre}    row = tl.program_id(0)
     seq = row // nq
     qb = row - seq * nq
     b_val = seq + _Z
@@ -544,7 +562,7 @@ def _generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[s
                 raise Untraceable([f"attribute {n.target} is not a tensor"])
             if id(tensor) not in g.tables:
                 ptr = g.arg("T", tensor)
-                g.tables[id(tensor)] = (ptr, [g.arg("n", int(s)) for s in tensor.shape], [g.arg("s", int(s)) for s in tensor.stride()])
+                g.tables[id(tensor)] = (ptr, [g.param("n", int(s)) for s in tensor.shape], [g.param("s", int(s)) for s in tensor.stride()])
             env[n], meta[n] = _V("table", tensor.dtype, None, None, const=tensor), tensor.to("meta")
             if tensor.dim() == 0:  # a 0-d tensor used as a number: read once, a value like the indices
                 env[n] = _read(g, env[n], (), tensor.dtype)
@@ -578,7 +596,7 @@ def _generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[s
     res = g.as_bool(out)
     every, some = res.bounds
     evals, stores = (heads, 1) if g.reads_h else (1, heads)
-    text = _HEAD.format(lifted=", ".join(repr(x) for x in g.lifted), args="".join(f"{a}, " for a in g.args), idx=_TL[idx], evals=evals, run=_RUN)
+    text = _HEAD.format(args="".join(f"{a}, " for a in g.args), idx=_TL[idx], evals=evals, run=_RUN, pre="".join(f"    {p}\n" for p in g.pre))
     ind = " " * 16
     text += "".join(f"{ind}{line}\n" for s in g.bound for line in s.split("\n"))
     text += _PAIRS.format(every=every, some=some, idx=_TL[idx])
@@ -678,9 +696,9 @@ def hit_grid(mask_mod, heads: int, block_size: tuple[int, int], q_offsets: torch
     hits = torch.empty(batch, heads, nq, nk, dtype=torch.int8, device=q_offsets.device)
     if batch and nq and nk:
         bm, bn = block_size
-        grid = (batch * nq, triton.cdiv(nk, _KV_BLOCKS))
+        grid = (batch * nq, -(-nk // _KV_BLOCKS))
         kernel[grid](
-            hits, q_offsets, kv_offsets, nq, nk, *g.values, HEADS=heads, BM=bm, BN=bn, KC=_KV_BLOCKS,
+            hits, q_offsets, kv_offsets, nq, nk, g.param_tensor(hits.device), *g.values, HEADS=heads, BM=bm, BN=bn, KC=_KV_BLOCKS,
             B_ZERO=not per_sequence, num_warps=4,
         )
     return hits
@@ -735,7 +753,7 @@ def block_lists(hits: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.T
     if rows + cols and nq and nk:
         _lists_kernel[(rows + cols,)](
             hits, kv_counts, kv_indices, q_counts, q_indices, q_offsets, kv_offsets, nq, nk, rows,
-            HEADS=heads, BM=block_size[0], BN=block_size[1], NQ=triton.next_power_of_2(nq), NK=triton.next_power_of_2(nk),
+            HEADS=heads, BM=block_size[0], BN=block_size[1], NQ=1 << (nq - 1).bit_length(), NK=1 << (nk - 1).bit_length(),
         )
     elif rows + cols:
         kv_counts.zero_()
