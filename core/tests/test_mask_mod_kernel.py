@@ -289,7 +289,7 @@ rules = [
     lambda b, h, q, k: torch.where(h == 0, (q - k).abs() < 40, scores[(q // 37) % 8] > 0.5),
 ]
 for rule in rules:
-    kernel, g = mk.traced(rule, 2, torch.int32)
+    kernel, g, _ = mk.traced(rule, 2, torch.int32)
     build(kernel, [i8, i32, i32, 5, 5, torch.zeros(1, dtype=torch.int64), *g.values], {"HEADS": 2, "BM": 128, "BN": 128, "KC": 16, "B_ZERO": False})
 print("compiled", len(rules) + 1)
 '''
@@ -307,3 +307,30 @@ def test_kernels_compile_for_sm90() -> None:
     run = subprocess.run([sys.executable, "-c", _SM90], env=env, capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "compiled 5" in run.stdout
+
+
+def test_a_kernel_the_compiler_refuses_is_refused_with_its_reason(dev, monkeypatch) -> None:
+    """A generated source the GPU compiler rejects (jagflash's bug) is an ``Untraceable``: the
+    reason named, the source not launched again."""
+    from triton.compiler.errors import CompilationError
+
+    def rule(b, h, q, k):
+        return k * 3 <= q + 11
+
+    _, _, text = mk.traced(rule, 1, torch.int32)
+    launches = []
+
+    class Refused:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append(grid)
+                raise CompilationError(None, None, "a type the compiler refuses")
+
+            return launch
+
+    monkeypatch.setitem(mk._KERNELS, text, Refused())
+    qo = _offsets([100], dev)
+    for _ in range(2):
+        with pytest.raises(UnsupportedProblem, match="did not compile"):
+            BlockMask.from_mask_mod(rule, qo, qo, 1, (64, 64), evaluator="kernel")
+    assert len(launches) == 1

@@ -287,8 +287,9 @@ class BlockMask:
         * ``"kernel"``: jagflash's own Triton kernel generated from the mask_mod
           (:mod:`jagflash.core.mask_mod_kernel`: traced once with ``torch.fx``; each block is
           first decided from bounds of the mask_mod's values over its pairs, a few scalar
-          instructions, and only a block the bounds leave open evaluates its pairs), then a
-          second kernel writes the lists: two launches, nothing enumerated on the host. On
+          instructions, and only a block the bounds leave open evaluates its pairs, in-range
+          pairs only, so a tensor it reads may be sized to the lengths), then a second kernel
+          writes the lists: two launches, nothing enumerated on the host. On
           CUDA, or on the CPU under ``TRITON_INTERPRET=1``. A mask_mod it cannot trace is
           refused with the reasons.
         * ``"compiled"``: ``torch.compile`` (per chunk, the blocks' positions and lengths are
