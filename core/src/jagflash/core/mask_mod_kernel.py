@@ -9,10 +9,11 @@ decides each block in two steps:
 1. **Bounds.** Every value of the mask_mod is bounded over the block's in-range pairs: positions
    by the block's first and last in-range row and column, arithmetic by interval rules, a
    comparison or a boolean as "true for every pair" / "true for some pair" (three-valued logic),
-   a tensor read at an index that is one value over the whole block by that element. A block
-   whose result is true for every pair is listed, one true for no pair is not: a few scalar
-   instructions a block, which decide every block of a block-arithmetic rule (local + global,
-   strided, a lookup of a block grid at the block's own size).
+   a tensor read by the least and greatest element the block's indices reach (rules:
+   :mod:`jagflash.core.mask_mod_codegen`). A block whose result is true for every pair is
+   listed, one true for no pair is not: a few scalar instructions a block, which decide every
+   block of a block-arithmetic rule (local + global, strided, a lookup of a block grid at the
+   block's own size) and, of a document mask, every block but those its documents' edges cut.
 2. **Pairs.** Any other block evaluates the mask_mod on its ``bm x bn`` in-range pairs (rows
    ``[bm, 1]``, columns ``[1, bn]``: a term of the row or the column alone is computed once a
    row or a column) and reduces with ``any``.
@@ -30,7 +31,9 @@ torch) reads 0 (False) here.
 
 Python ints the mask_mod closes over are run-time parameters of the kernel (a new window or grid
 size reuses the compiled kernel), except divisors and factors, which stay constants (a shift,
-not a division).
+not a division). A trace holds the closure's contents: the tensors it reads are read when the
+kernel runs (changed in place, they are read as they are then), at the shapes and strides they
+had when traced; a rebound closure cell is traced again.
 """
 
 from __future__ import annotations
@@ -51,9 +54,9 @@ from jagflash.core.mask_mod_codegen import Untraceable, generate
 __all__ = ["Untraceable", "block_lists", "hit_grid", "kernel_reasons", "traced"]
 
 
-#: Compiled kernels by source text.
+#: Compiled kernels by source text (the :class:`Untraceable` of a source the GPU compiler refused).
 _KERNELS: dict[str, object] = {}
-#: Traces per mask_mod object (weakly held): ``[(heads, index dtype, closure contents, (kernel, generator))]``.
+#: Traces per mask_mod object (weakly held): ``[(heads, index dtype, closure contents, (source, generator) or the refusal)]``.
 _TRACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
