@@ -38,7 +38,7 @@ import torch
 
 from jagflash.core.capability import InvalidInput, UnsupportedProblem
 from jagflash.core.jagged import cdiv, seq_lengths
-from jagflash.core.mask_mod import compile_supported, compiled_part, evaluate
+from jagflash.core.mask_mod import compile_supported, compiled_part, evaluate, function_of
 from jagflash.core.mask_mod_kernel import Untraceable, block_lists, hit_grid, kernel_reasons
 
 __all__ = ["BLOCK_SIZES", "BLOCK_SIZE_FEATURES", "BlockMask", "local_global", "mask_features", "sessions", "strided", "top_k"]
@@ -130,7 +130,7 @@ _WARNED: set = set()
 
 def _warn_fallback(mask_mod, reasons: list[str]) -> None:
     """Say once per mask_mod function why the generated kernel did not evaluate it."""
-    code = getattr(getattr(mask_mod, "__func__", mask_mod), "__code__", type(mask_mod))
+    code = getattr(function_of(mask_mod), "__code__", type(mask_mod))
     if code not in _WARNED:
         _WARNED.add(code)
         other = "torch.compile" if compile_supported() else "eager torch ops"
@@ -338,8 +338,9 @@ class BlockMask:
         if reasons:
             raise InvalidInput(_WHO, reasons)
         dev = q_offsets.device
-        if evaluator == "kernel" and kernel_reasons(dev):
-            raise UnsupportedProblem(f"{_WHO}.from_mask_mod (evaluator='kernel')", kernel_reasons(dev))
+        unsupported = kernel_reasons(dev) if evaluator == "kernel" else []
+        if unsupported:
+            raise UnsupportedProblem(f"{_WHO}.from_mask_mod (evaluator='kernel')", unsupported)
         bm, bn = (int(x) for x in block_size)
         batch = q_offsets.numel() - 1
         if max_seqlen_q is not None and max_seqlen_kv is not None:  # no sync, and no device op yet

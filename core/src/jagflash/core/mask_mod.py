@@ -18,7 +18,7 @@ import torch
 
 from jagflash.core.jagged import slots_of
 
-__all__ = ["compile_supported", "compiled_part", "evaluate"]
+__all__ = ["compile_supported", "compiled_part", "evaluate", "function_of"]
 
 #: Pairs an eager evaluation holds at once.
 _CHUNK = 1 << 24
@@ -89,6 +89,14 @@ def compiled_part(key, fn):
     return _COMPILED_PARTS[key]
 
 
+def function_of(mask_mod):
+    """The function behind ``mask_mod``: partials unwrapped, a bound method's function."""
+    fn = mask_mod
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__func__", fn)
+
+
 def _entry(mask_mod, heads: int, bm: int, bn: int, idx: torch.dtype):
     """The function ``torch.compile`` traces for ``mask_mod``: :func:`_pairs` with the heads,
     block size and index dtype as constants, on a code object of its own per (the mask_mod's
@@ -102,10 +110,7 @@ def _entry(mask_mod, heads: int, bm: int, bn: int, idx: torch.dtype):
     def pairs(b, q0, k0, lq, lk):
         return _pairs(mask_mod, heads, bm, bn, idx, b, q0, k0, lq, lk)
 
-    fn = mask_mod
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    fn = getattr(fn, "__func__", fn)  # a bound method: its function's code
+    fn = function_of(mask_mod)
     code = getattr(fn, "__code__", None)
     key = (code if code is not None else type(fn), heads, bm, bn, idx)
     if key not in _ENTRY_CODES:

@@ -87,8 +87,7 @@ class _Gen:
     out of the code: one int64 tensor the kernel reads once, so that a launch binds a few
     arguments only; fixed for the trace, as the closure's contents are)."""
 
-    def __init__(self, idx: torch.dtype):
-        self.idx = idx
+    def __init__(self):
         self.tile: list[str] = []
         self.bound: list[str] = []
         self.pre: list[str] = []  # the parameters' loads, before the loops
@@ -504,7 +503,7 @@ _STORE = '''
 
 def generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[str, _Gen]:
     """The kernel's source for the traced mask_mod, and its generator (the arguments)."""
-    g = _Gen(idx)
+    g = _Gen()
     env: dict = {}
     meta: dict = {}
     out = None

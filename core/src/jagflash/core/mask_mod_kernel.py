@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 from triton.compiler.errors import CompilationError
 
+from jagflash.core.mask_mod import function_of
 from jagflash.core.mask_mod_codegen import Untraceable, generate
 
 __all__ = ["Untraceable", "block_lists", "hit_grid", "kernel_reasons", "traced"]
@@ -64,10 +65,11 @@ def _baked(fn) -> tuple:
     """What a trace of ``fn`` bakes in besides its code: its closure's contents, defaults and a
     partial's arguments (held, and compared by identity: a rebound cell is a new trace)."""
     parts: list = []
-    while isinstance(fn, functools.partial):
-        parts += [*fn.args, *fn.keywords.items()]
-        fn = fn.func
-    fn = getattr(fn, "__func__", fn)
+    inner = fn
+    while isinstance(inner, functools.partial):
+        parts += [*inner.args, *inner.keywords.items()]
+        inner = inner.func
+    fn = function_of(fn)
     for c in getattr(fn, "__closure__", None) or ():
         try:
             parts.append(c.cell_contents)
