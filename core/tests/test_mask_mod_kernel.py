@@ -168,8 +168,8 @@ def test_bounds_at_block_edges(dev) -> None:
 def test_named_forms_and_reads(dev) -> None:
     """Local + global in block arithmetic, a lookup of a block grid (decided from bounds), a
     document mask (pairs), per-head rules, a strided 2-d table read through negative indices,
-    int64 and float tables, a 0-d tensor, FlexAttention's and_masks start (``new_ones``), int64
-    indices, per_sequence=False."""
+    int64 and float tables, a 0-d tensor, FlexAttention's and_masks start (``new_ones``), constant
+    rules, int64 indices, per_sequence=False."""
     lq, lk = [300, 0, 64, 130, 1], [250, 70, 0, 130, 129]
     bs = 64
     grid = torch.rand(5, 2, 6, 6, generator=torch.Generator().manual_seed(3)).to(dev) < 0.3
@@ -194,6 +194,8 @@ def test_named_forms_and_reads(dev) -> None:
         (lambda b, h, q, k: k < q + shift, 1),
         (lambda b, h, q, k: b.new_ones((), dtype=torch.bool) & (k <= q), 1),
         (lambda b, h, q, k: ((q ^ k) & 64) == 0, 1),
+        (lambda b, h, q, k: True, 1),
+        (lambda b, h, q, k: False, 2),
     ]
     for rule, heads in rules:
         _same(rule, lq, lk, dev, heads, (bs, bs))
@@ -287,6 +289,7 @@ rules = [
     lambda b, h, q, k: grid[b, (q // 128).clamp(0, 3), (k // 128).clamp(0, 4)],
     lambda b, h, q, k: (doc[(start[b] + q).clamp(max=399)] == doc[(start[b] + k).clamp(max=399)]) & (k <= q),
     lambda b, h, q, k: torch.where(h == 0, (q - k).abs() < 40, scores[(q // 37) % 8] > 0.5),
+    lambda b, h, q, k: True,
 ]
 for rule in rules:
     kernel, g, _ = mk.traced(rule, 2, torch.int32)
@@ -306,7 +309,7 @@ def test_kernels_compile_for_sm90() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", _SM90], env=env, capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-4000:]
-    assert "compiled 5" in run.stdout
+    assert "compiled 6" in run.stdout
 
 
 def test_a_kernel_the_compiler_refuses_is_refused_with_its_reason(dev, monkeypatch) -> None:
