@@ -469,10 +469,8 @@ def mask_mod_blocks(hits, qo, ko, nq, nk, _P, {args}HEADS: tl.constexpr, BM: tl.
     b_val = seq + _Z
     if B_ZERO:
         b_val = _Z
-    q_first = tl.load(qo + seq).to(tl.int64)
-    lq = tl.load(qo + seq + 1).to(tl.int64) - q_first
-    k_first = tl.load(ko + seq).to(tl.int64)
-    lk = tl.load(ko + seq + 1).to(tl.int64) - k_first
+    lq = _length(qo, seq)
+    lk = _length(ko, seq)
     if qb * BM < lq:
         nk_b = ((lk + BN - 1) // BN).to(tl.int32)
         q0 = qb * BM + _Z

@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 from triton.compiler.errors import CompilationError
 
+from jagflash.core.jagged import cdiv
 from jagflash.core.mask_mod import function_of
 from jagflash.core.mask_mod_codegen import Untraceable, generate
 
@@ -122,7 +123,7 @@ def _compile(text: str):
     """``text`` as a Triton kernel (its source kept in ``linecache``, where Triton reads it)."""
     name = f"<jagflash-mask-mod-{hashlib.sha1(text.encode()).hexdigest()[:16]}>"
     linecache.cache[name] = (len(text), None, text.splitlines(True), name)
-    scope = {"triton": triton, "tl": tl}
+    scope = {"triton": triton, "tl": tl, "_length": _length}
     exec(compile(text, name, "exec"), scope)  # jagflash's own generated source
     return scope["mask_mod_blocks"]
 
@@ -154,7 +155,7 @@ def hit_grid(mask_mod, heads: int, block_size: tuple[int, int], q_offsets: torch
     hits = torch.empty(batch, heads, nq, nk, dtype=torch.int8, device=q_offsets.device)
     if batch and nq and nk:
         bm, bn = block_size
-        grid = (batch * nq, -(-nk // _KV_BLOCKS))
+        grid = (batch * nq, cdiv(nk, _KV_BLOCKS))
         try:
             kernel[grid](
                 hits, q_offsets, kv_offsets, nq, nk, g.param_tensor(hits.device), *g.values, HEADS=heads, BM=bm, BN=bn,
@@ -165,6 +166,12 @@ def hit_grid(mask_mod, heads: int, block_size: tuple[int, int], q_offsets: torch
             _KERNELS[text] = Untraceable([f"the generated kernel did not compile ({last}); please report this mask_mod"])
             raise _KERNELS[text] from None
     return hits
+
+
+@triton.jit
+def _length(offsets, seq):
+    """Sequence ``seq``'s length from its offsets, int64."""
+    return tl.load(offsets + seq + 1).to(tl.int64) - tl.load(offsets + seq).to(tl.int64)
 
 
 @triton.jit
@@ -188,19 +195,15 @@ def _lists_kernel(hits, kv_counts, kv_indices, q_counts, q_indices, qo, ko, nq, 
     if pid < rows:
         seq = pid // (HEADS * nq)
         i = pid % nq
-        lq = tl.load(qo + seq + 1).to(tl.int64) - tl.load(qo + seq).to(tl.int64)
-        lk = tl.load(ko + seq + 1).to(tl.int64) - tl.load(ko + seq).to(tl.int64)
-        n_own = tl.minimum((lk + BN - 1) // BN, nk).to(tl.int32)  # the row's own kv-blocks
-        _compress(hits, kv_counts, kv_indices, pid, pid * nk, 1, nk, (i * BM < lq) & (tl.arange(0, NK) < n_own), NK)
+        n_own = tl.minimum((_length(ko, seq) + BN - 1) // BN, nk).to(tl.int32)  # the row's own kv-blocks
+        _compress(hits, kv_counts, kv_indices, pid, pid * nk, 1, nk, (i * BM < _length(qo, seq)) & (tl.arange(0, NK) < n_own), NK)
     else:
         c = pid - rows
         seq = c // (HEADS * nk)
         j = c % nk
         bh = c // nk
-        lq = tl.load(qo + seq + 1).to(tl.int64) - tl.load(qo + seq).to(tl.int64)
-        lk = tl.load(ko + seq + 1).to(tl.int64) - tl.load(ko + seq).to(tl.int64)
-        n_own = tl.minimum((lq + BM - 1) // BM, nq).to(tl.int32)
-        _compress(hits, q_counts, q_indices, c, bh * nq * nk + j, nk, nq, (j * BN < lk) & (tl.arange(0, NQ) < n_own), NQ)
+        n_own = tl.minimum((_length(qo, seq) + BM - 1) // BM, nq).to(tl.int32)
+        _compress(hits, q_counts, q_indices, c, bh * nq * nk + j, nk, nq, (j * BN < _length(ko, seq)) & (tl.arange(0, NQ) < n_own), NQ)
 
 
 def block_lists(hits: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, block_size: tuple[int, int]) -> tuple[torch.Tensor, ...]:
