@@ -20,7 +20,8 @@ events, many repetitions; wall clock on the CPU). Rows: ``workload, what, path, 
 first_call_ms, build / dense forward, build / sparse forward, listed blocks``. ``--profile``
 adds, on stderr, each build path's busiest kernels, its launches a build and its host wall time.
 On CUDA the default and shared builds are also timed replayed in a CUDA graph (``(CUDA graph)``
-rows): the device's own time, without the host's.
+rows): the device's own time, without the host's; and the host's own time of a call (``(host)``
+rows: calls queued without a sync, :func:`host_ms`).
 """
 
 from __future__ import annotations
@@ -80,6 +81,22 @@ def _profile(title: str, build, dev: torch.device, calls: int = 5) -> None:
     print(events.table(sort_by=sort, row_limit=12), file=sys.stderr)
 
 
+def host_ms(build, dev: torch.device, calls: int = 200, rounds: int = 5) -> float:
+    """The host's own time of a call (ms, the least of ``rounds`` means over ``calls`` calls
+    queued without a sync; the device's queue is drained between rounds, not timed)."""
+    import time
+
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            build()
+        best = min(best, (time.perf_counter() - t0) * 1e3 / calls)
+    torch.cuda.synchronize(dev)
+    return best
+
+
 def workload_rows(name: str, smoke: bool, dev: torch.device, profile: bool = False) -> list[tuple]:
     """The probe's rows of one workload (module docstring)."""
     from jagflash.bench.data import make_batch
@@ -131,6 +148,8 @@ def workload_rows(name: str, smoke: bool, dev: torch.device, profile: bool = Fal
                     build()
                 g = measure(graph.replay, dev).p50
                 rows.append((name, f"from_mask_mod {rule_name}", f"{path} (CUDA graph)", g, "", round(g / dense, 3), round(g / sparse, 3), ""))
+                h = host_ms(build, dev)
+                rows.append((name, f"from_mask_mod {rule_name}", f"{path} (host)", h, "", round(h / dense, 3), round(h / sparse, 3), ""))
     return [tuple(round(x, 4) if isinstance(x, float) else x for x in r) for r in rows]
 
 

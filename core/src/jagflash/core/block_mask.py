@@ -39,7 +39,7 @@ import torch
 from jagflash.core.capability import InvalidInput, UnsupportedProblem
 from jagflash.core.jagged import cdiv, seq_lengths
 from jagflash.core.mask_mod import compile_supported, compiled_part, evaluate, function_of
-from jagflash.core.mask_mod_kernel import Untraceable, block_lists, hit_grid, kernel_reasons
+from jagflash.core.mask_mod_kernel import Untraceable, build_lists, kernel_reasons
 
 __all__ = ["BLOCK_SIZES", "BLOCK_SIZE_FEATURES", "BlockMask", "local_global", "mask_features", "sessions", "strided", "top_k"]
 
@@ -288,8 +288,8 @@ class BlockMask:
           (:mod:`jagflash.core.mask_mod_kernel`: traced once with ``torch.fx``; each block is
           first decided from bounds of the mask_mod's values over its pairs, a few scalar
           instructions, and only a block the bounds leave open evaluates its pairs, in-range
-          pairs only, so a tensor it reads may be sized to the lengths), then a second kernel
-          writes the lists: two launches, nothing enumerated on the host. On
+          pairs only, so a tensor it reads may be sized to the lengths), and the same launch's
+          later programs write the lists: one launch, nothing enumerated on the host. On
           CUDA, or on the CPU under ``TRITON_INTERPRET=1``. A mask_mod it cannot trace is
           refused with the reasons.
         * ``"compiled"``: ``torch.compile`` (per chunk, the blocks' positions and lengths are
@@ -355,8 +355,8 @@ class BlockMask:
             nk = mk if max_seqlen_kv is None else _grid_blocks(kv_offsets, bn, max_seqlen_kv)
         if evaluator == "kernel" or (evaluator is None and dev.type == "cuda"):
             try:
-                hits = hit_grid(mask_mod, heads, (bm, bn), q_offsets, kv_offsets, nq, nk, per_sequence=per_sequence, index_dtype=index_dtype)
-                return cls(*block_lists(hits, q_offsets, kv_offsets, (bm, bn)), q_offsets, kv_offsets, (bm, bn))
+                lists = build_lists(mask_mod, heads, (bm, bn), q_offsets, kv_offsets, nq, nk, per_sequence=per_sequence, index_dtype=index_dtype)
+                return cls(*lists, q_offsets, kv_offsets, (bm, bn))
             except Untraceable as e:
                 if evaluator:
                     raise UnsupportedProblem(f"{_WHO}.from_mask_mod (evaluator='kernel')", e.reasons) from None

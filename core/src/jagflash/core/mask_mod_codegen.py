@@ -457,14 +457,14 @@ _RUN = 256
 
 _HEAD = '''
 @triton.jit
-def mask_mod_blocks(hits, qo, ko, nq, nk, _P, {args}HEADS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+def mask_mod_blocks(row, kb0, hits, qo, ko, nq, nk, _P, {args}HEADS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     KC: tl.constexpr, B_ZERO: tl.constexpr):
+    """Blocks ``kb0 .. kb0 + KC - 1`` of q-block row ``row`` (sequence-major) into ``hits``."""
     _T = tl.full([], 1, tl.int1)
     _F = tl.full([], 0, tl.int1)
     _Z = tl.full([], 0, tl.int64)
     _RUNS = tl.arange(0, {run})
-{pre}    row = tl.program_id(0)
-    seq = row // nq
+{pre}    seq = row // nq
     qb = row - seq * nq
     b_val = seq + _Z
     if B_ZERO:
@@ -477,7 +477,6 @@ def mask_mod_blocks(hits, qo, ko, nq, nk, _P, {args}HEADS: tl.constexpr, BM: tl.
         q_last = tl.minimum(q0 + BM, lq) - 1
         rows = q0 + tl.arange(0, BM)[:, None]
         q_idx = rows.to({idx})
-        kb0 = tl.program_id(1) * KC
         for kb in range(kb0, tl.minimum(kb0 + KC, nk_b)):
             k0 = kb * BN + _Z
             k_last = tl.minimum(k0 + BN, lk) - 1
@@ -497,7 +496,23 @@ _STORE = '''
                 for hs in tl.static_range({stores}):
                     tl.store(hits + ((seq * HEADS + hh + hs) * nq + qb) * nk + kb, hit)
 '''
+_BUILD = '''
 
+@triton.jit
+def mask_mod_build(hits, kv_counts, kv_indices, q_counts, q_indices, sync, qo, ko, nq, nk, _P, {args}evals, rows,
+                   HEADS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, KC: tl.constexpr, B_ZERO: tl.constexpr,
+                   NQ: tl.constexpr, NK: tl.constexpr):
+    """One launch: the evaluating programs (tickets ``< evals``), then the lists' (module
+    docstring of ``jagflash.core.mask_mod_kernel``)."""
+    t, _ = sched_first(tl.program_id(0), sync, True)  # a ticket: how many programs started before this one
+    if t < evals:
+        chunks = (nk + KC - 1) // KC
+        mask_mod_blocks(t // chunks, t % chunks * KC, hits, qo, ko, nq, nk, _P, {args}HEADS, BM, BN, KC, B_ZERO)
+        _evaluated(sync)
+    else:
+        _await_evaluated(sync, evals)
+        _list_program(t - evals, hits, kv_counts, kv_indices, q_counts, q_indices, qo, ko, nq, nk, rows, HEADS, BM, BN, NQ, NK)
+'''
 
 def generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[str, _Gen]:
     """The kernel's source for the traced mask_mod, and its generator (the arguments)."""
@@ -574,4 +589,5 @@ def generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[st
     text += "".join(f"{ind}    {s}\n" for s in g.tile)
     text += f"{ind}    hit = tl.max(tl.where(_live & ({res.t}), 1, 0)).to(tl.int8)\n"
     text += _STORE.format(stores=stores)
+    text += _BUILD.format(args="".join(f"{a}, " for a in g.args))
     return text, g

@@ -1,8 +1,9 @@
 """jagflash's own evaluation of a FlexAttention ``mask_mod`` for
 :meth:`jagflash.core.block_mask.BlockMask.from_mask_mod`: the mask_mod traced once
-(``torch.fx``) into a Triton kernel of its own, then the block lists by a second kernel.
+(``torch.fx``) into a Triton kernel of its own that evaluates the blocks and writes the block
+lists in one launch (:func:`build_lists`).
 
-The generated kernel takes one (sequence, q-block) row and a run of its kv-blocks a program,
+An evaluating program takes one (sequence, q-block) row and a run of its kv-blocks,
 reads the sequence's lengths from the offsets (nothing enumerated on the host, no sync), and
 decides each block in two steps:
 
@@ -52,8 +53,9 @@ from triton.compiler.errors import CompilationError
 from jagflash.core.jagged import cdiv
 from jagflash.core.mask_mod import function_of
 from jagflash.core.mask_mod_codegen import Untraceable, generate
+from jagflash.core.tile_scheduler import sched_first, zeroed_counters
 
-__all__ = ["Untraceable", "block_lists", "hit_grid", "kernel_reasons", "traced"]
+__all__ = ["Untraceable", "build_lists", "kernel_reasons", "traced"]
 
 
 #: Compiled kernels by source text (the :class:`Untraceable` of a source the GPU compiler refused).
@@ -123,9 +125,9 @@ def _compile(text: str):
     """``text`` as a Triton kernel (its source kept in ``linecache``, where Triton reads it)."""
     name = f"<jagflash-mask-mod-{hashlib.sha1(text.encode()).hexdigest()[:16]}>"
     linecache.cache[name] = (len(text), None, text.splitlines(True), name)
-    scope = {"triton": triton, "tl": tl, "_length": _length}
+    scope = {"__name__": __name__, "triton": triton, "tl": tl, **{f.__name__: f for f in (_length, sched_first, _evaluated, _await_evaluated, _list_program)}}
     exec(compile(text, name, "exec"), scope)  # jagflash's own generated source
-    return scope["mask_mod_blocks"]
+    return scope["mask_mod_build"]
 
 
 def kernel_reasons(device: torch.device) -> list[str]:
@@ -142,30 +144,45 @@ def kernel_reasons(device: torch.device) -> list[str]:
     return [f"device {device.type} (CUDA, or the CPU under TRITON_INTERPRET=1)"]
 
 
-#: kv-blocks one program of the generated kernel takes.
+#: kv-blocks one evaluating program takes.
 _KV_BLOCKS = 16
 
-
-def hit_grid(mask_mod, heads: int, block_size: tuple[int, int], q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
-             nq: int, nk: int, *, per_sequence: bool, index_dtype: torch.dtype) -> torch.Tensor:
-    """``hits [B, heads, nq, nk]`` int8 (1: listed) of every sequence's own blocks; entries past a
-    sequence's block counts are not written. Raises :class:`Untraceable`."""
+def build_lists(mask_mod, heads: int, block_size: tuple[int, int], q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
+                nq: int, nk: int, *, per_sequence: bool, index_dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """The four lists (kv counts ``[B, heads, nq]``, kv indices ``[B, heads, nq, nk]``, q counts
+    ``[B, heads, nk]``, q indices ``[B, heads, nk, nq]``, int32; slots past a count zero) of the
+    blocks ``mask_mod`` lists in every sequence's own grid, in one launch of the generated kernel:
+    programs take tickets in the order they start; the first ``B * nq * ceil(nk / 16)`` evaluate
+    16 kv-blocks of one q-block row each (for every head) into an int8 grid, the rest wait until
+    those are done (every program they wait for has started: it took a lower ticket) and each
+    writes one q-block row's kv list or one kv-block column's q list. No host sync. Raises
+    :class:`Untraceable`."""
     kernel, g, text = traced(mask_mod, heads, index_dtype)
     batch = q_offsets.numel() - 1
-    hits = torch.empty(batch, heads, nq, nk, dtype=torch.int8, device=q_offsets.device)
-    if batch and nq and nk:
-        bm, bn = block_size
-        grid = (batch * nq, cdiv(nk, _KV_BLOCKS))
-        try:
-            kernel[grid](
-                hits, q_offsets, kv_offsets, nq, nk, g.param_tensor(hits.device), *g.values, HEADS=heads, BM=bm, BN=bn,
-                KC=_KV_BLOCKS, B_ZERO=not per_sequence, num_warps=4,
-            )
-        except CompilationError as e:  # jagflash's bug, not the user's: refused (and reported) like an untraceable one
-            last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-            _KERNELS[text] = Untraceable([f"the generated kernel did not compile ({last}); please report this mask_mod"])
-            raise _KERNELS[text] from None
-    return hits
+    dev = q_offsets.device
+    hits = torch.empty(batch, heads, nq, nk, dtype=torch.int8, device=dev)
+    kv_counts = torch.empty(batch, heads, nq, dtype=torch.int32, device=dev)
+    kv_indices = torch.empty(batch, heads, nq, nk, dtype=torch.int32, device=dev)
+    q_counts = torch.empty(batch, heads, nk, dtype=torch.int32, device=dev)
+    q_indices = torch.empty(batch, heads, nk, nq, dtype=torch.int32, device=dev)
+    lists = kv_counts, kv_indices, q_counts, q_indices
+    if not (batch and nq and nk):
+        kv_counts.zero_()
+        q_counts.zero_()
+        return lists
+    bm, bn = block_size
+    evals, rows = batch * nq * cdiv(nk, _KV_BLOCKS), batch * heads * nq
+    try:
+        kernel[(evals + rows + batch * heads * nk,)](
+            hits, *lists, zeroed_counters(q_offsets), q_offsets, kv_offsets, nq, nk, g.param_tensor(dev), *g.values, evals, rows,
+            HEADS=heads, BM=bm, BN=bn, KC=_KV_BLOCKS, B_ZERO=not per_sequence,
+            NQ=1 << (nq - 1).bit_length(), NK=1 << (nk - 1).bit_length(), num_warps=4,
+        )
+    except CompilationError as e:  # jagflash's bug, not the user's: refused (and reported) like an untraceable one
+        last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        _KERNELS[text] = Untraceable([f"the generated kernel did not compile ({last}); please report this mask_mod"])
+        raise _KERNELS[text] from None
+    return lists
 
 
 @triton.jit
@@ -175,11 +192,28 @@ def _length(offsets, seq):
 
 
 @triton.jit
+def _evaluated(sync):
+    """Count this evaluating program done, its grid entries published first (every thread's
+    stores before the count: a barrier, then a release)."""
+    tl.debug_barrier()
+    tl.atomic_add(sync + 1, 1, sem="release")
+
+
+@triton.jit
+def _await_evaluated(sync, evals):
+    """Wait until all ``evals`` evaluating programs are done (acquire: their entries are seen)."""
+    done = tl.atomic_add(sync + 1, 0, sem="acquire")
+    while done < evals:
+        done = tl.atomic_add(sync + 1, 0, sem="acquire")
+    tl.debug_barrier()
+
+
+@triton.jit
 def _compress(hits, counts, indices, out, first, step, n, valid, N: tl.constexpr):
     """Program ``out``'s list: the places ``p < n`` (ascending) where ``hits[first + p * step]``
     is set, in the first slots of ``indices[out * n:]``, the rest zero; their count."""
     p = tl.arange(0, N)
-    hit = tl.load(hits + first + p * step, mask=valid & (p < n), other=0) != 0
+    hit = tl.load(hits + first + p * step, mask=valid & (p < n), other=0, cache_modifier=".cg") != 0
     count = tl.sum(hit.to(tl.int32))
     slot = tl.cumsum(hit.to(tl.int32)) - 1
     tl.store(indices + out * n + slot, p, mask=hit)
@@ -188,10 +222,9 @@ def _compress(hits, counts, indices, out, first, step, n, valid, N: tl.constexpr
 
 
 @triton.jit
-def _lists_kernel(hits, kv_counts, kv_indices, q_counts, q_indices, qo, ko, nq, nk, rows,
+def _list_program(pid, hits, kv_counts, kv_indices, q_counts, q_indices, qo, ko, nq, nk, rows,
                   HEADS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NQ: tl.constexpr, NK: tl.constexpr):
-    """One q-block row's kv list (programs ``< rows``) or one kv-block column's q list."""
-    pid = tl.program_id(0)
+    """List ``pid``: one q-block row's kv list (``pid < rows``) or one kv-block column's q list."""
     if pid < rows:
         seq = pid // (HEADS * nq)
         i = pid % nq
@@ -204,24 +237,3 @@ def _lists_kernel(hits, kv_counts, kv_indices, q_counts, q_indices, qo, ko, nq, 
         bh = c // nk
         n_own = tl.minimum((_length(qo, seq) + BM - 1) // BM, nq).to(tl.int32)
         _compress(hits, q_counts, q_indices, c, bh * nq * nk + j, nk, nq, (j * BN < _length(ko, seq)) & (tl.arange(0, NQ) < n_own), NQ)
-
-
-def block_lists(hits: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, block_size: tuple[int, int]) -> tuple[torch.Tensor, ...]:
-    """The four lists (kv counts ``[B, H, nq]``, kv indices ``[B, H, nq, nk]``, q counts
-    ``[B, H, nk]``, q indices ``[B, H, nk, nq]``, int32) of :func:`hit_grid`'s ``hits``."""
-    batch, heads, nq, nk = hits.shape
-    dev = hits.device
-    kv_counts = torch.empty(batch, heads, nq, dtype=torch.int32, device=dev)
-    kv_indices = torch.empty(batch, heads, nq, nk, dtype=torch.int32, device=dev)
-    q_counts = torch.empty(batch, heads, nk, dtype=torch.int32, device=dev)
-    q_indices = torch.empty(batch, heads, nk, nq, dtype=torch.int32, device=dev)
-    rows, cols = batch * heads * nq, batch * heads * nk
-    if rows + cols and nq and nk:
-        _lists_kernel[(rows + cols,)](
-            hits, kv_counts, kv_indices, q_counts, q_indices, q_offsets, kv_offsets, nq, nk, rows,
-            HEADS=heads, BM=block_size[0], BN=block_size[1], NQ=1 << (nq - 1).bit_length(), NK=1 << (nk - 1).bit_length(),
-        )
-    elif rows + cols:
-        kv_counts.zero_()
-        q_counts.zero_()
-    return kv_counts, kv_indices, q_counts, q_indices
