@@ -18,7 +18,8 @@ the shared grid compiled), and one forward of
 mask, plans built outside the timing. Times are ``jagflash.bench.timing.measure`` p50 (CUDA
 events, many repetitions; wall clock on the CPU). Rows: ``workload, what, path, ms_p50,
 first_call_ms, build / dense forward, build / sparse forward, listed blocks``. ``--profile``
-adds, on stderr, each build path's busiest kernels, its launches a build and its host wall time.
+adds, on stderr, each build path's busiest kernels, its launches a build and its host wall time;
+``--host-profile`` a ``cProfile`` of the default path's host side.
 On CUDA the default and shared builds are also timed replayed in a CUDA graph (``(CUDA graph)``
 rows): the device's own time, without the host's; and the host's own time of a call (``(host)``
 rows: calls queued without a sync, :func:`host_ms`).
@@ -97,7 +98,26 @@ def host_ms(build, dev: torch.device, calls: int = 200, rounds: int = 5) -> floa
     return best
 
 
-def workload_rows(name: str, smoke: bool, dev: torch.device, profile: bool = False) -> list[tuple]:
+def _host_profile(title: str, build, calls: int = 300) -> None:
+    """``cProfile`` of ``calls`` warm builds (queued without a sync), to stderr: where the host's
+    time of a build goes (by own time, then by cumulative time)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        build()
+    prof.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(18)
+    stats.sort_stats("cumulative").print_stats(14)
+    print(f"## host profile {title} ({calls} builds)\n{out.getvalue()}", file=sys.stderr)
+
+
+def workload_rows(name: str, smoke: bool, dev: torch.device, profile: bool = False, host_profile: bool = False) -> list[tuple]:
     """The probe's rows of one workload (module docstring)."""
     from jagflash.bench.data import make_batch
     from jagflash.bench.sparsity import mask_mod
@@ -138,6 +158,8 @@ def workload_rows(name: str, smoke: bool, dev: torch.device, profile: bool = Fal
             t = measure(build, dev).p50
             if profile:
                 _profile(f"{name} {rule_name} {path}", build, dev)
+            if host_profile and path == "default":
+                _host_profile(f"{name} {rule_name} {path}", build)
             rows.append((
                 name, f"from_mask_mod {rule_name}", path, t, round(first, 1), round(t / dense, 3), round(t / sparse, 3),
                 int(built.kv_counts.sum()),
@@ -159,11 +181,12 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="the workloads' smoke versions (CPU interpreter)")
     ap.add_argument("--csv", default=None)
     ap.add_argument("--profile", action="store_true", help="torch.profiler of each build path, to stderr")
+    ap.add_argument("--host-profile", action="store_true", help="cProfile of the default build's host side, to stderr")
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     table = [["workload", "what", "path", "ms_p50", "first_call_ms", "build_over_dense_fwd", "build_over_sparse_fwd", "listed_blocks"]]
     for name in a.workloads.split(","):
-        table += workload_rows(name, a.smoke, dev, a.profile)
+        table += workload_rows(name, a.smoke, dev, a.profile, a.host_profile)
     from jagflash.bench.report import emit_table
 
     emit_table(table, a.csv)

@@ -457,62 +457,73 @@ _RUN = 256
 
 _HEAD = '''
 @triton.jit
-def mask_mod_blocks(row, kb0, hits, qo, ko, nq, nk, _P, {args}HEADS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    KC: tl.constexpr, B_ZERO: tl.constexpr):
-    """Blocks ``kb0 .. kb0 + KC - 1`` of q-block row ``row`` (sequence-major) into ``hits``."""
+def mask_mod_build(kv_counts, kv_indices, q_counts, q_indices, qo, ko, nq, nk, _P, {args}n_rows, HEADS: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr, B_ZERO: tl.constexpr, NW: tl.constexpr):
+    """Program ``pid < n_rows``: the kv list of q-block row ``pid`` (sequence-major), for every
+    head; the others: the q list of kv-block column ``pid - n_rows``. A list's blocks are decided
+    in order along it, so its indices come out ascending."""
     _T = tl.full([], 1, tl.int1)
     _F = tl.full([], 0, tl.int1)
     _Z = tl.full([], 0, tl.int64)
     _RUNS = tl.arange(0, {run})
-{pre}    seq = row // nq
-    qb = row - seq * nq
+{pre}    pid = tl.program_id(0)
+    by_row = pid < n_rows
+    by_col = pid >= n_rows
+    col = pid - n_rows
+    seq = tl.where(by_row, pid // nq, col // nk)
+    fixed = tl.where(by_row, pid % nq, col % nk)  # the row's q-block or the column's kv-block
     b_val = seq + _Z
     if B_ZERO:
         b_val = _Z
     lq = _length(qo, seq)
     lk = _length(ko, seq)
-    if qb * BM < lq:
-        nk_b = ((lk + BN - 1) // BN).to(tl.int32)
-        q0 = qb * BM + _Z
-        q_last = tl.minimum(q0 + BM, lq) - 1
-        rows = q0 + tl.arange(0, BM)[:, None]
-        q_idx = rows.to({idx})
-        for kb in range(kb0, tl.minimum(kb0 + KC, nk_b)):
+    nq_b = tl.minimum((lq + BM - 1) // BM, nq).to(tl.int32)  # the sequence's own blocks (inside the grid)
+    nk_b = tl.minimum((lk + BN - 1) // BN, nk).to(tl.int32)
+    along = tl.where(fixed < tl.where(by_row, nq_b, nk_b), tl.where(by_row, nk_b, nq_b), 0)  # the blocks to decide
+    width = tl.where(by_row, nk, nq)
+    first = tl.where(by_row, (seq * HEADS * nq + fixed) * nk, (seq * HEADS * nk + fixed) * nq).to(tl.int64)  # head 0's list
+    counted = tl.where(by_row, seq * HEADS * nq + fixed, seq * HEADS * nk + fixed).to(tl.int64)  # head 0's count
+    count_step = tl.where(by_row, nq, nk)
+    for hh in tl.static_range({evals}):
+        h_val = _Z + hh
+        count = tl.full([], 0, tl.int32)
+        for o in range(0, along):
+            qb = tl.where(by_row, fixed, o)
+            kb = tl.where(by_row, o, fixed)
+            q0 = qb * BM + _Z
+            q_last = tl.minimum(q0 + BM, lq) - 1
             k0 = kb * BN + _Z
             k_last = tl.minimum(k0 + BN, lk) - 1
-            for hh in tl.static_range({evals}):
-                h_val = _Z + hh
 '''
 _PAIRS = '''
-                hit = {every}.to(tl.int8)
-                if {some} & ({every} == 0):
-                    cols = k0 + tl.arange(0, BN)[None, :]
-                    kv_idx = cols.to({idx})
-                    _live = (rows < lq) & (cols < lk)
-                    b = b_val.to({idx})
-                    h = h_val.to({idx})
+            hit = {every}.to(tl.int8)
+            if {some} & ({every} == 0):
+                rows = q0 + tl.arange(0, BM)[:, None]
+                q_idx = rows.to({idx})
+                cols = k0 + tl.arange(0, BN)[None, :]
+                kv_idx = cols.to({idx})
+                _live = (rows < lq) & (cols < lk)
+                b = b_val.to({idx})
+                h = h_val.to({idx})
 '''
 _STORE = '''
-                for hs in tl.static_range({stores}):
-                    tl.store(hits + ((seq * HEADS + hh + hs) * nq + qb) * nk + kb, hit)
+            listed = hit != 0
+            for hs in tl.static_range({stores}):
+                at = first + (hh + hs) * nq * nk + count
+                tl.store(kv_indices + at, o, mask=by_row & listed)
+                tl.store(q_indices + at, o, mask=by_col & listed)
+            count += listed.to(tl.int32)
+        p = tl.arange(0, NW)
+        rest = (p >= count) & (p < width)
+        for hs in tl.static_range({stores}):
+            at = first + (hh + hs) * nq * nk + p
+            tl.store(kv_indices + at, 0, mask=by_row & rest)
+            tl.store(q_indices + at, 0, mask=by_col & rest)
+            at = counted + (hh + hs) * count_step
+            tl.store(kv_counts + at, count, mask=by_row)
+            tl.store(q_counts + at, count, mask=by_col)
 '''
-_BUILD = '''
 
-@triton.jit
-def mask_mod_build(hits, kv_counts, kv_indices, q_counts, q_indices, sync, qo, ko, nq, nk, _P, {args}evals, rows,
-                   HEADS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, KC: tl.constexpr, B_ZERO: tl.constexpr,
-                   NQ: tl.constexpr, NK: tl.constexpr):
-    """One launch: the evaluating programs (tickets ``< evals``), then the lists' (module
-    docstring of ``jagflash.core.mask_mod_kernel``)."""
-    t, _ = sched_first(tl.program_id(0), sync, True)  # a ticket: how many programs started before this one
-    if t < evals:
-        chunks = (nk + KC - 1) // KC
-        mask_mod_blocks(t // chunks, t % chunks * KC, hits, qo, ko, nq, nk, _P, {args}HEADS, BM, BN, KC, B_ZERO)
-        _evaluated(sync)
-    else:
-        _await_evaluated(sync, evals)
-        _list_program(t - evals, hits, kv_counts, kv_indices, q_counts, q_indices, qo, ko, nq, nk, rows, HEADS, BM, BN, NQ, NK)
-'''
 
 def generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[str, _Gen]:
     """The kernel's source for the traced mask_mod, and its generator (the arguments)."""
@@ -583,11 +594,10 @@ def generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[st
     every, some = res.bounds
     evals, stores = (heads, 1) if g.reads_h else (1, heads)
     text = _HEAD.format(args="".join(f"{a}, " for a in g.args), idx=_TL[idx], evals=evals, run=_RUN, pre="".join(f"    {p}\n" for p in g.pre))
-    ind = " " * 16
+    ind = " " * 12
     text += "".join(f"{ind}{line}\n" for s in g.bound for line in s.split("\n"))
     text += _PAIRS.format(every=every, some=some, idx=_TL[idx])
     text += "".join(f"{ind}    {s}\n" for s in g.tile)
     text += f"{ind}    hit = tl.max(tl.where(_live & ({res.t}), 1, 0)).to(tl.int8)\n"
     text += _STORE.format(stores=stores)
-    text += _BUILD.format(args="".join(f"{a}, " for a in g.args))
     return text, g

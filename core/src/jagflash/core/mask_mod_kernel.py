@@ -3,9 +3,9 @@
 (``torch.fx``) into a Triton kernel of its own that evaluates the blocks and writes the block
 lists in one launch (:func:`build_lists`).
 
-An evaluating program takes one (sequence, q-block) row and a run of its kv-blocks,
-reads the sequence's lengths from the offsets (nothing enumerated on the host, no sync), and
-decides each block in two steps:
+A program takes one (sequence, q-block) row or one (sequence, kv-block) column of the padded
+grid, reads the sequence's lengths from the offsets (nothing enumerated on the host, no sync),
+and decides each block along it in two steps:
 
 1. **Bounds.** Every value of the mask_mod is bounded over the block's in-range pairs: positions
    by the block's first and last in-range row and column, arithmetic by interval rules, a
@@ -50,10 +50,8 @@ import triton
 import triton.language as tl
 from triton.compiler.errors import CompilationError
 
-from jagflash.core.jagged import cdiv
 from jagflash.core.mask_mod import function_of
 from jagflash.core.mask_mod_codegen import Untraceable, generate
-from jagflash.core.tile_scheduler import sched_first, zeroed_counters
 
 __all__ = ["Untraceable", "build_lists", "kernel_reasons", "traced"]
 
@@ -125,7 +123,7 @@ def _compile(text: str):
     """``text`` as a Triton kernel (its source kept in ``linecache``, where Triton reads it)."""
     name = f"<jagflash-mask-mod-{hashlib.sha1(text.encode()).hexdigest()[:16]}>"
     linecache.cache[name] = (len(text), None, text.splitlines(True), name)
-    scope = {"__name__": __name__, "triton": triton, "tl": tl, **{f.__name__: f for f in (_length, sched_first, _evaluated, _await_evaluated, _list_program)}}
+    scope = {"__name__": __name__, "triton": triton, "tl": tl, "_length": _length}
     exec(compile(text, name, "exec"), scope)  # jagflash's own generated source
     return scope["mask_mod_build"]
 
@@ -144,23 +142,19 @@ def kernel_reasons(device: torch.device) -> list[str]:
     return [f"device {device.type} (CUDA, or the CPU under TRITON_INTERPRET=1)"]
 
 
-#: kv-blocks one evaluating program takes.
-_KV_BLOCKS = 16
-
 def build_lists(mask_mod, heads: int, block_size: tuple[int, int], q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
                 nq: int, nk: int, *, per_sequence: bool, index_dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """The four lists (kv counts ``[B, heads, nq]``, kv indices ``[B, heads, nq, nk]``, q counts
     ``[B, heads, nk]``, q indices ``[B, heads, nk, nq]``, int32; slots past a count zero) of the
     blocks ``mask_mod`` lists in every sequence's own grid, in one launch of the generated kernel:
-    programs take tickets in the order they start; the first ``B * nq * ceil(nk / 16)`` evaluate
-    16 kv-blocks of one q-block row each (for every head) into an int8 grid, the rest wait until
-    those are done (every program they wait for has started: it took a lower ticket) and each
-    writes one q-block row's kv list or one kv-block column's q list. No host sync. Raises
-    :class:`Untraceable`."""
+    a program per q-block row (its kv list) and per kv-block column (its q list) of the padded
+    grid, each deciding the blocks along its list in order, for every head; a program past its
+    sequence's blocks writes an empty list. Every block is decided twice (once for its row, once
+    for its column): no program waits for another's, nothing is stored but the lists, no host
+    sync. Raises :class:`Untraceable`."""
     kernel, g, text = traced(mask_mod, heads, index_dtype)
     batch = q_offsets.numel() - 1
     dev = q_offsets.device
-    hits = torch.empty(batch, heads, nq, nk, dtype=torch.int8, device=dev)
     kv_counts = torch.empty(batch, heads, nq, dtype=torch.int32, device=dev)
     kv_indices = torch.empty(batch, heads, nq, nk, dtype=torch.int32, device=dev)
     q_counts = torch.empty(batch, heads, nk, dtype=torch.int32, device=dev)
@@ -171,12 +165,10 @@ def build_lists(mask_mod, heads: int, block_size: tuple[int, int], q_offsets: to
         q_counts.zero_()
         return lists
     bm, bn = block_size
-    evals, rows = batch * nq * cdiv(nk, _KV_BLOCKS), batch * heads * nq
     try:
-        kernel[(evals + rows + batch * heads * nk,)](
-            hits, *lists, zeroed_counters(q_offsets), q_offsets, kv_offsets, nq, nk, g.param_tensor(dev), *g.values, evals, rows,
-            HEADS=heads, BM=bm, BN=bn, KC=_KV_BLOCKS, B_ZERO=not per_sequence,
-            NQ=1 << (nq - 1).bit_length(), NK=1 << (nk - 1).bit_length(), num_warps=4,
+        kernel[(batch * (nq + nk),)](
+            *lists, q_offsets, kv_offsets, nq, nk, g.param_tensor(dev), *g.values, batch * nq,
+            HEADS=heads, BM=bm, BN=bn, B_ZERO=not per_sequence, NW=1 << (max(nq, nk) - 1).bit_length(), num_warps=4,
         )
     except CompilationError as e:  # jagflash's bug, not the user's: refused (and reported) like an untraceable one
         last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
@@ -189,51 +181,3 @@ def build_lists(mask_mod, heads: int, block_size: tuple[int, int], q_offsets: to
 def _length(offsets, seq):
     """Sequence ``seq``'s length from its offsets, int64."""
     return tl.load(offsets + seq + 1).to(tl.int64) - tl.load(offsets + seq).to(tl.int64)
-
-
-@triton.jit
-def _evaluated(sync):
-    """Count this evaluating program done, its grid entries published first (every thread's
-    stores before the count: a barrier, then a release)."""
-    tl.debug_barrier()
-    tl.atomic_add(sync + 1, 1, sem="release")
-
-
-@triton.jit
-def _await_evaluated(sync, evals):
-    """Wait until all ``evals`` evaluating programs are done (acquire: their entries are seen)."""
-    done = tl.atomic_add(sync + 1, 0, sem="acquire")
-    while done < evals:
-        done = tl.atomic_add(sync + 1, 0, sem="acquire")
-    tl.debug_barrier()
-
-
-@triton.jit
-def _compress(hits, counts, indices, out, first, step, n, valid, N: tl.constexpr):
-    """Program ``out``'s list: the places ``p < n`` (ascending) where ``hits[first + p * step]``
-    is set, in the first slots of ``indices[out * n:]``, the rest zero; their count."""
-    p = tl.arange(0, N)
-    hit = tl.load(hits + first + p * step, mask=valid & (p < n), other=0, cache_modifier=".cg") != 0
-    count = tl.sum(hit.to(tl.int32))
-    slot = tl.cumsum(hit.to(tl.int32)) - 1
-    tl.store(indices + out * n + slot, p, mask=hit)
-    tl.store(indices + out * n + p, 0, mask=(p >= count) & (p < n))
-    tl.store(counts + out, count)
-
-
-@triton.jit
-def _list_program(pid, hits, kv_counts, kv_indices, q_counts, q_indices, qo, ko, nq, nk, rows,
-                  HEADS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NQ: tl.constexpr, NK: tl.constexpr):
-    """List ``pid``: one q-block row's kv list (``pid < rows``) or one kv-block column's q list."""
-    if pid < rows:
-        seq = pid // (HEADS * nq)
-        i = pid % nq
-        n_own = tl.minimum((_length(ko, seq) + BN - 1) // BN, nk).to(tl.int32)  # the row's own kv-blocks
-        _compress(hits, kv_counts, kv_indices, pid, pid * nk, 1, nk, (i * BM < _length(qo, seq)) & (tl.arange(0, NK) < n_own), NK)
-    else:
-        c = pid - rows
-        seq = c // (HEADS * nk)
-        j = c % nk
-        bh = c // nk
-        n_own = tl.minimum((_length(qo, seq) + BM - 1) // BM, nq).to(tl.int32)
-        _compress(hits, q_counts, q_indices, c, bh * nq * nk + j, nk, nq, (j * BN < _length(ko, seq)) & (tl.arange(0, NQ) < n_own), NQ)

@@ -138,33 +138,26 @@ def _stream_key(device: torch.device) -> tuple:
 
 def tile_counter(plan: Plan, pass_: str) -> torch.Tensor:
     """The ``COUNTER`` argument of one launch of a persistent kernel over ``pass_``: for a dynamic
-    schedule :func:`zeroed_counters` (its first int counts the tiles taken), else ``plan.meta``
-    (never read)."""
+    schedule a zeroed int32 no other launch ever gets, else ``plan.meta`` (never read).
+
+    In plain eager mode outside a CUDA graph capture (``jagflash.core.memo.memo_allowed``) the
+    counter is the next unused slot of a buffer kept per device and stream, zeroed by one fill
+    when it is made and when its :data:`COUNTER_SLOTS` slots are used up: the fill is queued on
+    the stream after every launch that used a slot, so a launch on that stream (the one
+    current here, which the launch that follows uses) always starts from zero, and a call costs
+    no fill kernel. Under tracing, modes and capture it is a fresh ``torch.zeros(1)`` (a graph's
+    replays zero it again)."""
     if plan.info.schedule_of(pass_) != "dynamic":
         return plan.meta
-    return zeroed_counters(plan.tiles)
-
-
-def zeroed_counters(like: torch.Tensor) -> torch.Tensor:
-    """Four zeroed int32 (16-byte aligned) on ``like``'s device for one launch's counters, which
-    no other launch ever gets (``like``: a tensor of the call, to tell tracing and capture).
-
-    In plain eager mode outside a CUDA graph capture (``jagflash.core.memo.memo_allowed``) they
-    are the next unused slot of a buffer kept per device and stream, zeroed by one fill when it
-    is made and when its :data:`COUNTER_SLOTS` slots are used up: the fill is queued on the
-    stream after every launch that used a slot, so a launch on that stream (the one current
-    here, which the launch that follows uses) always starts from zero, and a call costs no fill
-    kernel. Under tracing, modes and capture they are a fresh ``torch.zeros(4)`` (a graph's
-    replays zero it again)."""
-    device = like.device
-    if not memo_allowed((like,)):
-        return torch.zeros(_SLOT_INTS, dtype=torch.int32, device=device)
+    device = plan.tiles.device
+    if not memo_allowed((plan.tiles,)):
+        return torch.zeros(1, dtype=torch.int32, device=device)
     key = _stream_key(device)
     with _counter_lock:
         pool = _counter_pools.get(key)
         if pool is None:
             buffer = torch.zeros((COUNTER_SLOTS, _SLOT_INTS), dtype=torch.int32, device=device)
-            pool = _counter_pools[key] = [buffer, buffer.unbind(0), 0]  # each slot's [4] view
+            pool = _counter_pools[key] = [buffer, buffer[:, :1].unbind(0), 0]  # each slot's [1] view
         buffer, views, slot = pool
         if slot == len(views):
             buffer.zero_()
