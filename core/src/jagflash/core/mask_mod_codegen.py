@@ -89,7 +89,8 @@ class _Gen:
 
     def __init__(self):
         self.tile: list[str] = []
-        self.bound: list[str] = []
+        self.bound: list[str] = []  # the bounds' statements of one block
+        self.lanes: list[str] = []  # the same for every block along a list at once (reads of one element)
         self.pre: list[str] = []  # the parameters' loads, before the loops
         self.args: list[str] = []
         self.values: list = []  # the run-time values of the arguments, in order
@@ -144,10 +145,12 @@ class _Gen:
         names = tuple(self.name(p) for p in ("l", "u", "k") if kind == "int" or p != "u") if kind != "bool" else (self.name("a"), self.name("p"))
         for n, e in zip(names, bounds_exprs):
             self.bound.append(f"{n} = {e}")
+            self.lanes.append(f"{n} = {e}")
         if kind == "int" and dtype in _RANGE:
             least, most = _RANGE[dtype]
             lo, u, k = names
             self.bound.append(f"{k} = {k} & ({lo} >= {least}) & ({u} <= {most})")
+            self.lanes.append(f"{k} = {k} & ({lo} >= {least}) & ({u} <= {most})")
         return _V(kind, dtype, t, names, nonneg)
 
     def as_bool(self, v: _V) -> _V:
@@ -432,8 +435,11 @@ def _read(g: _Gen, table, index, dtype) -> _V:
     if kind == "float":
         lines.append(f"{ok} = {ok} & ({width} == 0)")
         g.bound.append("\n".join(lines))
+        g.lanes.append("\n".join(lines))
         return g.emit("float", dtype, t, (one, ok))
     lo, hi = g.name("m"), g.name("x")
+    # every block at once: the one-element read, the block unsure where it reaches more
+    g.lanes.append("\n".join([*lines, f"{lo} = {one}.to(tl.int64)", f"{hi} = {lo}", f"_single = _single & (({width} == 0) | ({ok} == 0))"]))
     along = " + ".join([*fixed, *(f"({a} + tl.minimum(_RUNS, {sp})) * {st}" for (a, st), sp in zip(firsts, spans))]) or "0"
     lines += [
         f"if ({width} == 0) | ({ok} == 0):",
@@ -455,13 +461,35 @@ def _read(g: _Gen, table, index, dtype) -> _V:
 #: and then some: a per-token table indexed by a position plus a per-sequence start).
 _RUN = 256
 
-_HEAD = '''
+_LANES = '''
+@triton.jit
+def mask_mod_lanes(_P, {args}fixed, by_row, lq, lk, b_val, h_val, along, BM: tl.constexpr, BN: tl.constexpr,
+                   NW: tl.constexpr):
+    """Every block along a list at once, a lane each: which the bounds list, and which they
+    leave unsure (a read reaching more than one element, or pairs to evaluate)."""
+    _T = tl.full([], 1, tl.int1)
+    _F = tl.full([], 0, tl.int1)
+    _Z = tl.full([], 0, tl.int64)
+{pre}    o = tl.arange(0, NW)
+    qb = tl.where(by_row, fixed, o)
+    kb = tl.where(by_row, o, fixed)
+    q0 = qb * BM + _Z
+    q_last = tl.minimum(q0 + BM, lq) - 1
+    k0 = kb * BN + _Z
+    k_last = tl.minimum(k0 + BN, lk) - 1
+    _single = _T
+{lanes}    inside = o < along
+    unsure = inside & ((_single == 0) | (({some}) & (({every}) == 0)))
+    return inside & ({every}) & (unsure == 0), unsure
+
+
 @triton.jit
 def mask_mod_build(kv_counts, kv_indices, q_counts, q_indices, qo, ko, nq, nk, _P, {args}n_rows, HEADS: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, B_ZERO: tl.constexpr, NW: tl.constexpr):
     """Program ``pid < n_rows``: the kv list of q-block row ``pid`` (sequence-major), for every
-    head; the others: the q list of kv-block column ``pid - n_rows``. A list's blocks are decided
-    in order along it, so its indices come out ascending."""
+    head; the others: the q list of kv-block column ``pid - n_rows``. Every block along the
+    list is decided at once from its bounds (:func:`mask_mod_lanes`); those left unsure one by
+    one, from their bounds and reads in full, then their pairs."""
     _T = tl.full([], 1, tl.int1)
     _F = tl.full([], 0, tl.int1)
     _Z = tl.full([], 0, tl.int64)
@@ -484,10 +512,13 @@ def mask_mod_build(kv_counts, kv_indices, q_counts, q_indices, qo, ko, nq, nk, _
     first = tl.where(by_row, (seq * HEADS * nq + fixed) * nk, (seq * HEADS * nk + fixed) * nq).to(tl.int64)  # head 0's list
     counted = tl.where(by_row, seq * HEADS * nq + fixed, seq * HEADS * nk + fixed).to(tl.int64)  # head 0's count
     count_step = tl.where(by_row, nq, nk)
+    lanes = tl.arange(0, NW)
     for hh in tl.static_range({evals}):
         h_val = _Z + hh
-        count = tl.full([], 0, tl.int32)
-        for o in range(0, along):
+        listed, unsure = mask_mod_lanes(_P, {args}fixed, by_row, lq, lk, b_val, h_val, along, BM, BN, NW)
+        place = tl.cumsum(unsure.to(tl.int32), 0) - 1
+        for i in range(0, tl.sum(unsure.to(tl.int32))):
+            o = tl.sum(tl.where(unsure & (place == i), lanes, 0))
             qb = tl.where(by_row, fixed, o)
             kb = tl.where(by_row, o, fixed)
             q0 = qb * BM + _Z
@@ -507,18 +538,17 @@ _PAIRS = '''
                 h = h_val.to({idx})
 '''
 _STORE = '''
-            listed = hit != 0
-            for hs in tl.static_range({stores}):
-                at = first + (hh + hs) * nq * nk + count
-                tl.store(kv_indices + at, o, mask=by_row & listed)
-                tl.store(q_indices + at, o, mask=by_col & listed)
-            count += listed.to(tl.int32)
-        p = tl.arange(0, NW)
-        rest = (p >= count) & (p < width)
+            listed = listed | ((lanes == o) & (hit != 0))
+        ones = listed.to(tl.int32)
+        count = tl.sum(ones)
+        slot = tl.cumsum(ones, 0) - 1
+        rest = (lanes >= count) & (lanes < width)
         for hs in tl.static_range({stores}):
-            at = first + (hh + hs) * nq * nk + p
-            tl.store(kv_indices + at, 0, mask=by_row & rest)
-            tl.store(q_indices + at, 0, mask=by_col & rest)
+            at = first + (hh + hs) * nq * nk
+            tl.store(kv_indices + at + slot, lanes, mask=by_row & listed)
+            tl.store(q_indices + at + slot, lanes, mask=by_col & listed)
+            tl.store(kv_indices + at + lanes, 0, mask=by_row & rest)
+            tl.store(q_indices + at + lanes, 0, mask=by_col & rest)
             at = counted + (hh + hs) * count_step
             tl.store(kv_counts + at, count, mask=by_row)
             tl.store(q_counts + at, count, mask=by_col)
@@ -593,7 +623,9 @@ def generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[st
     res = g.as_bool(out)
     every, some = res.bounds
     evals, stores = (heads, 1) if g.reads_h else (1, heads)
-    text = _HEAD.format(args="".join(f"{a}, " for a in g.args), idx=_TL[idx], evals=evals, run=_RUN, pre="".join(f"    {p}\n" for p in g.pre))
+    args, pre = "".join(f"{a}, " for a in g.args), "".join(f"    {p}\n" for p in g.pre)
+    lanes = "".join(f"    {line}\n" for s in g.lanes for line in s.split("\n"))
+    text = _LANES.format(args=args, idx=_TL[idx], evals=evals, run=_RUN, pre=pre, lanes=lanes, every=every, some=some)
     ind = " " * 12
     text += "".join(f"{ind}{line}\n" for s in g.bound for line in s.split("\n"))
     text += _PAIRS.format(every=every, some=some, idx=_TL[idx])
