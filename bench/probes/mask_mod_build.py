@@ -22,7 +22,8 @@ adds, on stderr, each build path's busiest kernels, its launches a build and its
 ``--host-profile`` a ``cProfile`` of the default path's host side.
 On CUDA the default and shared builds are also timed replayed in a CUDA graph (``(CUDA graph)``
 rows): the device's own time, without the host's; and the host's own time of a call (``(host)``
-rows: calls queued without a sync, :func:`host_ms`).
+rows: calls queued without a sync, :func:`host_ms`; ``(host, Triton's launch)``: the generated
+kernel launched through Triton's ``kernel[grid](...)`` every call instead of directly).
 """
 
 from __future__ import annotations
@@ -172,6 +173,14 @@ def workload_rows(name: str, smoke: bool, dev: torch.device, profile: bool = Fal
                 rows.append((name, f"from_mask_mod {rule_name}", f"{path} (CUDA graph)", g, "", round(g / dense, 3), round(g / sparse, 3), ""))
                 h = host_ms(build, dev)
                 rows.append((name, f"from_mask_mod {rule_name}", f"{path} (host)", h, "", round(h / dense, 3), round(h / sparse, 3), ""))
+                from jagflash.core import mask_mod_kernel
+
+                def through_triton(build=build):  # Triton's own launch path every call (its binding of the arguments)
+                    mask_mod_kernel._BOUND.clear()
+                    return build()
+
+                h = host_ms(through_triton, dev)
+                rows.append((name, f"from_mask_mod {rule_name}", f"{path} (host, Triton's launch)", h, "", round(h / dense, 3), round(h / sparse, 3), ""))
     return [tuple(round(x, 4) if isinstance(x, float) else x for x in r) for r in rows]
 
 

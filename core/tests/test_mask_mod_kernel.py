@@ -345,9 +345,9 @@ def _lists(m: BlockMask) -> tuple[torch.Tensor, ...]:
 
 @pytest.mark.gpu
 def test_gpu_one_launch_builds_in_graphs_and_on_two_streams() -> None:
-    """The build's one launch: replayed in a CUDA graph after the offsets changed in place, and
-    issued on two streams at once, many times over, it lists what the eager path lists (no state
-    kept between launches)."""
+    """The build's one launch (after the first call, Triton's compiled kernel launched directly):
+    replayed in a CUDA graph after the offsets changed in place, and issued on two streams at
+    once, many times over, it lists what the eager path lists (no state kept between launches)."""
     gen = torch.Generator().manual_seed(3)
     lengths = [(torch.randint(1, 3000, (40,), generator=gen)).tolist() for _ in range(3)]
     rule = lambda b, h, q, k: ((q // 128 - k // 128).abs() <= 2) | (k < 64) | (((q + 3 * k) // 97) % 5 == b % 5)
@@ -364,6 +364,7 @@ def test_gpu_one_launch_builds_in_graphs_and_on_two_streams() -> None:
             want = BlockMask.from_mask_mod(rule, qo, qo, 1, (64, 64), evaluator="eager", **kw)
             for x, y in zip(_lists(captured), _lists(want)):
                 assert torch.equal(x, y)
+    assert any(key[0] == mk.traced(rule, 1, torch.int32)[2] for key in mk._BOUND)  # the warm calls launched directly
     offsets = [_offsets(lens, "cuda") for lens in lengths[1:]]
     wants = [_lists(BlockMask.from_mask_mod(rule, o, o, 1, (64, 64), evaluator="eager", **kw)) for o in offsets]
     streams = [torch.cuda.Stream() for _ in offsets]

@@ -483,7 +483,8 @@ def mask_mod_lanes(_P, {args}fixed, by_row, lq, lk, b_val, h_val, along, BM: tl.
     return inside & ({every}) & (unsure == 0), unsure
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["nq", "nk", "n_rows"],
+            do_not_specialize_on_alignment=["kv_counts", "kv_indices", "q_counts", "q_indices", "qo", "ko", "_P", {names}])
 def mask_mod_build(kv_counts, kv_indices, q_counts, q_indices, qo, ko, nq, nk, _P, {args}n_rows, HEADS: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, B_ZERO: tl.constexpr, NW: tl.constexpr):
     """Program ``pid < n_rows``: the kv list of q-block row ``pid`` (sequence-major), for every
@@ -625,7 +626,8 @@ def generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[st
     evals, stores = (heads, 1) if g.reads_h else (1, heads)
     args, pre = "".join(f"{a}, " for a in g.args), "".join(f"    {p}\n" for p in g.pre)
     lanes = "".join(f"    {line}\n" for s in g.lanes for line in s.split("\n"))
-    text = _LANES.format(args=args, idx=_TL[idx], evals=evals, run=_RUN, pre=pre, lanes=lanes, every=every, some=some)
+    names = "".join(f'"{a}", ' for a in g.args)
+    text = _LANES.format(args=args, names=names, idx=_TL[idx], evals=evals, run=_RUN, pre=pre, lanes=lanes, every=every, some=some)
     ind = " " * 12
     text += "".join(f"{ind}{line}\n" for s in g.bound for line in s.split("\n"))
     text += _PAIRS.format(every=every, some=some, idx=_TL[idx])
