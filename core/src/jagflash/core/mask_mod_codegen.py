@@ -89,8 +89,7 @@ class _Gen:
 
     def __init__(self):
         self.tile: list[str] = []
-        self.bound: list[str] = []  # the bounds' statements of one block
-        self.lanes: list[str] = []  # the same for every block along a list at once (reads of one element)
+        self.lanes: list[str] = []  # the bounds' statements, for every block along a list at once (a lane each)
         self.pre: list[str] = []  # the parameters' loads, before the loops
         self.args: list[str] = []
         self.values: list = []  # the run-time values of the arguments, in order
@@ -144,12 +143,10 @@ class _Gen:
         self.tile.append(f"{t} = {tile_expr}")
         names = tuple(self.name(p) for p in ("l", "u", "k") if kind == "int" or p != "u") if kind != "bool" else (self.name("a"), self.name("p"))
         for n, e in zip(names, bounds_exprs):
-            self.bound.append(f"{n} = {e}")
             self.lanes.append(f"{n} = {e}")
         if kind == "int" and dtype in _RANGE:
             least, most = _RANGE[dtype]
             lo, u, k = names
-            self.bound.append(f"{k} = {k} & ({lo} >= {least}) & ({u} <= {most})")
             self.lanes.append(f"{k} = {k} & ({lo} >= {least}) & ({u} <= {most})")
         return _V(kind, dtype, t, names, nonneg)
 
@@ -434,24 +431,25 @@ def _read(g: _Gen, table, index, dtype) -> _V:
     one = f"tl.load({ptr} + tl.where({ok}, {base}, 0), mask={ok}, other=0)"
     if kind == "float":
         lines.append(f"{ok} = {ok} & ({width} == 0)")
-        g.bound.append("\n".join(lines))
         g.lanes.append("\n".join(lines))
         return g.emit("float", dtype, t, (one, ok))
     lo, hi = g.name("m"), g.name("x")
-    # every block at once: the one-element read, the block unsure where it reaches more
-    g.lanes.append("\n".join([*lines, f"{lo} = {one}.to(tl.int64)", f"{hi} = {lo}", f"_single = _single & (({width} == 0) | ({ok} == 0))"]))
-    along = " + ".join([*fixed, *(f"({a} + tl.minimum(_RUNS, {sp})) * {st}" for (a, st), sp in zip(firsts, spans))]) or "0"
-    lines += [
-        f"if ({width} == 0) | ({ok} == 0):",
-        f"    {lo} = {one}.to(tl.int64)",
-        f"    {hi} = {lo}",
-        "else:",
-        f"    _m = {ok} & (_RUNS <= {width})",
-        f"    _v = tl.load({ptr} + tl.where(_m, {along}, 0), mask=_m, other=0).to(tl.int64)",
-        f"    {lo} = tl.min(tl.where(_m, _v, {2**62}))",
-        f"    {hi} = tl.max(tl.where(_m, _v, {-(2**62)}))",
-    ]
-    g.bound.append("\n".join(lines))
+    # the first element of each lane's run, then the rest, _RUN_CHUNK elements of every lane a step
+    ok_l, w_l, r, c, m, v = g.name("ol"), g.name("wl"), g.name("rr"), g.name("cc"), g.name("mm"), g.name("vv")
+    along2 = " + ".join([*fixed, *(f"(({a} + _ZL)[:, None] + tl.minimum({c}, ({sp} + _ZL)[:, None])) * {st}" for (a, st), sp in zip(firsts, spans))]) or "0"
+    g.lanes.append("\n".join([
+        *lines,
+        f"{ok_l} = {ok} | _FL",
+        f"{w_l} = {width} + _ZL",
+        f"{lo} = {one}.to(tl.int64) + _ZL",
+        f"{hi} = {lo}",
+        f"for {r} in range(1, (tl.max(tl.where({ok_l}, {w_l}, 0)) + 1).to(tl.int32), {_RUN_CHUNK}):",
+        f"    {c} = {r} + tl.arange(0, {_RUN_CHUNK})[None, :]",
+        f"    {m} = {ok_l}[:, None] & ({c} <= {w_l}[:, None])",
+        f"    {v} = tl.load({ptr} + tl.where({m}, {along2}, 0), mask={m}, other=0).to(tl.int64)",
+        f"    {lo} = tl.minimum({lo}, tl.min(tl.where({m}, {v}, {2**62}), axis=1))",
+        f"    {hi} = tl.maximum({hi}, tl.max(tl.where({m}, {v}, {-(2**62)}), axis=1))",
+    ]))
     if kind == "bool":
         return g.emit("bool", torch.bool, t, (f"{ok} & ({lo} != 0)", f"({ok} == 0) | ({hi} != 0)"))
     return g.emit("int", dtype, t, (lo, hi, ok))
@@ -460,16 +458,20 @@ def _read(g: _Gen, table, index, dtype) -> _V:
 #: The longest run of elements along one dimension a block's bounds read (the rows of a 128-block
 #: and then some: a per-token table indexed by a position plus a per-sequence start).
 _RUN = 256
+#: Elements of every lane's run one step of the lanes' read takes.
+_RUN_CHUNK = 16
 
 _LANES = '''
 @triton.jit
 def mask_mod_lanes(_P, {args}fixed, by_row, lq, lk, b_val, h_val, along, BM: tl.constexpr, BN: tl.constexpr,
                    NW: tl.constexpr):
     """Every block along a list at once, a lane each: which the bounds list, and which they
-    leave unsure (a read reaching more than one element, or pairs to evaluate)."""
+    leave open (pairs to evaluate)."""
     _T = tl.full([], 1, tl.int1)
     _F = tl.full([], 0, tl.int1)
     _Z = tl.full([], 0, tl.int64)
+    _ZL = tl.zeros([NW], tl.int64)
+    _FL = tl.zeros([NW], tl.int1)
 {pre}    o = tl.arange(0, NW)
     qb = tl.where(by_row, fixed, o)
     kb = tl.where(by_row, o, fixed)
@@ -477,10 +479,9 @@ def mask_mod_lanes(_P, {args}fixed, by_row, lq, lk, b_val, h_val, along, BM: tl.
     q_last = tl.minimum(q0 + BM, lq) - 1
     k0 = kb * BN + _Z
     k_last = tl.minimum(k0 + BN, lk) - 1
-    _single = _T
 {lanes}    inside = o < along
-    unsure = inside & ((_single == 0) | (({some}) & (({every}) == 0)))
-    return inside & ({every}) & (unsure == 0), unsure
+    unsure = inside & ({some}) & (({every}) == 0)
+    return inside & ({every}), unsure
 
 
 @triton.jit(do_not_specialize=["nq", "nk", "n_rows"],
@@ -489,12 +490,11 @@ def mask_mod_build(kv_counts, kv_indices, q_counts, q_indices, qo, ko, nq, nk, _
                    BM: tl.constexpr, BN: tl.constexpr, B_ZERO: tl.constexpr, NW: tl.constexpr):
     """Program ``pid < n_rows``: the kv list of q-block row ``pid`` (sequence-major), for every
     head; the others: the q list of kv-block column ``pid - n_rows``. Every block along the
-    list is decided at once from its bounds (:func:`mask_mod_lanes`); those left unsure one by
-    one, from their bounds and reads in full, then their pairs."""
+    list is decided at once from its bounds (:func:`mask_mod_lanes`); those left open one by
+    one, from their in-range pairs."""
     _T = tl.full([], 1, tl.int1)
     _F = tl.full([], 0, tl.int1)
     _Z = tl.full([], 0, tl.int64)
-    _RUNS = tl.arange(0, {run})
 {pre}    pid = tl.program_id(0)
     by_row = pid < n_rows
     by_col = pid >= n_rows
@@ -522,21 +522,13 @@ def mask_mod_build(kv_counts, kv_indices, q_counts, q_indices, qo, ko, nq, nk, _
             o = tl.sum(tl.where(unsure & (place == i), lanes, 0))
             qb = tl.where(by_row, fixed, o)
             kb = tl.where(by_row, o, fixed)
-            q0 = qb * BM + _Z
-            q_last = tl.minimum(q0 + BM, lq) - 1
-            k0 = kb * BN + _Z
-            k_last = tl.minimum(k0 + BN, lk) - 1
-'''
-_PAIRS = '''
-            hit = {every}.to(tl.int8)
-            if {some} & ({every} == 0):
-                rows = q0 + tl.arange(0, BM)[:, None]
-                q_idx = rows.to({idx})
-                cols = k0 + tl.arange(0, BN)[None, :]
-                kv_idx = cols.to({idx})
-                _live = (rows < lq) & (cols < lk)
-                b = b_val.to({idx})
-                h = h_val.to({idx})
+            rows = qb * BM + _Z + tl.arange(0, BM)[:, None]
+            q_idx = rows.to({idx})
+            cols = kb * BN + _Z + tl.arange(0, BN)[None, :]
+            kv_idx = cols.to({idx})
+            _live = (rows < lq) & (cols < lk)
+            b = b_val.to({idx})
+            h = h_val.to({idx})
 '''
 _STORE = '''
             listed = listed | ((lanes == o) & (hit != 0))
@@ -627,11 +619,8 @@ def generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[st
     args, pre = "".join(f"{a}, " for a in g.args), "".join(f"    {p}\n" for p in g.pre)
     lanes = "".join(f"    {line}\n" for s in g.lanes for line in s.split("\n"))
     names = "".join(f'"{a}", ' for a in g.args)
-    text = _LANES.format(args=args, names=names, idx=_TL[idx], evals=evals, run=_RUN, pre=pre, lanes=lanes, every=every, some=some)
-    ind = " " * 12
-    text += "".join(f"{ind}{line}\n" for s in g.bound for line in s.split("\n"))
-    text += _PAIRS.format(every=every, some=some, idx=_TL[idx])
-    text += "".join(f"{ind}    {s}\n" for s in g.tile)
-    text += f"{ind}    hit = tl.max(tl.where(_live & ({res.t}), 1, 0)).to(tl.int8)\n"
+    text = _LANES.format(args=args, names=names, idx=_TL[idx], evals=evals, pre=pre, lanes=lanes, every=every, some=some)
+    text += "".join(f"            {s}\n" for s in g.tile)
+    text += f"            hit = tl.max(tl.where(_live & ({res.t}), 1, 0))\n"
     text += _STORE.format(stores=stores)
     return text, g
