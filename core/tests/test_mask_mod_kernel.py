@@ -164,6 +164,25 @@ def test_bounds_at_block_edges(dev) -> None:
             _same(form(w), [256, 131], [192, 200], dev)
 
 
+def test_reads_see_every_element_of_a_run(dev) -> None:
+    """A read's bounds over a block take every element its run reaches: one set element at each
+    place of a 64-row run (its first, the edges of the steps it is read in, its last), read by
+    the q side, the kv side and at an offset, lists the block that holds it and no other."""
+    for place in (0, 1, 15, 16, 17, 31, 32, 47, 48, 62, 63, 64, 127):
+        tab = torch.zeros(200, dtype=torch.int64, device=dev)
+        tab[place] = 1
+        for rule in _run_rules(tab):
+            _same(rule, [190, 130], [200, 129], dev)
+
+
+def _run_rules(tab: torch.Tensor) -> tuple:
+    return (
+        lambda b, h, q, k: tab[q.clamp(max=199)] > 0,
+        lambda b, h, q, k: tab[k.clamp(max=199)] > 0,
+        lambda b, h, q, k: tab[(q + 5).clamp(max=199)] + tab[k.clamp(max=199)] >= 2,
+    )
+
+
 # -- the forms the bench and users write -------------------------------------------------------
 def test_named_forms_and_reads(dev) -> None:
     """Local + global in block arithmetic, a lookup of a block grid (decided from bounds), a

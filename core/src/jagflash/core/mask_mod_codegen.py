@@ -439,7 +439,7 @@ def _read(g: _Gen, table, index, dtype) -> _V:
     along2 = " + ".join([*fixed, *(f"(({a} + _ZL)[:, None] + tl.minimum({c}, ({sp} + _ZL)[:, None])) * {st}" for (a, st), sp in zip(firsts, spans))]) or "0"
     g.lanes.append("\n".join([
         *lines,
-        f"{ok_l} = {ok} | _FL",
+        f"{ok_l} = {ok} & inside",  # no run read past the list's blocks (a padded program's lanes)
         f"{w_l} = {width} + _ZL",
         f"{lo} = {one}.to(tl.int64) + _ZL",
         f"{hi} = {lo}",
@@ -471,7 +471,6 @@ def mask_mod_lanes(_P, {args}fixed, by_row, lq, lk, b_val, h_val, along, BM: tl.
     _F = tl.full([], 0, tl.int1)
     _Z = tl.full([], 0, tl.int64)
     _ZL = tl.zeros([NW], tl.int64)
-    _FL = tl.zeros([NW], tl.int1)
 {pre}    o = tl.arange(0, NW)
     qb = tl.where(by_row, fixed, o)
     kb = tl.where(by_row, o, fixed)
@@ -479,8 +478,8 @@ def mask_mod_lanes(_P, {args}fixed, by_row, lq, lk, b_val, h_val, along, BM: tl.
     q_last = tl.minimum(q0 + BM, lq) - 1
     k0 = kb * BN + _Z
     k_last = tl.minimum(k0 + BN, lk) - 1
-{lanes}    inside = o < along
-    unsure = inside & ({some}) & (({every}) == 0)
+    inside = o < along
+{lanes}    unsure = inside & ({some}) & (({every}) == 0)
     return inside & ({every}), unsure
 
 
