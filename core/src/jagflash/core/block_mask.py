@@ -285,11 +285,12 @@ class BlockMask:
         ``evaluator``: how the pairs are evaluated; all three list the same blocks.
 
         * ``"kernel"``: jagflash's own Triton kernel generated from the mask_mod
-          (:mod:`jagflash.core.mask_mod_kernel`: traced once with ``torch.fx``; each block is
-          first decided from bounds of the mask_mod's values over its pairs, a few scalar
-          instructions, and only a block the bounds leave open evaluates its pairs, in-range
-          pairs only, so a tensor it reads may be sized to the lengths), and the same launch's
-          later programs write the lists: one launch, nothing enumerated on the host. On
+          (:mod:`jagflash.core.mask_mod_kernel`: traced once with ``torch.fx``; a program per
+          q-block row and per kv-block column decides every block along its list at once from
+          bounds of the mask_mod's values over the block's pairs, and only a block the bounds
+          leave open evaluates its pairs, in-range pairs only, so a tensor it reads may be
+          sized to the lengths; each program writes its list: one launch, launched directly
+          after the first call, nothing enumerated on the host). On
           CUDA, or on the CPU under ``TRITON_INTERPRET=1``. A mask_mod it cannot trace is
           refused with the reasons.
         * ``"compiled"``: ``torch.compile`` (per chunk, the blocks' positions and lengths are

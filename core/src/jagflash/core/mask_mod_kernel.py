@@ -5,7 +5,7 @@ lists in one launch (:func:`build_lists`).
 
 A program takes one (sequence, q-block) row or one (sequence, kv-block) column of the padded
 grid, reads the sequence's lengths from the offsets (nothing enumerated on the host, no sync),
-and decides each block along it in two steps:
+and decides the blocks along it in two steps, the first for all of them at once (a lane each):
 
 1. **Bounds.** Every value of the mask_mod is bounded over the block's in-range pairs: positions
    by the block's first and last in-range row and column, arithmetic by interval rules, a
@@ -178,8 +178,9 @@ def build_lists(mask_mod, heads: int, block_size: tuple[int, int], q_offsets: to
     ``[B, heads, nk]``, q indices ``[B, heads, nk, nq]``, int32; slots past a count zero) of the
     blocks ``mask_mod`` lists in every sequence's own grid, in one launch of the generated kernel:
     a program per q-block row (its kv list) and per kv-block column (its q list) of the padded
-    grid, each deciding the blocks along its list in order, for every head; a program past its
-    sequence's blocks writes an empty list. Every block is decided twice (once for its row, once
+    grid, each deciding all blocks along its list at once (then the open ones' pairs one by one),
+    for every head, and compacting them in order; a program past its sequence's blocks writes an
+    empty list. Every block is decided twice (once for its row, once
     for its column): no program waits for another's, nothing is stored but the lists, no host
     sync. Raises :class:`Untraceable`."""
     kernel, g, text = traced(mask_mod, heads, index_dtype)
