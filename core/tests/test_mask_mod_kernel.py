@@ -183,6 +183,20 @@ def _run_rules(tab: torch.Tensor) -> tuple:
     )
 
 
+def _above(tab: torch.Tensor):
+    return lambda b, h, q, k: tab[k.clamp(max=tab.numel() - 1)] > q
+
+
+def test_one_source_over_tables_of_several_dtypes(dev) -> None:
+    """Closures of one mask_mod over tables of different dtypes: each build reads its own table
+    as its dtype, warm calls included (on CUDA the launch kept from a first call is kept per
+    dtype of every tensor argument)."""
+    values = torch.arange(0, 600, 3)
+    for _ in range(2):
+        for dtype in (torch.int64, torch.int32, torch.int16, torch.float32):
+            _same(_above(values.to(dtype).to(dev)), [190, 1, 64], [200, 70, 129], dev)
+
+
 # -- the forms the bench and users write -------------------------------------------------------
 def test_named_forms_and_reads(dev) -> None:
     """Local + global in block arithmetic, a lookup of a block grid (decided from bounds), a

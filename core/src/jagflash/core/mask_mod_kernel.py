@@ -144,7 +144,7 @@ def kernel_reasons(device: torch.device) -> list[str]:
     return [f"device {device.type} (CUDA, or the CPU under TRITON_INTERPRET=1)"]
 
 
-#: Triton's compiled kernel per (source, constants, offsets' dtypes, CUDA device), launched without
+#: Triton's compiled kernel per (source, constants, tensor arguments' dtypes, CUDA device), launched without
 #: Triton's per-call argument binding (:func:`_launch`).
 _BOUND: dict = {}
 
@@ -158,7 +158,7 @@ def _launch(kernel, text: str, programs: int, args: tuple, consts: dict, qo: tor
     small = all(-(2**31) <= a < 2**31 for a in args if isinstance(a, int))
     if qo.device.type == "cuda" and small:
         device = driver.active.get_current_device()
-        key = (text, *consts.values(), qo.dtype, ko.dtype, device)
+        key = (text, *consts.values(), *(a.dtype for a in args if isinstance(a, torch.Tensor)), device)  # the dtypes Triton's binary is for
         compiled = _BOUND.get(key)
         if compiled is not None:
             stream = driver.active.get_current_stream(device)
@@ -180,9 +180,9 @@ def build_lists(mask_mod, heads: int, block_size: tuple[int, int], q_offsets: to
     a program per q-block row (its kv list) and per kv-block column (its q list) of the padded
     grid, each deciding all blocks along its list at once (then the open ones' pairs one by one),
     for every head, and compacting them in order; a program past its sequence's blocks writes an
-    empty list. Every block is decided twice (once for its row, once
-    for its column): no program waits for another's, nothing is stored but the lists, no host
-    sync. Raises :class:`Untraceable`."""
+    empty list. Every block is decided twice (once for its row, once for its column): no program
+    waits for another's, nothing is stored but the lists, no host sync. Raises
+    :class:`Untraceable`."""
     kernel, g, text = traced(mask_mod, heads, index_dtype)
     batch = q_offsets.numel() - 1
     dev = q_offsets.device
