@@ -187,7 +187,7 @@ def _above(tab: torch.Tensor):
     return lambda b, h, q, k: tab[k.clamp(max=tab.numel() - 1)] > q
 
 
-def test_one_source_over_tables_of_several_dtypes(dev) -> None:
+def test_one_mask_mod_over_tables_of_several_dtypes(dev) -> None:
     """Closures of one mask_mod over tables of different dtypes: each build reads its own table
     as its dtype, warm calls included (on CUDA the launch kept from a first call is kept per
     dtype of every tensor argument)."""
@@ -313,7 +313,7 @@ def build(fn, values, constexprs):
     triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32))
 
 
-i8, i32 = torch.zeros(1, dtype=torch.int8), torch.zeros(1, dtype=torch.int32)
+i32 = torch.zeros(1, dtype=torch.int32)
 grid = torch.zeros(3, 4, 5, dtype=torch.bool)
 doc, start, scores = torch.zeros(400, dtype=torch.int64), torch.zeros(4, dtype=torch.int64), torch.zeros(8, dtype=torch.float64)
 rules = [

@@ -463,6 +463,7 @@ _RUN = 256
 #: Elements of every lane's run one step of the lanes' read takes.
 _RUN_CHUNK = 16
 
+
 def generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[str, _Gen]:
     """The kernel's source for the traced mask_mod, and its generator (the arguments)."""
     g = _Gen()
