@@ -70,10 +70,13 @@ def _block_size(block_size: object) -> tuple[list[str], tuple[int, int]]:
     return [], (bm, bn)
 
 
+_OFFSET_DTYPES = (torch.int32, torch.int64)
+
+
 def _offsets_reasons(q_offsets: object, kv_offsets: object) -> list[str]:
     out = []
     for name, o in (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
-        if not isinstance(o, torch.Tensor) or o.dim() != 1 or o.numel() < 1 or o.dtype not in (torch.int32, torch.int64):
+        if not isinstance(o, torch.Tensor) or o.dim() != 1 or o.numel() < 1 or o.dtype not in _OFFSET_DTYPES:
             out.append(f"{name} must be a 1-D int32/int64 tensor [B+1]")
     if not out and q_offsets.numel() != kv_offsets.numel():  # type: ignore[union-attr]
         out.append(f"q_offsets and kv_offsets have {q_offsets.numel() - 1} and {kv_offsets.numel() - 1} sequences")  # type: ignore[union-attr]
@@ -138,6 +141,41 @@ def _warn_fallback(mask_mod, reasons: list[str]) -> None:
             f"BlockMask.from_mask_mod: the generated kernel cannot evaluate this mask_mod ({'; '.join(reasons)}); "
             f"evaluating it with {other}, slower (pass evaluator= to choose)", stacklevel=3,
         )
+
+
+def _plain_mask_mod_call(mask_mod, q_offsets, kv_offsets, heads, block_size, bounds, per_sequence, index_dtype, evaluator) -> bool:
+    """The common call of :meth:`BlockMask.from_mask_mod`, valid at a glance (a few attribute
+    reads: its host time is a build's); anything else goes through :func:`_mask_mod_reasons`."""
+    return (
+        type(q_offsets) is torch.Tensor and type(kv_offsets) is torch.Tensor and q_offsets.dtype in _OFFSET_DTYPES
+        and kv_offsets.dtype in _OFFSET_DTYPES and q_offsets.dim() == 1 == kv_offsets.dim()
+        and q_offsets.numel() == kv_offsets.numel() >= 1 and q_offsets.device == kv_offsets.device
+        and type(block_size) is tuple and block_size in BLOCK_SIZES and type(heads) is int and heads >= 1
+        and callable(mask_mod) and all(v is None or (type(v) is int and v >= 0) for v in bounds)
+        and per_sequence in (True, False) and index_dtype in (torch.int32, torch.int64) and evaluator in (None, "kernel", "eager")
+    )
+
+
+def _mask_mod_reasons(mask_mod, q_offsets, kv_offsets, heads, block_size, bounds, per_sequence, index_dtype, evaluator) -> list[str]:
+    """Every reason :meth:`BlockMask.from_mask_mod` refuses its arguments."""
+    reasons = _offsets_reasons(q_offsets, kv_offsets)
+    reasons += _block_size(block_size)[0]
+    if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1:
+        reasons.append(f"heads must be an int >= 1, got {heads!r}")
+    if not callable(mask_mod):
+        reasons.append("mask_mod must be callable")
+    for name, v in zip(("max_seqlen_q", "max_seqlen_kv", "total_q", "total_kv"), bounds):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            reasons.append(f"{name} must be an int >= 0 or None, got {v!r}")
+    if per_sequence not in (True, False):
+        reasons.append(f"per_sequence must be True or False, got {per_sequence!r}")
+    if index_dtype not in (torch.int32, torch.int64):
+        reasons.append(f"index_dtype must be torch.int32 or torch.int64, got {index_dtype!r}")
+    if evaluator not in (None, "kernel", "compiled", "eager"):
+        reasons.append(f"evaluator must be 'kernel', 'compiled', 'eager' or None, got {evaluator!r}")
+    elif evaluator == "compiled" and not compile_supported():
+        reasons.append("evaluator='compiled', but torch.compile is not supported in this Python (torch._dynamo.is_dynamo_supported())")
+    return reasons
 
 
 @dataclass(frozen=True, eq=False)
@@ -319,33 +357,19 @@ class BlockMask:
         ``min(B nQ nK, Sq nK, Sk nQ)`` (``S``: the bound of the batch's q- or kv-blocks from the
         totals). Without the max lengths one sync reads them and the exact block count.
         """
-        reasons = _offsets_reasons(q_offsets, kv_offsets)
-        reasons += _block_size(block_size)[0]
-        if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1:
-            reasons.append(f"heads must be an int >= 1, got {heads!r}")
-        if not callable(mask_mod):
-            reasons.append("mask_mod must be callable")
-        for name, v in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv), ("total_q", total_q), ("total_kv", total_kv)):
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-                reasons.append(f"{name} must be an int >= 0 or None, got {v!r}")
-        if per_sequence not in (True, False):
-            reasons.append(f"per_sequence must be True or False, got {per_sequence!r}")
-        if index_dtype not in (torch.int32, torch.int64):
-            reasons.append(f"index_dtype must be torch.int32 or torch.int64, got {index_dtype!r}")
-        if evaluator not in (None, "kernel", "compiled", "eager"):
-            reasons.append(f"evaluator must be 'kernel', 'compiled', 'eager' or None, got {evaluator!r}")
-        elif evaluator == "compiled" and not compile_supported():
-            reasons.append("evaluator='compiled', but torch.compile is not supported in this Python (torch._dynamo.is_dynamo_supported())")
-        if reasons:
-            raise InvalidInput(_WHO, reasons)
+        bounds = (max_seqlen_q, max_seqlen_kv, total_q, total_kv)
+        if not _plain_mask_mod_call(mask_mod, q_offsets, kv_offsets, heads, block_size, bounds, per_sequence, index_dtype, evaluator):
+            reasons = _mask_mod_reasons(mask_mod, q_offsets, kv_offsets, heads, block_size, bounds, per_sequence, index_dtype, evaluator)
+            if reasons:
+                raise InvalidInput(_WHO, reasons)
         dev = q_offsets.device
         unsupported = kernel_reasons(dev) if evaluator == "kernel" else []
         if unsupported:
             raise UnsupportedProblem(f"{_WHO}.from_mask_mod (evaluator='kernel')", unsupported)
-        bm, bn = (int(x) for x in block_size)
+        bm, bn = int(block_size[0]), int(block_size[1])
         batch = q_offsets.numel() - 1
         if max_seqlen_q is not None and max_seqlen_kv is not None:  # no sync, and no device op yet
-            nq, nk = _grid_blocks(q_offsets, bm, max_seqlen_q), _grid_blocks(kv_offsets, bn, max_seqlen_kv)
+            nq, nk = -(-max(max_seqlen_q, 0) // bm), -(-max(max_seqlen_kv, 0) // bn)
             counts = None
         else:  # one sync: the max lengths and the block count
             counts = _block_counts(q_offsets, bm), _block_counts(kv_offsets, bn)

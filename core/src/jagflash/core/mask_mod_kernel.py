@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import linecache
+import operator
 import weakref
 
 import torch
@@ -52,6 +53,7 @@ from triton import knobs
 from triton.compiler.errors import CompilationError
 from triton.runtime import driver
 
+from jagflash.core.capability import UnsupportedProblem
 from jagflash.core.mask_mod import function_of
 from jagflash.core.mask_mod_codegen import Untraceable, generate
 
@@ -91,7 +93,7 @@ def traced(mask_mod, heads: int, idx: torch.dtype):
     except TypeError:
         per_mod = []
     for h, i, b, found in per_mod:
-        if h == heads and i == idx and len(b) == len(baked) and all(x is y for x, y in zip(b, baked)):
+        if h == heads and i == idx and len(b) == len(baked) and all(map(operator.is_, b, baked)):
             if isinstance(found, Untraceable):
                 raise found
             return _kernel(*found)
@@ -149,26 +151,27 @@ def kernel_reasons(device: torch.device) -> list[str]:
 _BOUND: dict = {}
 
 
-def _launch(kernel, text: str, programs: int, args: tuple, consts: dict, qo: torch.Tensor, ko: torch.Tensor) -> None:
+def _launch(kernel, text: str, programs: int, args: tuple, consts: tuple, dev: torch.device) -> None:
     """``kernel[(programs,)](*args, **consts)``. The generated kernel specialises on nothing but
     its constants and argument dtypes (``do_not_specialize`` ints, ``do_not_specialize_on_alignment``
-    pointers; the ints' dtype is int32 for every value below 2**31), so on CUDA its compiled
-    kernel, kept from the first call, is launched directly by the next ones: the call costs the
-    launch itself, not Triton's binding of ~20 arguments (~half the build's host time, H200)."""
-    small = all(-(2**31) <= a < 2**31 for a in args if isinstance(a, int))
-    if qo.device.type == "cuda" and small:
+    pointers; the ints' dtype is int32 for every value below 2**31, which the caller keeps them
+    under), so on CUDA its compiled kernel, kept from the first call, is launched directly by the
+    next ones: the call costs the launch itself, not Triton's binding of ~20 arguments (~half the
+    build's host time, H200)."""
+    if dev.type == "cuda":
         device = driver.active.get_current_device()
-        key = (text, *consts.values(), *(a.dtype for a in args if isinstance(a, torch.Tensor)), device)  # the dtypes Triton's binary is for
+        key = (text, consts, *[a.dtype for a in args if type(a) is not int], device)  # the dtypes Triton's binary is for
         compiled = _BOUND.get(key)
         if compiled is not None:
             stream = driver.active.get_current_stream(device)
-            grid = (programs, 1, 1)
-            meta = compiled.launch_metadata(grid, stream, *args, *consts.values())
+            values = tuple(v for _, v in consts)
+            hook = knobs.runtime.launch_enter_hook
+            meta = None if hook is None else compiled.launch_metadata((programs, 1, 1), stream, *args, *values)
             compiled.run(programs, 1, 1, stream, compiled.function, compiled.packed_metadata, meta,
-                         knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args, *consts.values())
+                         hook, knobs.runtime.launch_exit_hook, *args, *values)
             return
-    compiled = kernel[(programs,)](*args, **consts, num_warps=4)
-    if qo.device.type == "cuda" and small and all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata", "launch_metadata")):
+    compiled = kernel[(programs,)](*args, **dict(consts), num_warps=4)
+    if dev.type == "cuda" and all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata", "launch_metadata")):
         _BOUND[key] = compiled
 
 
@@ -182,7 +185,7 @@ def build_lists(mask_mod, heads: int, block_size: tuple[int, int], q_offsets: to
     for every head, and compacting them in order; a program past its sequence's blocks writes an
     empty list. Every block is decided twice (once for its row, once for its column): no program
     waits for another's, nothing is stored but the lists, no host sync. Raises
-    :class:`Untraceable`."""
+    :class:`Untraceable`, and :class:`UnsupportedProblem` for a grid of ``2**31`` programs or more."""
     kernel, g, text = traced(mask_mod, heads, index_dtype)
     batch = q_offsets.numel() - 1
     dev = q_offsets.device
@@ -195,11 +198,15 @@ def build_lists(mask_mod, heads: int, block_size: tuple[int, int], q_offsets: to
         kv_counts.zero_()
         q_counts.zero_()
         return lists
+    programs = batch * (nq + nk)
+    if programs >= 2**31:
+        raise UnsupportedProblem("BlockMask.from_mask_mod (evaluator='kernel')", [
+            f"{batch} sequences of {nq} q-blocks and {nk} kv-blocks take {programs} programs, more than one launch's 2**31 - 1"])
     bm, bn = block_size
     args = (*lists, q_offsets, kv_offsets, nq, nk, g.param_tensor(dev), *g.values, batch * nq)
-    consts = dict(HEADS=heads, BM=bm, BN=bn, B_ZERO=not per_sequence, NW=1 << (max(nq, nk) - 1).bit_length())
+    consts = (("HEADS", heads), ("BM", bm), ("BN", bn), ("B_ZERO", not per_sequence), ("NW", 1 << (max(nq, nk) - 1).bit_length()))
     try:
-        _launch(kernel, text, batch * (nq + nk), args, consts, q_offsets, kv_offsets)
+        _launch(kernel, text, programs, args, consts, dev)
     except CompilationError as e:  # jagflash's bug, not the user's: refused (and reported) like an untraceable one
         last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         _KERNELS[text] = Untraceable([f"the generated kernel did not compile ({last}); please report this mask_mod"])
