@@ -270,3 +270,36 @@ def test_refuses_bad_bounds_and_evaluator_with_every_reason() -> None:
     text = str(e.value)
     for want in ("total_q must be", "max_seqlen_kv must be", "evaluator must be", "per_sequence must be", "index_dtype must be"):
         assert want in text
+
+
+@pytest.mark.parametrize(
+    ("change", "want"),
+    [
+        (dict(heads=True), "heads must be"),
+        (dict(heads=0), "heads must be"),
+        (dict(block_size=(32, 32)), "block_size (32, 32) not in"),
+        (dict(block_size=(64,)), "block_size must be a pair"),
+        (dict(q_offsets=torch.tensor([0.0, 100.0, 120.0])), "q_offsets must be"),
+        (dict(kv_offsets=torch.tensor([[0, 100, 120]])), "kv_offsets must be"),
+        (dict(kv_offsets=torch.tensor([0, 100])), "have 2 and 1 sequences"),
+        (dict(kv_offsets=torch.tensor([0, 100, 120], device="meta")), "kv_offsets on meta"),
+        (dict(mask_mod=3), "mask_mod must be callable"),
+        (dict(max_seqlen_q=-1), "max_seqlen_q must be"),
+        (dict(total_kv=2.0), "total_kv must be"),
+        (dict(total_q=False), "total_q must be"),
+        (dict(per_sequence=None), "per_sequence must be"),
+        (dict(index_dtype=torch.int16), "index_dtype must be"),
+        (dict(evaluator="yes"), "evaluator must be"),
+    ],
+)
+def test_each_bad_argument_alone_is_refused(change, want) -> None:
+    """The common call's quick check lets none of them through: each alone is refused with its reason."""
+    from jagflash.core.capability import InvalidInput
+
+    o = _offsets([100, 20])
+    kw = dict(mask_mod=lambda b, h, q, k: k <= q, q_offsets=o, kv_offsets=o, heads=1, block_size=(64, 64), max_seqlen_q=100,
+              max_seqlen_kv=100, total_q=120, total_kv=120, evaluator="eager")
+    kw.update(change)
+    with pytest.raises(InvalidInput) as e:
+        BlockMask.from_mask_mod(**kw)
+    assert want in str(e.value), str(e.value)

@@ -296,6 +296,9 @@ def test_refusals_list_their_reasons(dev) -> None:
         with pytest.warns(UserWarning, match="cannot evaluate this mask_mod"):
             got = BlockMask.from_mask_mod(divide, qo, qo, 1, (64, 64))
         assert torch.equal(got.kv_counts, BlockMask.from_mask_mod(divide, qo, qo, 1, (64, 64), evaluator="eager").kv_counts)
+    big = _offsets([128], dev)  # one sequence, a grid of 2**31 q-blocks: refused before anything is allocated
+    with pytest.raises(UnsupportedProblem, match="more than one launch's"):
+        BlockMask.from_mask_mod(lambda b, h, q, k: k <= q, big, big, 1, (128, 128), max_seqlen_q=2**38, max_seqlen_kv=128, evaluator="kernel")
 
 
 _SM90 = r'''

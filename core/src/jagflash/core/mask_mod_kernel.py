@@ -189,6 +189,10 @@ def build_lists(mask_mod, heads: int, block_size: tuple[int, int], q_offsets: to
     kernel, g, text = traced(mask_mod, heads, index_dtype)
     batch = q_offsets.numel() - 1
     dev = q_offsets.device
+    programs = batch * (nq + nk)
+    if programs >= 2**31:
+        raise UnsupportedProblem("BlockMask.from_mask_mod (evaluator='kernel')", [
+            f"{batch} sequences of {nq} q-blocks and {nk} kv-blocks take {programs} programs, more than one launch's 2**31 - 1"])
     kv_counts = torch.empty(batch, heads, nq, dtype=torch.int32, device=dev)
     kv_indices = torch.empty(batch, heads, nq, nk, dtype=torch.int32, device=dev)
     q_counts = torch.empty(batch, heads, nk, dtype=torch.int32, device=dev)
@@ -198,10 +202,6 @@ def build_lists(mask_mod, heads: int, block_size: tuple[int, int], q_offsets: to
         kv_counts.zero_()
         q_counts.zero_()
         return lists
-    programs = batch * (nq + nk)
-    if programs >= 2**31:
-        raise UnsupportedProblem("BlockMask.from_mask_mod (evaluator='kernel')", [
-            f"{batch} sequences of {nq} q-blocks and {nk} kv-blocks take {programs} programs, more than one launch's 2**31 - 1"])
     bm, bn = block_size
     args = (*lists, q_offsets, kv_offsets, nq, nk, g.param_tensor(dev), *g.values, batch * nq)
     consts = (("HEADS", heads), ("BM", bm), ("BN", bn), ("B_ZERO", not per_sequence), ("NW", 1 << (max(nq, nk) - 1).bit_length()))
