@@ -121,7 +121,7 @@ def _host_profile(title: str, build, calls: int = 300) -> None:
 def workload_rows(name: str, smoke: bool, dev: torch.device, profile: bool = False, host_profile: bool = False) -> list[tuple]:
     """The probe's rows of one workload (module docstring)."""
     from jagflash.bench.data import make_batch
-    from jagflash.bench.sparsity import mask_mod
+    from jagflash.bench.sparsity import mask_mod, mask_mod_reads_b
     from jagflash.bench.timing import first_call_ms, measure
     from jagflash.bench.workloads import get
     from jagflash.core.block_mask import BlockMask
@@ -145,7 +145,9 @@ def workload_rows(name: str, smoke: bool, dev: torch.device, profile: bool = Fal
     ]
     paths = (("default", None, True), ("compiled", "compiled", True), ("eager", "eager", True))
     shared = (("shared", None, False), ("shared compiled", "compiled", False))  # per_sequence=False: b not read
-    for rule_name, rule, more in (("local+global", mask_mod(w.blocks, m), shared), ("document", document_mask_mod(b), ())):
+    own = "local+global" if w.blocks.kind == "local_global" else f"{w.blocks.kind} lookup"  # the workload's own mask_mod
+    own_more = () if mask_mod_reads_b(w.blocks) else shared
+    for rule_name, rule, more in ((own, mask_mod(w.blocks, m), own_more), ("document", document_mask_mod(b), ())):
         for path, evaluator, per_sequence in paths + more:
             def build(rule=rule, evaluator=evaluator, per_sequence=per_sequence):
                 return BlockMask.from_mask_mod(
@@ -154,8 +156,8 @@ def workload_rows(name: str, smoke: bool, dev: torch.device, profile: bool = Fal
                 )
 
             first, built = first_call_ms(build, dev)
-            if rule_name == "local+global" and not torch.equal(built.to_dense(), m.to_dense()):
-                raise SystemExit(f"{name}: from_mask_mod of the local+global rule listed other blocks than the workload's mask")
+            if rule_name == own and not torch.equal(built.to_dense(), m.to_dense()):
+                raise SystemExit(f"{name}: from_mask_mod of the workload's {own} rule listed other blocks than its mask")
             t = measure(build, dev).p50
             if profile:
                 _profile(f"{name} {rule_name} {path}", build, dev)
