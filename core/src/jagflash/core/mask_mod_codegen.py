@@ -430,7 +430,7 @@ def _read(g: _Gen, table, index, dtype) -> _V:
     several = " + ".join(f"({x} > 0).to(tl.int32)" for x in spans) or "0"
     lines.append(f"{ok} = " + " & ".join(["_T", *(f"({r})" for r in runs), f"(({several}) <= 1)", f"({width} < {_RUN})"]))
     base = " + ".join([*fixed, *(f"{a} * {st}" for a, st in firsts)]) or "0"
-    one = f"tl.load({ptr} + tl.where({ok}, {base}, 0), mask={ok}, other=0)"
+    one = f"tl.load({ptr} + tl.where({ok} & inside, {base}, 0), mask={ok} & inside, other=0)"  # no read for a lane past the list's blocks
     if kind == "float":
         lines.append(f"{ok} = {ok} & ({width} == 0)")
         g.lanes.append("\n".join(lines))

@@ -65,7 +65,10 @@ def mask_mod_build(kv_counts, kv_indices, q_counts, q_indices, qo, ko, nq, nk, _
     lanes = tl.arange(0, NW)
     for hh in tl.static_range({evals}):
         h_val = _Z + hh
-        listed, unsure = mask_mod_lanes(_P, {args}fixed, by_row, lq, lk, b_val, h_val, along, BM, BN, NW)
+        listed = lanes < 0
+        unsure = listed
+        if along > 0:  # a padded program (past its sequence's blocks) decides nothing, reads nothing
+            listed, unsure = mask_mod_lanes(_P, {args}fixed, by_row, lq, lk, b_val, h_val, along, BM, BN, NW)
         place = tl.cumsum(unsure.to(tl.int32), 0) - 1
         for i in range(0, tl.sum(unsure.to(tl.int32))):
             o = tl.sum(tl.where(unsure & (place == i), lanes, 0))
