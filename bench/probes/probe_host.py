@@ -1,10 +1,11 @@
 """Probe (H200): where the time of a small call goes. The bench's broadcast-Q Lq256 x 64 and
 jagged tiny workloads run at 137 and 23 TFLOP/s forward where FA4 expand-Q runs 343 (2026-12-01,
 session 4): the kernels should take a fraction of the 0.8 ms a call measures, so the host is the
-suspect. For each workload, forward and forward + backward, with the plan built once outside
-(as the bench does), this prints:
+suspect. For each workload (a block-sparse one with its batch's block mask), forward (no grad),
+training forward (inputs that require grad, as the bench's forward rows) and forward +
+backward, with the plan built once outside (as the bench does), this prints:
 
-- ``call``: the median of ``do_bench`` (what the bench reports);
+- ``call``: the median of ``do_bench`` (what the bench reports), and its p20 / p80;
 - ``host``: wall time per call of 50 calls issued back to back without synchronising, i.e. how
   fast the host can issue calls (when it is above ``gpu``, the call is host-bound);
 - ``gpu``: the summed CUDA time of the call's kernels (torch.profiler), and their names;
@@ -40,6 +41,14 @@ def _calls(name: str):
 
         def fwd():
             return broadcast_q_attention(q, k, v, b.kv_offsets, max_seqlen_kv=b.max_kv, plan=plan)
+    elif w.blocks is not None:  # a block-sparse workload: the batch's mask, its plan built for a backward (as the bench does)
+        from jagflash.variants.block_sparse import block_sparse_attention, make_plan
+
+        m = b.block_mask
+        plan = make_plan(q, k, b.q_offsets, b.kv_offsets, m, causal=w.causal, backward=True)
+
+        def fwd():
+            return block_sparse_attention(q, k, v, b.q_offsets, b.kv_offsets, m, causal=w.causal, plan=plan)
     else:
         from jagflash.variants.jagged import jagged_attention, make_plan
 
@@ -60,7 +69,7 @@ def _calls(name: str):
     def fwd_bwd():
         return torch.autograd.grad(fwd(), (q, k, v), dout)
 
-    return fwd_only, fwd_bwd
+    return fwd_only, fwd, fwd_bwd
 
 
 def sync() -> None:
@@ -87,7 +96,7 @@ def _measure(label: str, fn) -> None:
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
-    call_ms = do_bench(fn, warmup=20, rep=200, return_mode="median")
+    p20, call_ms, p80 = do_bench(fn, warmup=20, rep=200, quantiles=[0.2, 0.5, 0.8])
 
     n = 50
     host_ms = host_ms_per_call(fn, n)
@@ -102,7 +111,7 @@ def _measure(label: str, fn) -> None:
         if us:
             kernels[e.key] = us / 10
     gpu_ms = sum(kernels.values()) / 1e3
-    print(f"\n== {label}: call {call_ms:.3f} ms | host {host_ms:.3f} ms/call | gpu {gpu_ms:.3f} ms/call", flush=True)
+    print(f"\n== {label}: call {call_ms:.3f} ms (p20 {p20:.3f}, p80 {p80:.3f}) | host {host_ms:.3f} ms/call | gpu {gpu_ms:.3f} ms/call", flush=True)
     for key, us in sorted(kernels.items(), key=lambda kv: -kv[1])[:8]:
         print(f"   {us / 1e3:8.3f} ms  {key[:100]}")
 
@@ -136,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         print("probe_host: needs a CUDA device", file=sys.stderr)
         return 2
     for name in args.workloads:
-        fwd_only, fwd_bwd = _calls(name)
+        fwd_only, fwd_train, fwd_bwd = _calls(name)
         _measure(f"{name} fwd", fwd_only)
+        _measure(f"{name} training fwd", fwd_train)
         _measure(f"{name} fwd+bwd", fwd_bwd)
     return 0
 
