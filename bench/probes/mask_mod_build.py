@@ -8,8 +8,8 @@ same batch (the goal: <= 10 %).
 For each workload (default ``bs-lognormal-local-global`` and ``bs-dense8k-local-global``: the
 bench's batches, ``jagflash.bench.data.make_batch``) and each mask_mod (the bench's local +
 global rule, ``jagflash.bench.sparsity.mask_mod``, and a causal document mask_mod: documents of
-lognormal lengths, median 200 rows, inside each sequence, looked up per token from a packed id
-tensor) it times, after the first call (its wall clock printed on its own: where the compiled
+lognormal lengths, median 200 rows (``--document-medians``: others too), inside each sequence,
+looked up per token from a packed id tensor) it times, after the first call (its wall clock printed on its own: where the compiled
 builder compiles), ``from_mask_mod`` with the max lengths and totals given (no host sync) on the
 builder's default path (the generated kernel on CUDA), compiled (``torch.compile``) and eager
 (the local + global rule, which reads no ``b``, also with ``per_sequence=False``: the kernel and
@@ -118,7 +118,9 @@ def _host_profile(title: str, build, calls: int = 300) -> None:
     print(f"## host profile {title} ({calls} builds)\n{out.getvalue()}", file=sys.stderr)
 
 
-def workload_rows(name: str, smoke: bool, dev: torch.device, profile: bool = False, host_profile: bool = False) -> list[tuple]:
+def workload_rows(
+    name: str, smoke: bool, dev: torch.device, profile: bool = False, host_profile: bool = False, medians: tuple[int, ...] = (200,),
+) -> list[tuple]:
     """The probe's rows of one workload (module docstring)."""
     from jagflash.bench.data import make_batch
     from jagflash.bench.sparsity import mask_mod, mask_mod_reads_b
@@ -147,7 +149,8 @@ def workload_rows(name: str, smoke: bool, dev: torch.device, profile: bool = Fal
     shared = (("shared", None, False), ("shared compiled", "compiled", False))  # per_sequence=False: b not read
     own = "local+global" if w.blocks.kind == "local_global" else f"{w.blocks.kind} lookup"  # the workload's own mask_mod
     own_more = () if mask_mod_reads_b(w.blocks) else shared
-    for rule_name, rule, more in ((own, mask_mod(w.blocks, m), own_more), ("document", document_mask_mod(b), ())):
+    documents = [("document" if n == 200 else f"document (median {n})", document_mask_mod(b, n), ()) for n in medians]
+    for rule_name, rule, more in ((own, mask_mod(w.blocks, m), own_more), *documents):
         for path, evaluator, per_sequence in paths + more:
             def build(rule=rule, evaluator=evaluator, per_sequence=per_sequence):
                 return BlockMask.from_mask_mod(
@@ -193,11 +196,12 @@ def main() -> None:
     ap.add_argument("--csv", default=None)
     ap.add_argument("--profile", action="store_true", help="torch.profiler of each build path, to stderr")
     ap.add_argument("--host-profile", action="store_true", help="cProfile of the default build's host side, to stderr")
+    ap.add_argument("--document-medians", default="200", help="the document mask_mods' median lengths (rows), comma-separated")
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     table = [["workload", "what", "path", "ms_p50", "first_call_ms", "build_over_dense_fwd", "build_over_sparse_fwd", "listed_blocks"]]
     for name in a.workloads.split(","):
-        table += workload_rows(name, a.smoke, dev, a.profile, a.host_profile)
+        table += workload_rows(name, a.smoke, dev, a.profile, a.host_profile, tuple(int(x) for x in a.document_medians.split(",")))
     from jagflash.bench.report import emit_table
 
     emit_table(table, a.csv)
