@@ -369,7 +369,7 @@ class BlockMask:
         bm, bn = int(block_size[0]), int(block_size[1])
         batch = q_offsets.numel() - 1
         if max_seqlen_q is not None and max_seqlen_kv is not None:  # no sync, and no device op yet
-            nq, nk = -(-max(max_seqlen_q, 0) // bm), -(-max(max_seqlen_kv, 0) // bn)
+            nq, nk = _grid_blocks(q_offsets, bm, max_seqlen_q), _grid_blocks(kv_offsets, bn, max_seqlen_kv)
             counts = None
         else:  # one sync: the max lengths and the block count
             counts = _block_counts(q_offsets, bm), _block_counts(kv_offsets, bn)
