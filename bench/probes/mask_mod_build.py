@@ -37,28 +37,6 @@ import torch
 DEFAULT_WORKLOADS = ("bs-lognormal-local-global", "bs-dense8k-local-global")
 
 
-def document_mask_mod(batch, median: int = 200, seed: int = 0):
-    """Causal documents inside each sequence: token ``t`` of the packed batch has a document id
-    (lognormal document lengths, median ``median``, restarted at every sequence), q and k of one
-    sequence see each other where they share a document and ``kv_idx <= q_idx``."""
-    gen = torch.Generator().manual_seed(seed)
-    ids = []
-    for n in batch.q_lens:
-        lengths = (torch.randn(max(1, n // 8 + 1), generator=gen) + float(torch.tensor(median).log())).exp().long().clamp(min=1)
-        ids.append(torch.repeat_interleave(torch.arange(lengths.numel()), lengths)[:n])
-    dev = batch.q_offsets.device
-    doc = torch.cat([*ids, torch.zeros(1, dtype=torch.int64)]).to(dev)
-    last = doc.numel() - 1
-    start = batch.q_offsets.to(torch.int64)
-
-    def documents(b, h, q_idx, kv_idx):
-        qd = doc[(start[b] + q_idx).clamp(max=last)]
-        kd = doc[(start[b] + kv_idx).clamp(max=last)]
-        return (qd == kd) & (kv_idx <= q_idx)
-
-    return documents
-
-
 def _profile(title: str, build, dev: torch.device, calls: int = 5) -> None:
     """``torch.profiler`` over ``calls`` warm builds, to stderr: the busiest device kernels (or
     CPU ops) by total time, the number of launches a build makes, and a build's host wall time
@@ -123,7 +101,7 @@ def workload_rows(
 ) -> list[tuple]:
     """The probe's rows of one workload (module docstring)."""
     from jagflash.bench.data import make_batch
-    from jagflash.bench.sparsity import mask_mod, mask_mod_reads_b
+    from jagflash.bench.sparsity import document_mask_mod, mask_mod, mask_mod_reads_b
     from jagflash.bench.timing import first_call_ms, measure
     from jagflash.bench.workloads import get
     from jagflash.core.block_mask import BlockMask

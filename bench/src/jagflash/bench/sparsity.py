@@ -28,7 +28,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PATTERN_KINDS", "BlockPattern", "band_density", "fa4_block_sparse", "grid", "make_block_mask", "mask_mod", "mask_mod_reads_b"]
+__all__ = [
+    "PATTERN_KINDS", "BlockPattern", "band_density", "document_mask_mod", "fa4_block_sparse", "grid", "make_block_mask", "mask_mod",
+    "mask_mod_reads_b",
+]
 
 PATTERN_KINDS = ("random", "local_global", "top_k")
 
@@ -158,6 +161,28 @@ def mask_mod_reads_b(pattern: BlockPattern) -> bool:
     """Whether :func:`mask_mod` of ``pattern`` reads its ``b`` (the lookups do; the local +
     global rule is the same in every sequence): ``per_sequence`` of ``BlockMask.from_mask_mod``."""
     return pattern.kind != "local_global"
+
+
+def document_mask_mod(batch, median: int = 200, seed: int = 0):
+    """Causal documents inside each sequence: token ``t`` of the packed batch has a document id
+    (lognormal document lengths, median ``median``, restarted at every sequence), q and k of one
+    sequence see each other where they share a document and ``kv_idx <= q_idx``."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = []
+    for n in batch.q_lens:
+        lengths = (torch.randn(max(1, n // 8 + 1), generator=gen) + float(torch.tensor(median).log())).exp().long().clamp(min=1)
+        ids.append(torch.repeat_interleave(torch.arange(lengths.numel()), lengths)[:n])
+    dev = batch.q_offsets.device
+    doc = torch.cat([*ids, torch.zeros(1, dtype=torch.int64)]).to(dev)
+    last = doc.numel() - 1
+    start = batch.q_offsets.to(torch.int64)
+
+    def documents(b, h, q_idx, kv_idx):
+        qd = doc[(start[b] + q_idx).clamp(max=last)]
+        kd = doc[(start[b] + kv_idx).clamp(max=last)]
+        return (qd == kd) & (kv_idx <= q_idx)
+
+    return documents
 
 
 def fa4_block_sparse(block_mask, tensors_type, *, causal: bool):
