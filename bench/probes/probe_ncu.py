@@ -3,11 +3,13 @@
 warp-stall samples ncu exports.
 
 Target (run under ncu): ``python bench/probes/probe_ncu.py [--kernel bwd|fwd|mask_mod]
-[--batch lognormal|dense|tiny|bs-lognormal|bs-dense8k] [--causal] [--reps N] [--document-median N]``: ``bwd`` is the one-pass backward
+[--batch lognormal|dense|tiny|bs-lognormal|bs-dense8k] [--causal] [--reps N] [--rule document|workload]
+[--document-median N]``: ``bwd`` is the one-pass backward
 (``bwd_sm90.backward``, kernel ``_dkdv_kernel``), ``fwd`` the forward (``_fwd_kernel``), each
 on the plan a call gets by default, ``mask_mod`` the generated kernel of ``BlockMask.from_mask_mod``
-(``mask_mod_build``) on a causal document mask_mod (``jagflash.bench.sparsity.document_mask_mod``,
-``--document-median`` rows), on a bench workload's batch (:data:`BATCHES`: bf16, H16, D128;
+(``mask_mod_build``) on a causal document mask_mod (``--rule document``:
+``jagflash.bench.sparsity.document_mask_mod``, ``--document-median`` rows) or on a block-sparse
+batch's own mask_mod (``--rule workload``: the bench's build row), on a bench workload's batch (:data:`BATCHES`: bf16, H16, D128;
 lognormal: 128 sequences, dense: 4 x 4096, tiny: 2,048 sequences of 1-63 tokens, bs-lognormal and
 bs-dense8k: the block-sparse rows at 25 %, forward only; until session 10
 the probe drew its own lengths, other draws of the same distributions). The kernel runs
@@ -47,18 +49,23 @@ def _run(args: argparse.Namespace) -> None:
 
     w = get(BATCHES[args.batch])
     b = make_batch(w, "cuda")
-    if args.kernel == "mask_mod":  # BlockMask.from_mask_mod's generated kernel (mask_mod_build) on a document mask_mod
-        from jagflash.bench.sparsity import document_mask_mod
+    if args.kernel == "mask_mod":  # BlockMask.from_mask_mod's generated kernel (mask_mod_build)
+        from jagflash.bench.sparsity import document_mask_mod, mask_mod
         from jagflash.core.block_mask import BlockMask
 
-        rule = document_mask_mod(b, args.document_median)
+        if args.rule == "document":
+            rule, what = document_mask_mod(b, args.document_median), f"document, median {args.document_median}"
+        elif w.blocks is not None:
+            rule, what = mask_mod(w.blocks, b.block_mask), f"the workload's {w.blocks.kind} mask_mod"
+        else:
+            raise SystemExit(f"probe_ncu: --rule workload needs a block-sparse batch, not {args.batch}")
         for _ in range(args.reps):
             BlockMask.from_mask_mod(
                 rule, b.q_offsets, b.kv_offsets, 1, (128, 128), max_seqlen_q=b.max_q, max_seqlen_kv=b.max_kv,
                 total_q=b.total_q, total_kv=b.total_kv, evaluator="kernel",
             )
         torch.cuda.synchronize()
-        print(f"probe_ncu: mask_mod (document, median {args.document_median}) on {args.batch}, {args.reps} runs")
+        print(f"probe_ncu: mask_mod ({what}) on {args.batch}, {args.reps} runs")
         return
     q, k, v, dout, offs = b.q, b.k, b.v, b.dout, b.q_offsets
     dim = q.shape[-1]
@@ -140,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--kernel", choices=("bwd", "fwd", "mask_mod"), default="bwd")
-    parser.add_argument("--document-median", type=int, default=200, help="--kernel mask_mod: the documents' median length")
+    parser.add_argument("--rule", choices=("document", "workload"), default="document", help="--kernel mask_mod: which mask_mod")
+    parser.add_argument("--document-median", type=int, default=200, help="--rule document: the documents' median length")
     parser.add_argument("--batch", choices=tuple(BATCHES), default="lognormal")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--reps", type=int, default=3)
