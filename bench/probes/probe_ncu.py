@@ -59,9 +59,10 @@ def _run(args: argparse.Namespace) -> None:
             rule, what = mask_mod(w.blocks, b.block_mask), f"the workload's {w.blocks.kind} mask_mod"
         else:
             raise SystemExit(f"probe_ncu: --rule workload needs a block-sparse batch, not {args.batch}")
+        size = (128, 128) if w.blocks is None else b.block_mask.block_size  # the bench's build row: the workload's blocks
         for _ in range(args.reps):
             BlockMask.from_mask_mod(
-                rule, b.q_offsets, b.kv_offsets, 1, (128, 128), max_seqlen_q=b.max_q, max_seqlen_kv=b.max_kv,
+                rule, b.q_offsets, b.kv_offsets, 1, size, max_seqlen_q=b.max_q, max_seqlen_kv=b.max_kv,
                 total_q=b.total_q, total_kv=b.total_kv, evaluator="kernel",
             )
         torch.cuda.synchronize()
