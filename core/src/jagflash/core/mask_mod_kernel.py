@@ -54,6 +54,7 @@ from triton.compiler.errors import CompilationError
 from triton.runtime import driver
 
 from jagflash.core.capability import UnsupportedProblem
+from jagflash.core.jagged import cdiv
 from jagflash.core.mask_mod import function_of
 from jagflash.core.mask_mod_codegen import Untraceable, generate
 
@@ -180,9 +181,9 @@ def _lists(batch: int, heads: int, nq: int, nk: int, dev: torch.device) -> tuple
     and starting on a 128-byte boundary (on the H200's host one ``torch.empty`` and four views
     took 16 us, four ``torch.empty`` 19 us: session 23)."""
     kv, q, kv_pairs = batch * heads * nq, batch * heads * nk, batch * heads * nq * nk
-    kv_at = -(-kv // 32) * 32  # the counts' slots rounded up to 128 bytes
-    q_at = kv_at + -(-kv_pairs // 32) * 32
-    q_pairs_at = q_at + -(-q // 32) * 32
+    kv_at = cdiv(kv, 32) * 32  # each list's slots rounded up to 128 bytes
+    q_at = kv_at + cdiv(kv_pairs, 32) * 32
+    q_pairs_at = q_at + cdiv(q, 32) * 32
     buf = torch.empty(q_pairs_at + kv_pairs, dtype=torch.int32, device=dev)
     return (
         buf.as_strided((batch, heads, nq), (heads * nq, nq, 1), 0),
