@@ -1,0 +1,73 @@
+"""Probe (H200; a CPU smoke; issue 22): where a backward's device time goes, the one-pass
+backward (dQ reduce-added into an fp32 accumulator) against the two passes (``deterministic``:
+a dQ pass, then the dK/dV pass), on a bench workload's batch.
+
+    python bench/probes/bwd_passes.py --workloads bs-lognormal-d25,jagged-lognormal-causal-d128
+    TRITON_INTERPRET=1 python bench/probes/bwd_passes.py --smoke --workloads bs-lognormal-d25
+
+For each workload (its batch as the bench makes it; a ``bs-*`` one through the block-sparse
+variant with the workload's mask, any other through the jagged variant) and each of
+``deterministic`` False / True: the backward's median (``jagflash.bench.timing.measure``, L2
+flushed, ``out.backward`` of one forward kept with ``retain_graph``), each device kernel's time
+per call (``probe_launch.kernel_table``), and the largest difference of the two backwards' dQ,
+dK, dV (they add in other orders: a few bf16 ulps, not more). The bytes the one pass moves
+through its fp32 dQ accumulator are printed beside, at this device's copy ceiling they bound
+what removing the accumulator could save.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from probe_launch import kernel_table  # bench/probes/ is on sys.path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default="bs-lognormal-d25,jagged-lognormal-causal-d128")
+    ap.add_argument("--smoke", action="store_true", help="the workloads' smoke batches (the CPU's interpreter)")
+    args = ap.parse_args(argv)
+
+    from jagflash.bench.data import make_batch
+    from jagflash.bench.timing import measure
+    from jagflash.bench.workloads import get
+    from jagflash.variants.block_sparse import block_sparse_attention
+    from jagflash.variants.jagged import jagged_attention
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    for name in args.workloads.split(","):
+        w = get(name, smoke=args.smoke)
+        b = make_batch(w, dev, 0, w.sample_lengths())
+        q, k, v = (t.detach().requires_grad_() for t in (b.q, b.k, b.v))
+        qo, ko = b.q_offsets, b.kv_offsets
+        acc_bytes = q.shape[0] * q.shape[1] * q.shape[2] * 4
+        print(f"\n#### {name}: {b.num_seqs} sequences, {q.shape[0]} q / {k.shape[0]} kv tokens, H{q.shape[1]} D{q.shape[2]}; "
+              f"fp32 dQ accumulator {acc_bytes / 1e6:.0f} MB (zeroed, reduce-added, read by the cast)", flush=True)
+        grads = {}
+        for det in (False, True):
+            if w.blocks is not None:
+                out = block_sparse_attention(q, k, v, qo, ko, b.block_mask, causal=w.causal, deterministic=det)
+            else:
+                out = jagged_attention(q, k, v, qo, ko, causal=w.causal, max_seqlen_q=b.max_q, max_seqlen_kv=b.max_kv,
+                                       deterministic=det)
+
+            def call(out=out, leaves=(q, k, v), dout=b.dout):
+                for x in leaves:
+                    x.grad = None
+                out.backward(dout, retain_graph=True)
+
+            call()
+            grads[det] = [x.grad.clone() for x in (q, k, v)]
+            t = measure(call, dev, grad_to_none=[q, k, v])
+            print(f"\n{name} backward, deterministic={det}: p20 {t.p20:.4f} / p50 {t.p50:.4f} / p80 {t.p80:.4f} ms ({t.timer})",
+                  flush=True)
+            kernel_table(f"{name} bwd deterministic={det}", call, top=10)
+        diffs = ", ".join(f"{n} {(a.float() - c.float()).abs().max().item():.3g}"
+                          for n, a, c in zip(("dq", "dk", "dv"), grads[False], grads[True]))
+        print(f"# {name}: max |one pass - two passes|: {diffs}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
