@@ -152,6 +152,31 @@ def test_backward_vectors_zero_the_dq_accumulator_on_every_row(shared) -> None:
         bwd_preprocess.backward_vectors(lse, offs, delta=lse, dq_acc=acc)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("n", [0, 1, 4095, 4096 * 2 + 17])
+def test_scaled_cast_writes_every_element_scaled_in_the_output_dtype(dtype, n) -> None:
+    """The one-pass backward's dQ from its accumulator (a plain Triton kernel: runs under the
+    interpreter; fp16, as bf16 is not exact there): every element of a NaN-poisoned output is
+    ``scale * src`` rounded once to its dtype, the partial last block too. A non-contiguous,
+    non-fp32 or differently sized pair is refused with every reason."""
+    gen = torch.Generator().manual_seed(n)
+    src = torch.randn(n, generator=gen) * 100
+    out = torch.full((n,), float("nan"), dtype=dtype)
+    got = bwd_preprocess.scaled_cast(src, 0.088, out)
+    assert got is out
+    assert torch.equal(out, (src * 0.088).to(dtype))
+
+
+def test_scaled_cast_refuses_what_its_flat_copy_cannot_take() -> None:
+    """Every reason at once: the source's dtype, the element counts, each side's layout."""
+    src = torch.zeros(8, 4)
+    with pytest.raises(ValueError, match=r"^scaled_cast: ") as err:
+        bwd_preprocess.scaled_cast(src.t().half(), 1.0, torch.zeros(8, 8, dtype=torch.float16).t())
+    for reason in ("torch.float16, not fp32", "32 elements, the output 64", "source is not contiguous", "output is not contiguous"):
+        assert reason in str(err.value)
+    bwd_preprocess.scaled_cast(src, 1.0, torch.zeros(32, dtype=torch.float16))  # the same numbers, flat: taken
+
+
 @pytest.mark.parametrize("given_delta", [False, True])
 def test_backward_vectors_read_a_per_sequence_lse_in_place(given_delta) -> None:
     """LSE (and a given delta) ``[B, Hq, L]``, as the dense and broadcast-Q forwards store it

@@ -1,7 +1,12 @@
-"""The TLX backward's preprocess: log2 LSE and delta = rowsum(dO * O) packed per sequence for the
-dK/dV kernel, each sequence's rows starting at a multiple of ``VEC_PAD`` (``jagflash.core.
-tuning``), padding rows holding lse2 = +inf (P = 0) and delta = 0, so that the kernel's producer
-loads a step's vectors as one TMA box each, without a mask.
+"""The TLX backward's passes around its dK/dV kernel.
+
+- The preprocess (:func:`backward_vectors`): log2 LSE and delta = rowsum(dO * O) packed per
+  sequence for the dK/dV kernel, each sequence's rows starting at a multiple of ``VEC_PAD``
+  (``jagflash.core.tuning``), padding rows holding lse2 = +inf (P = 0) and delta = 0, so that the
+  kernel's producer loads a step's vectors as one TMA box each, without a mask; for the one-pass
+  backward it also zeroes the fp32 dQ accumulator.
+- The one-pass backward's postprocess (:func:`scaled_cast`): dQ = scale x the accumulator, in
+  dQ's dtype, one read of the accumulator and one write of dQ at the copy rate.
 """
 
 from __future__ import annotations
@@ -63,6 +68,35 @@ def _vectors_kernel(
     lse2 = tl.where(valid, lse_to_log2(tl.load(LSE + at, mask=valid, other=0.0)), float("inf"))
     tl.store(LSE2 + h * vec_rows + p, lse2, mask=in_range)
     tl.store(DELTA + h * vec_rows + p, delta, mask=in_range)
+
+
+@triton.jit
+def _scaled_cast_kernel(SRC, DST, n, scale, BLOCK: tl.constexpr):
+    """``DST[i] = scale * SRC[i]`` in DST's dtype, for the ``BLOCK`` elements of this program
+    (flat, both contiguous; 64-bit offsets)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    keep = i < n
+    x = tl.load(SRC + i, mask=keep, other=0.0, eviction_policy="evict_first")
+    tl.store(DST + i, (x * scale).to(DST.dtype.element_ty), mask=keep)
+
+
+def scaled_cast(src: torch.Tensor, scale: float, out: torch.Tensor) -> torch.Tensor:
+    """``out = scale * src`` in ``out``'s dtype (both contiguous, ``src`` fp32 with as many
+    elements as ``out``): the one-pass backward's dQ from its fp32 accumulator. One pass at the
+    copy rate, where ``torch.mul(src, scale, out=out)`` (TensorIterator's dynamic cast) ran at
+    ~3.1 TB/s on the H200 (bench/NOTES.md, session 24)."""
+    reasons = [
+        *([] if src.dtype == torch.float32 else [f"the source is {src.dtype}, not fp32"]),
+        *([] if src.numel() == out.numel() else [f"the source has {src.numel()} elements, the output {out.numel()}"]),
+        *(f"the {name} is not contiguous" for name, t in (("source", src), ("output", out)) if not t.is_contiguous()),
+    ]
+    if reasons:
+        raise ValueError("scaled_cast: " + "; ".join(reasons))
+    n = out.numel()
+    if n:
+        block = 4096
+        _scaled_cast_kernel[(cdiv(n, block),)](src, out, n, scale, BLOCK=block, num_warps=8)
+    return out
 
 
 #: :func:`packed_tiles` by offsets (storage and version counter: ``jagflash.core.memo``).

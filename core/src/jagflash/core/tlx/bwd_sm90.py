@@ -33,7 +33,7 @@ from jagflash.core.seqlen import plan_row, q_row, seq_starts
 from jagflash.core.softmax import LOG2E
 from jagflash.core.tile_scheduler import deal_flags, tile_counter
 from jagflash.core.tlx.bwd_mainloop import dkdv_steps
-from jagflash.core.tlx.bwd_preprocess import backward_vectors
+from jagflash.core.tlx.bwd_preprocess import backward_vectors, scaled_cast
 from jagflash.core.tlx.descriptors import num_workers, rows_descriptor, vectors_descriptor
 from jagflash.core.tlx.pipeline import alloc_walk_ring, ring_slot, walk_first, walk_next
 from jagflash.core.tuning import (
@@ -324,9 +324,7 @@ def backward(
         acc = torch.zeros((lq, hq * dim), dtype=torch.float32, device=q.device)
         dk.zero_()
         dv.zero_()
-    dq = torch.empty_like(q)
-    torch.mul(acc.view(lq, hq, dim), scale, out=dq)
-    return dq, dk, dv
+    return scaled_cast(acc, scale, torch.empty_like(q)), dk, dv
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
