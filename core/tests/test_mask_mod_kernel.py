@@ -175,6 +175,44 @@ def test_reads_see_every_element_of_a_run(dev) -> None:
             _same(rule, [190, 130], [200, 129], dev)
 
 
+def _run_forms(rule) -> list[tuple[str, str]]:
+    """``(mode, form)`` of each run read in the generated lanes: mode ``row`` / ``col`` (inside
+    the lanes' ``BY_ROW`` branch or its ``else``) or ``both``; form ``one`` (one run for every
+    lane) or ``each`` (a run a lane)."""
+    import re
+
+    _, _, text = mk.traced(rule, 1, torch.int32)
+    forms, mode = [], "both"
+    for line in text.split("def mask_mod_build")[0].splitlines():
+        s, indent = line.strip(), len(line) - len(line.lstrip())
+        if s == "if BY_ROW:":
+            mode = "row"
+        elif s == "else:" and mode == "row":
+            mode = "col"
+        elif indent == 4:
+            mode = "both"
+        hit = re.fullmatch(r"ol\d+ = .* & (_IN1|inside)", s)
+        if hit:
+            forms.append((mode, "one" if hit.group(1) == "_IN1" else "each"))
+    return forms
+
+
+def test_a_read_that_follows_the_fixed_side_is_one_run_for_every_lane() -> None:
+    """In a row's program every lane shares the row's q-block, so a read indexed by q alone is
+    one run there (and a run a lane in a column's program); a kv-indexed read the other way
+    round; a read of neither (a per-sequence start) is one everywhere, one of both a run a lane
+    everywhere. (The bounds are the same either way: this is the work the lanes do.)"""
+    tab, start = torch.zeros(200, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)
+    grid = torch.zeros(3, 4, 4, dtype=torch.bool)
+    assert _run_forms(lambda b, h, q, k: tab[q.clamp(max=199)] > k) == [("row", "one"), ("col", "each")]
+    assert _run_forms(lambda b, h, q, k: tab[k.clamp(max=199)] > q) == [("row", "each"), ("col", "one")]
+    assert _run_forms(lambda b, h, q, k: (start[b] + q) > k) == [("both", "one")]
+    assert _run_forms(lambda b, h, q, k: grid[b, (q // 64).clamp(max=3), (k // 64).clamp(max=3)]) == [("both", "each")]
+    assert _run_forms(lambda b, h, q, k: tab[(start[b] + q).clamp(max=199)] == tab[(start[b] + k).clamp(max=199)]) == [
+        ("both", "one"), ("row", "one"), ("col", "each"), ("both", "one"), ("row", "each"), ("col", "one"),
+    ]
+
+
 def _run_rules(tab: torch.Tensor) -> tuple:
     return (
         lambda b, h, q, k: tab[q.clamp(max=199)] > 0,

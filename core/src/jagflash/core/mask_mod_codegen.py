@@ -100,6 +100,9 @@ class _Gen:
         self.tables: dict[int, tuple] = {}
         self.n = 0
         self.reads_h = False
+        # which of the pair's positions the node being generated depends on ("q", "k"): a read
+        # whose index follows one side only is one run for every lane of a list along the other
+        self.sides: frozenset = frozenset()
 
     def name(self, prefix: str) -> str:
         self.n += 1
@@ -436,25 +439,44 @@ def _read(g: _Gen, table, index, dtype) -> _V:
         g.lanes.append("\n".join(lines))
         return g.emit("float", dtype, t, (one, ok))
     lo, hi = g.name("m"), g.name("x")
-    # the first element of each lane's run, then the rest, _RUN_CHUNK elements of every lane a step
-    ok_l, w_l, r, c, m, v = g.name("ol"), g.name("wl"), g.name("rr"), g.name("cc"), g.name("mm"), g.name("vv")
-    along2 = " + ".join([*fixed, *(f"(({a} + _ZL)[:, None] + tl.minimum({c}, ({sp} + _ZL)[:, None])) * {st}" for (a, st), sp in zip(firsts, spans))]) or "0"
-    g.lanes.append("\n".join([
-        *lines,
-        f"{ok_l} = {ok} & inside",  # no run read past the list's blocks (a padded program's lanes)
-        f"{w_l} = {width} + _ZL",
-        f"{lo} = {one}.to(tl.int64) + _ZL",
-        f"{hi} = {lo}",
-        f"for {r} in range(1, (tl.max(tl.where({ok_l}, {w_l}, 0)) + 1).to(tl.int32), {_RUN_CHUNK}):",
-        f"    {c} = {r} + tl.arange(0, {_RUN_CHUNK})[None, :]",
-        f"    {m} = {ok_l}[:, None] & ({c} <= {w_l}[:, None])",
-        f"    {v} = tl.load({ptr} + tl.where({m}, {along2}, 0), mask={m}, other=0).to(tl.int64)",
-        f"    {lo} = tl.minimum({lo}, tl.min(tl.where({m}, {v}, {2**62}), axis=1))",
-        f"    {hi} = tl.maximum({hi}, tl.max(tl.where({m}, {v}, {-(2**62)}), axis=1))",
-    ]))
+    g.lanes.append("\n".join(lines))
+    g.lanes.append(_run_read(g, ptr, ok, width, firsts, spans, fixed, base, lo, hi))
     if kind == "bool":
         return g.emit("bool", torch.bool, t, (f"{ok} & ({lo} != 0)", f"({ok} == 0) | ({hi} != 0)"))
     return g.emit("int", dtype, t, (lo, hi, ok))
+
+
+def _run_read(g: _Gen, ptr: str, ok: str, width: str, firsts, spans, fixed, base: str, lo: str, hi: str) -> str:
+    """The lanes' statements that bound a read (``lo`` / ``hi``: the least and greatest element
+    of the run from ``base``, ``width`` more elements along one dimension, where ``ok``): the
+    first element, then the rest, :data:`_RUN_CHUNK` elements a step. A lane each (``[NW]``,
+    no read past the list's blocks), unless the index follows only the list's fixed side (the
+    row's q-block in a row's program, the column's kv-block in a column's; ``BY_ROW``): then one
+    run (``[1]``) for every lane."""
+
+    def form(zl: str, inside: str) -> list[str]:
+        ok_l, w_l, r, c, m, v = g.name("ol"), g.name("wl"), g.name("rr"), g.name("cc"), g.name("mm"), g.name("vv")
+        along = " + ".join([*fixed, *(f"(({a} + {zl})[:, None] + tl.minimum({c}, ({sp} + {zl})[:, None])) * {st}" for (a, st), sp in zip(firsts, spans))]) or "0"
+        return [
+            f"{ok_l} = {ok} & {inside}",
+            f"{w_l} = {width} + {zl}",
+            f"{lo} = tl.load({ptr} + tl.where({ok_l}, {base}, 0), mask={ok_l}, other=0).to(tl.int64) + {zl}",
+            f"{hi} = {lo}",
+            f"for {r} in range(1, (tl.max(tl.where({ok_l}, {w_l}, 0)) + 1).to(tl.int32), {_RUN_CHUNK}):",
+            f"    {c} = {r} + tl.arange(0, {_RUN_CHUNK})[None, :]",
+            f"    {m} = {ok_l}[:, None] & ({c} <= {w_l}[:, None])",
+            f"    {v} = tl.load({ptr} + tl.where({m}, {along}, 0), mask={m}, other=0).to(tl.int64)",
+            f"    {lo} = tl.minimum({lo}, tl.min(tl.where({m}, {v}, {2**62}), axis=1))",
+            f"    {hi} = tl.maximum({hi}, tl.max(tl.where({m}, {v}, {-(2**62)}), axis=1))",
+        ]
+
+    if not g.sides:
+        return "\n".join(form("_Z1", "_IN1"))
+    if len(g.sides) == 2:
+        return "\n".join(form("_ZL", "inside"))
+    one, each = form("_Z1", "_IN1"), form("_ZL", "inside")
+    first, second = (one, each) if g.sides == {"q"} else (each, one)
+    return "\n".join(["if BY_ROW:", *(f"    {x}" for x in first), "else:", *(f"    {x}" for x in second)])
 
 
 #: The longest run of elements along one dimension a block's bounds read (the rows of a 128-block
@@ -479,6 +501,7 @@ def generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[st
         2: _V("int", idx, "q_idx", ("q0", "q_last", "_T"), True),
         3: _V("int", idx, "kv_idx", ("k0", "k_last", "_T"), True),
     }
+    sides = {n: frozenset(("q",) if i == 2 else ("k",) if i == 3 else ()) for i, n in enumerate(placeholders)}
     for i, n in enumerate(placeholders):
         env[n], meta[n] = leaves[i], torch.zeros(1, dtype=idx, device="meta")
     g.reads_h = len(placeholders[1].users) > 0
@@ -492,6 +515,7 @@ def generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[st
         if n.op == "output":
             out = resolve(n.args[0], None)
             break
+        g.sides = sides[n] = frozenset().union(*(sides[a] for a in n.all_input_nodes))
         if n.op == "get_attr":
             tensor = getattr(gm, n.target)
             if not isinstance(tensor, torch.Tensor):

@@ -13,17 +13,25 @@ __all__ = ["LANES", "STORE"]
 
 LANES = '''
 @triton.jit
-def mask_mod_lanes(_P, {args}fixed, by_row, lq, lk, b_val, h_val, along, BM: tl.constexpr, BN: tl.constexpr,
-                   NW: tl.constexpr):
+def mask_mod_lanes(_P, {args}fixed, lq, lk, b_val, h_val, along, BM: tl.constexpr, BN: tl.constexpr,
+                   NW: tl.constexpr, BY_ROW: tl.constexpr):
     """Every block along a list at once, a lane each: which the bounds list, and which they
-    leave open (pairs to evaluate)."""
+    leave open (pairs to evaluate). ``BY_ROW``: the list of q-block ``fixed`` (a lane per
+    kv-block), else of kv-block ``fixed``; the fixed side's positions are one value for every
+    lane, and so is a read that follows them alone."""
     _T = tl.full([], 1, tl.int1)
     _F = tl.full([], 0, tl.int1)
     _Z = tl.full([], 0, tl.int64)
     _ZL = tl.zeros([NW], tl.int64)
+    _Z1 = tl.zeros([1], tl.int64)
+    _IN1 = tl.full([1], 1, tl.int1)
 {pre}    o = tl.arange(0, NW)
-    qb = tl.where(by_row, fixed, o)
-    kb = tl.where(by_row, o, fixed)
+    if BY_ROW:
+        qb = fixed
+        kb = o
+    else:
+        qb = o
+        kb = fixed
     q0 = qb * BM + _Z
     q_last = tl.minimum(q0 + BM, lq) - 1
     k0 = kb * BN + _Z
@@ -68,7 +76,10 @@ def mask_mod_build(kv_counts, kv_indices, q_counts, q_indices, qo, ko, nq, nk, _
         listed = lanes < 0
         unsure = listed
         if along > 0:  # a padded program (past its sequence's blocks) decides nothing, reads nothing
-            listed, unsure = mask_mod_lanes(_P, {args}fixed, by_row, lq, lk, b_val, h_val, along, BM, BN, NW)
+            if by_row:
+                listed, unsure = mask_mod_lanes(_P, {args}fixed, lq, lk, b_val, h_val, along, BM, BN, NW, True)
+            else:
+                listed, unsure = mask_mod_lanes(_P, {args}fixed, lq, lk, b_val, h_val, along, BM, BN, NW, False)
         place = tl.cumsum(unsure.to(tl.int32), 0) - 1
         for i in range(0, tl.sum(unsure.to(tl.int32))):
             o = tl.sum(tl.where(unsure & (place == i), lanes, 0))
