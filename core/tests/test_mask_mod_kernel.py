@@ -175,6 +175,23 @@ def test_reads_see_every_element_of_a_run(dev) -> None:
             _same(rule, [190, 130], [200, 129], dev)
 
 
+def test_a_read_of_every_other_element_is_not_taken_for_its_run(dev) -> None:
+    """The bounds of ``tab[q * 2]`` span a run that holds elements no pair reads (the odd ones):
+    set only there, they must not list a block (a read is "true for some pair" only where its
+    index takes every int of its run); a dense index (``tab[q]``) lists the same table's blocks."""
+    tab = (torch.arange(400, device=dev) % 2).to(torch.int64)
+    flags = tab.bool()
+    for rule in (
+        lambda b, h, q, k: tab[(q * 2).clamp(max=399)] > 0,
+        lambda b, h, q, k: tab[(k * 2).clamp(max=399)] == 1,
+        lambda b, h, q, k: flags[(q * 2 + k * 0).clamp(max=399)],
+        lambda b, h, q, k: (tab[(q * 2).clamp(max=399)] != 0) & (k <= q),
+    ):
+        got = _same(rule, [190, 130], [200, 129], dev)
+        assert int(got.kv_counts.sum()) == 0
+    assert int(_same(lambda b, h, q, k: tab[q.clamp(max=399)] > 0, [190, 130], [200, 129], dev).kv_counts.sum()) > 0
+
+
 def _run_forms(rule) -> list[tuple[str, str]]:
     """``(mode, form)`` of each run read in the generated lanes: mode ``row`` / ``col`` (inside
     the lanes' ``BY_ROW`` branch or its ``else``) or ``both``; form ``one`` (one run for every

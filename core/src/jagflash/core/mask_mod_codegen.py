@@ -11,6 +11,17 @@ int, ``abs``, ``min`` / ``max`` / ``clamp``, ``where``) and of three-valued logi
 ``& | ^ ~``); a closed-over tensor read is bounded by the least and greatest element the block's
 indices reach (one element, or a run of up to :data:`_RUN` along one dimension). Every rule
 only ever widens: a block is decided only where its pairs would all agree.
+
+A boolean is also known true for some pair (``s``) where that is proven without the pairs, which
+lists a block whose pairs do not all agree (a document's edge inside it, the band below the
+diagonal). It rests on attained bounds: an int whose least and greatest values are each taken by
+some in-range pair (``exact``: the positions, sums and ``min`` / ``max`` of values that follow
+different sides of the pair, monotone maps, a read over a run of exactly the indices reached), and
+``dense`` where every int between them is taken (then a read's run holds exactly the elements
+read). A comparison of two attained values that follow different sides (the q side, the kv side;
+``sides``), or one of them one value over the block, holds for some pair when it holds for some
+pair of their attained bounds; ``a & b`` for some pair where one holds for every pair and the
+other for some; ``a | b`` where either does.
 """
 
 from __future__ import annotations
@@ -79,8 +90,11 @@ class _V:
     expression (``t``) and of its bounds (ints ``lo``/``u`` with ``k`` "bounded"; bools ``a``
     "every pair" / ``p`` "some pair"; floats ``lo`` with ``k`` "one value")."""
 
-    def __init__(self, kind, dtype, t, bounds, nonneg=False, const=None):
+    def __init__(self, kind, dtype, t, bounds, nonneg=False, const=None, *, sides=frozenset(), exact=False, dense=False):
         self.kind, self.dtype, self.t, self.bounds, self.nonneg, self.const = kind, dtype, t, bounds, nonneg, const
+        # sides: which positions it follows ("q", "k"); exact / dense: an int's attained bounds
+        # (module docstring); sure: a bool's "true for some pair" (None: only where it is for every)
+        self.sides, self.exact, self.dense, self.sure = sides, exact, dense, None
 
 
 class _Gen:
@@ -136,12 +150,12 @@ class _Gen:
             return _V("bool", None, repr(c), (word, word), const=c)
         if isinstance(c, int):
             text = self.param("c", c, narrow=True) if lift else repr(c)
-            return _V("int", None, text, (f"({text} + _Z)", f"({text} + _Z)", "_T"), nonneg=c >= 0, const=c)
+            return _V("int", None, text, (f"({text} + _Z)", f"({text} + _Z)", "_T"), nonneg=c >= 0, const=c, exact=True, dense=True)
         if isinstance(c, float):
             return _V("float", None, repr(c), (repr(c), "_T"), const=c)
         raise Untraceable([f"a constant of type {type(c).__name__} ({c!r})"])
 
-    def emit(self, kind, dtype, tile_expr, bounds_exprs, nonneg=False) -> _V:
+    def emit(self, kind, dtype, tile_expr, bounds_exprs, nonneg=False, *, exact=False, dense=False, sure=None) -> _V:
         t = self.name("t")
         if kind != "bool" and dtype in _TL:
             tile_expr = f"({tile_expr}).to({_TL[dtype]})"
@@ -153,14 +167,31 @@ class _Gen:
             least, most = _RANGE[dtype]
             lo, u, k = names
             self.lanes.append(f"{k} = {k} & ({lo} >= {least}) & ({u} <= {most})")
-        return _V(kind, dtype, t, names, nonneg)
+        if not self.sides:  # one value over the block (b, h, reads at them): its bounds are that value
+            exact = dense = True
+        v = _V(kind, dtype, t, names, nonneg, sides=self.sides, exact=exact and kind == "int", dense=dense and exact and kind == "int")
+        if sure is not None and kind == "bool":
+            v.sure = self.name("s")
+            self.lanes.append(f"{v.sure} = {sure}")
+        return v
+
+    def surely(self, v: _V) -> str:
+        """A bool's "true for some pair" (proven), or its "true for every pair"."""
+        return f"({v.sure} | {v.bounds[0]})" if v.sure else v.bounds[0]
+
+    def attained(self, v: _V) -> str:
+        """Whether an int's bounds are each taken by some pair: always if ``exact``, else
+        where they are one value (the value of every pair)."""
+        lo, u, _ = v.bounds
+        return "_T" if v.exact else f"({lo} == {u})"
 
     def as_bool(self, v: _V) -> _V:
         if v.kind == "bool":
             return v
         if v.kind == "int":
             lo, u, k = v.bounds
-            return self.emit("bool", torch.bool, f"{v.t} != 0", (f"{k} & (({lo} > 0) | ({u} < 0))", f"({k} == 0) | ({lo} != 0) | ({u} != 0)"))
+            return self.emit("bool", torch.bool, f"{v.t} != 0", (f"{k} & (({lo} > 0) | ({u} < 0))", f"({k} == 0) | ({lo} != 0) | ({u} != 0)"),
+                             sure=f"{k} & {self.attained(v)} & (({lo} != 0) | ({u} != 0))")
         f, k = v.bounds
         return self.emit("bool", torch.bool, f"{v.t} != 0", (f"{k} & ({f} != 0)", f"({k} == 0) | ({f} != 0)"))
 
@@ -208,6 +239,12 @@ def _minmax(fn: str, *xs: str) -> str:
     return out
 
 
+def _apart(a, b) -> bool:
+    """Whether two values follow different sides of the pair (or neither), so that any value
+    of one and any of the other are taken together by some pair."""
+    return not (a.sides & b.sides)
+
+
 def _op(g: _Gen, op: str, args: list, kwargs: dict, dtype) -> _V:
     """The value of ``op`` on ``args`` (values or Python numbers), ``dtype`` its torch dtype."""
     kind = "bool" if dtype is torch.bool else ("float" if dtype is not None and dtype.is_floating_point else "int")
@@ -233,7 +270,7 @@ def _op(g: _Gen, op: str, args: list, kwargs: dict, dtype) -> _V:
                 lo = u = f"{f}.to(tl.int64)"
             else:
                 lo, u, k = g.int_bounds(x)
-            return g.emit("int", dtype, x.t, (lo, u, k), x.nonneg)
+            return g.emit("int", dtype, x.t, (lo, u, k), x.nonneg, exact=x.exact, dense=x.dense)
         f, k = g.point(x)
         return g.emit("float", dtype, x.t, (f, k))
     if op in ("logical_and", "logical_or", "logical_xor"):
@@ -252,7 +289,7 @@ def _op(g: _Gen, op: str, args: list, kwargs: dict, dtype) -> _V:
         lo, u, k = g.int_bounds(x)
         t = (_floordiv if op == "floordiv" else _mod)(x.t, c, x.nonneg)
         if op == "floordiv":
-            return g.emit("int", dtype, t, (_floordiv(lo, c, False), _floordiv(u, c, False), k), x.nonneg)
+            return g.emit("int", dtype, t, (_floordiv(lo, c, False), _floordiv(u, c, False), k), x.nonneg, exact=x.exact, dense=x.dense)
         same = f"({_floordiv(lo, c, False)} == {_floordiv(u, c, False)})"
         return g.emit("int", dtype, t, (f"tl.where({same}, {_mod(lo, c, False)}, 0)", f"tl.where({same}, {_mod(u, c, False)}, {c - 1})", k), True)
     if op == "mul":
@@ -265,7 +302,7 @@ def _op(g: _Gen, op: str, args: list, kwargs: dict, dtype) -> _V:
         la, ua, ka = g.int_bounds(a)
         if isinstance(b, int) and not isinstance(b, bool):  # a factor: a constant of the code
             lo, hi = (f"{la} * {b}", f"{ua} * {b}") if b >= 0 else (f"{ua} * {b}", f"{la} * {b}")
-            return g.emit("int", dtype, f"{a.t} * {b}", (lo, hi, ka), a.nonneg and b >= 0)
+            return g.emit("int", dtype, f"{a.t} * {b}", (lo, hi, ka), a.nonneg and b >= 0, exact=a.exact, dense=a.dense and abs(b) <= 1)
         b = val(b)
         lb, ub, kb = g.int_bounds(b)
         ps = [f"{x} * {y}" for x in (la, ua) for y in (lb, ub)]
@@ -275,16 +312,17 @@ def _op(g: _Gen, op: str, args: list, kwargs: dict, dtype) -> _V:
         if kind == "float":
             return _float(g, "+" if op == "add" else "-", a, b, dtype)
         (la, ua, ka), (lb, ub, kb) = g.int_bounds(a), g.int_bounds(b)
+        ex, de = _apart(a, b) and a.exact and b.exact, a.dense and b.dense  # each bound at a pair of both sides' extremes
         if op == "add":
-            return g.emit("int", dtype, f"{a.t} + {b.t}", (f"{la} + {lb}", f"{ua} + {ub}", f"{ka} & {kb}"), a.nonneg and b.nonneg)
-        return g.emit("int", dtype, f"{a.t} - {b.t}", (f"{la} - {ub}", f"{ua} - {lb}", f"{ka} & {kb}"))
+            return g.emit("int", dtype, f"{a.t} + {b.t}", (f"{la} + {lb}", f"{ua} + {ub}", f"{ka} & {kb}"), a.nonneg and b.nonneg, exact=ex, dense=de)
+        return g.emit("int", dtype, f"{a.t} - {b.t}", (f"{la} - {ub}", f"{ua} - {lb}", f"{ka} & {kb}"), exact=ex, dense=de)
     if op == "neg":
         a = val(args[0])
         if kind == "float":
             f, k = g.point(a)
             return g.emit("float", dtype, f"-{a.t}", (f"-{f}", k))
         lo, u, k = g.int_bounds(a)
-        return g.emit("int", dtype, f"-{a.t}", (f"-{u}", f"-{lo}", k))
+        return g.emit("int", dtype, f"-{a.t}", (f"-{u}", f"-{lo}", k), exact=a.exact, dense=a.dense)
     if op == "abs":
         a = val(args[0])
         if kind == "float":
@@ -299,7 +337,9 @@ def _op(g: _Gen, op: str, args: list, kwargs: dict, dtype) -> _V:
             raise Untraceable([f"{op} of {kind}s"])
         (la, ua, ka), (lb, ub, kb) = g.int_bounds(a), g.int_bounds(b)
         nonneg = (a.nonneg and b.nonneg) if op == "minimum" else (a.nonneg or b.nonneg)
-        return g.emit("int", dtype, f"tl.{op}({a.t}, {b.t})", (f"tl.{op}({la}, {lb})", f"tl.{op}({ua}, {ub})", f"{ka} & {kb}"), nonneg)
+        ex = _apart(a, b) and a.exact and b.exact  # least at both sides' least, greatest at both greatest
+        return g.emit("int", dtype, f"tl.{op}({a.t}, {b.t})", (f"tl.{op}({la}, {lb})", f"tl.{op}({ua}, {ub})", f"{ka} & {kb}"), nonneg,
+                      exact=ex, dense=a.dense and b.dense)
     if op == "clamp":
         lo = args[1] if len(args) > 1 else kwargs.get("min")
         hi = args[2] if len(args) > 2 else kwargs.get("max")
@@ -326,11 +366,17 @@ def _op(g: _Gen, op: str, args: list, kwargs: dict, dtype) -> _V:
         if o in ("lt", "le"):
             s = _CMP[o]
             every, some = f"({ua} {s} {lb})", f"({la} {s} {ub})"
+            taken = some  # at the pair of the left's least and the right's greatest
         else:
             one = f"(({la} == {ua}) & ({lb} == {ub}) & ({la} == {lb}))"
             apart = f"(({ua} < {lb}) | ({ub} < {la}))"
             every, some = (one, f"({apart} == 0)") if o == "eq" else (apart, f"({one} == 0)")
-        return g.emit("bool", torch.bool, f"{a.t} {_CMP[op]} {b.t}", (f"{k} & {every}", f"({k} == 0) | {some}"))
+            sym = "==" if o == "eq" else "!="
+            taken = "(" + " | ".join(f"({x} {sym} {y})" for x in (la, ua) for y in (lb, ub)) + ")"
+        # some pair: two attained bounds that hold, from one pair (different sides, or one value)
+        pair = "_T" if _apart(a, b) else f"(({la} == {ua}) | ({lb} == {ub}))"
+        sure = f"{k} & {g.attained(a)} & {g.attained(b)} & {pair} & {taken}"
+        return g.emit("bool", torch.bool, f"{a.t} {_CMP[op]} {b.t}", (f"{k} & {every}", f"({k} == 0) | {some}"), sure=sure)
     if op in ("and", "or", "xor", "invert"):
         xs = [val(a, lift=False) for a in args[: 1 if op == "invert" else 2]]
         if kind == "bool":
@@ -345,7 +391,9 @@ def _op(g: _Gen, op: str, args: list, kwargs: dict, dtype) -> _V:
                 some = f"(({aa} & {ab}) | (({pa} == 0) & ({pb} == 0))) == 0"
             else:
                 every, some = f"{aa} {sym} {ab}", f"{pa} {sym} {pb}"
-            return g.emit("bool", torch.bool, f"{xs[0].t} {sym} {xs[1].t}", (every, some))
+            sa, sb = g.surely(xs[0]), g.surely(xs[1])
+            sure = {"and": f"({sa} & {ab}) | ({aa} & {sb})", "or": f"{sa} | {sb}"}.get(op)
+            return g.emit("bool", torch.bool, f"{xs[0].t} {sym} {xs[1].t}", (every, some), sure=sure)
         if kind != "int":
             raise Untraceable([f"bitwise {op} of {kind}s"])
         pts = [g.point(x) for x in xs]
@@ -441,9 +489,12 @@ def _read(g: _Gen, table, index, dtype) -> _V:
     lo, hi = g.name("m"), g.name("x")
     g.lanes.append("\n".join(lines))
     g.lanes.append(_run_read(g, ptr, ok, width, firsts, spans, fixed, base, lo, hi))
+    # the run holds exactly the elements read where every index takes every int between its
+    # bounds: its least and greatest are then each read at some pair
+    exact = all(isinstance(i, int) or i.dense for i in index)
     if kind == "bool":
-        return g.emit("bool", torch.bool, t, (f"{ok} & ({lo} != 0)", f"({ok} == 0) | ({hi} != 0)"))
-    return g.emit("int", dtype, t, (lo, hi, ok))
+        return g.emit("bool", torch.bool, t, (f"{ok} & ({lo} != 0)", f"({ok} == 0) | ({hi} != 0)"), sure=f"{ok} & ({hi} != 0)" if exact else None)
+    return g.emit("int", dtype, t, (lo, hi, ok), exact=exact)
 
 
 def _run_read(g: _Gen, ptr: str, ok: str, width: str, firsts, spans, fixed, base: str, lo: str, hi: str) -> str:
@@ -495,11 +546,11 @@ def generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[st
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 4:
         raise Untraceable([f"a mask_mod of {len(placeholders)} arguments (b, h, q_idx, kv_idx)"])
-    leaves = {
-        0: _V("int", idx, "b", ("b_val", "b_val", "_T"), True),
-        1: _V("int", idx, "h", ("h_val", "h_val", "_T"), True),
-        2: _V("int", idx, "q_idx", ("q0", "q_last", "_T"), True),
-        3: _V("int", idx, "kv_idx", ("k0", "k_last", "_T"), True),
+    leaves = {  # every position from the block's first to its last in-range one is some pair's
+        0: _V("int", idx, "b", ("b_val", "b_val", "_T"), True, exact=True, dense=True),
+        1: _V("int", idx, "h", ("h_val", "h_val", "_T"), True, exact=True, dense=True),
+        2: _V("int", idx, "q_idx", ("q0", "q_last", "_T"), True, sides=frozenset({"q"}), exact=True, dense=True),
+        3: _V("int", idx, "kv_idx", ("k0", "k_last", "_T"), True, sides=frozenset({"k"}), exact=True, dense=True),
     }
     sides = {n: frozenset(("q",) if i == 2 else ("k",) if i == 3 else ()) for i, n in enumerate(placeholders)}
     for i, n in enumerate(placeholders):
@@ -554,7 +605,7 @@ def generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[st
     if out is None:
         raise Untraceable(["the mask_mod returns no value the kernel can read"])
     res = g.as_bool(out)
-    every, some = res.bounds
+    every, some = f"({g.surely(res)})", res.bounds[1]  # listed: true for some pair, proven
     evals, stores = (heads, 1) if g.reads_h else (1, heads)
     args, pre = "".join(f"{a}, " for a in g.args), "".join(f"    {p}\n" for p in g.pre)
     lanes = "".join(f"    {line}\n" for s in g.lanes for line in s.split("\n"))
