@@ -407,7 +407,6 @@ def generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[st
         2: _V("int", idx, "q_idx", ("q0", "q_last", "_T"), True, sides=frozenset({"q"}), exact=True, dense=True),
         3: _V("int", idx, "kv_idx", ("k0", "k_last", "_T"), True, sides=frozenset({"k"}), exact=True, dense=True),
     }
-    sides = {n: frozenset(("q",) if i == 2 else ("k",) if i == 3 else ()) for i, n in enumerate(placeholders)}
     for i, n in enumerate(placeholders):
         env[n], meta[n] = leaves[i], torch.zeros(1, dtype=idx, device="meta")
     g.reads_h = len(placeholders[1].users) > 0
@@ -421,7 +420,7 @@ def generate(gm: torch.fx.GraphModule, idx: torch.dtype, heads: int) -> tuple[st
         if n.op == "output":
             out = resolve(n.args[0], None)
             break
-        g.sides = sides[n] = frozenset().union(*(sides[a] for a in n.all_input_nodes))
+        g.sides = frozenset().union(*(env[a].sides for a in n.all_input_nodes))  # what this node's values follow
         if n.op == "get_attr":
             tensor = getattr(gm, n.target)
             if not isinstance(tensor, torch.Tensor):
