@@ -11,10 +11,11 @@ and decides the blocks along it in two steps, the first for all of them at once 
    by the block's first and last in-range row and column, arithmetic by interval rules, a
    comparison or a boolean as "true for every pair" / "true for some pair" (three-valued logic),
    a tensor read by the least and greatest element the block's indices reach (rules:
-   :mod:`jagflash.core.mask_mod_codegen`). A block whose result is true for every pair is
-   listed, one true for no pair is not: a few scalar instructions a block, which decide every
-   block of a block-arithmetic rule (local + global, strided, a lookup of a block grid at the
-   block's own size) and, of a document mask, every block but those its documents' edges cut.
+   :mod:`jagflash.core.mask_mod_codegen`). A block whose result is true for every pair, or
+   proven true for some pair, is listed, one true for no pair is not: a few scalar
+   instructions a block, which decide every block of a block-arithmetic rule (local + global,
+   strided, a lookup of a block grid at the block's own size) and, of a causal document mask,
+   every block but the diagonal ones a document's edge cuts.
 2. **Pairs.** Any other block evaluates the mask_mod on its ``bm x bn`` in-range pairs (rows
    ``[bm, 1]``, columns ``[1, bn]``: a term of the row or the column alone is computed once a
    row or a column) and reduces with ``any``.

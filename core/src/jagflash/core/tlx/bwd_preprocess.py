@@ -82,9 +82,9 @@ def _scaled_cast_kernel(SRC, DST, n, scale, BLOCK: tl.constexpr):
 
 def scaled_cast(src: torch.Tensor, scale: float, out: torch.Tensor) -> torch.Tensor:
     """``out = scale * src`` in ``out``'s dtype (both contiguous, ``src`` fp32 with as many
-    elements as ``out``): the one-pass backward's dQ from its fp32 accumulator. One pass at the
-    copy rate, where ``torch.mul(src, scale, out=out)`` (TensorIterator's dynamic cast) ran at
-    ~3.1 TB/s on the H200 (bench/NOTES.md, session 24)."""
+    elements as ``out``): the one-pass backward's dQ from its fp32 accumulator. One pass, ~3.95
+    TB/s on the H200, where ``torch.mul(src, scale, out=out)`` (TensorIterator's dynamic cast)
+    ran at ~3.1 (bench/NOTES.md, session 24)."""
     reasons = [
         *([] if src.dtype == torch.float32 else [f"the source is {src.dtype}, not fp32"]),
         *([] if src.numel() == out.numel() else [f"the source has {src.numel()} elements, the output {out.numel()}"]),
