@@ -2,7 +2,7 @@
 backward (dQ reduce-added into an fp32 accumulator) against the two passes (``deterministic``:
 a dQ pass, then the dK/dV pass), on a bench workload's batch.
 
-    python bench/probes/bwd_passes.py --workloads bs-lognormal-d25,jagged-lognormal-causal-d128
+    python bench/probes/bwd_passes.py                     # the three DEFAULT_WORKLOADS
     TRITON_INTERPRET=1 python bench/probes/bwd_passes.py --smoke --workloads bs-lognormal-d25
 
 For each workload (its batch as the bench makes it; a ``bs-*`` one through the block-sparse
@@ -22,10 +22,13 @@ import argparse
 import torch
 from probe_launch import kernel_table  # bench/probes/ is on sys.path
 
+#: The batches timed by default: a block-sparse one, its dense jagged twin, dense 4 x 8192 sparse.
+DEFAULT_WORKLOADS = ("bs-lognormal-d25", "jagged-lognormal-causal-d128", "bs-dense8k-d25")
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", default="bs-lognormal-d25,jagged-lognormal-causal-d128")
+    ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
     ap.add_argument("--smoke", action="store_true", help="the workloads' smoke batches (the CPU's interpreter)")
     args = ap.parse_args(argv)
 

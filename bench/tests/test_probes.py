@@ -48,6 +48,7 @@ def test_probe_answers_help_without_a_gpu(script: Path) -> None:
         ("mask_mod_build", "DEFAULT_WORKLOADS"),
         ("mask_mod_eval", "DEFAULT_WORKLOADS"),
         ("tile_ring_ab", "DEFAULT_WORKLOADS"),
+        ("bwd_passes", "DEFAULT_WORKLOADS"),
     ],
 )
 def test_probe_batches_are_bench_workloads(probe: str, table: str) -> None:
