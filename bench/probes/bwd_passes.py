@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 
 import torch
-from probe_launch import kernel_table  # bench/probes/ is on sys.path
 
 #: The batches timed by default: a block-sparse one, its dense jagged twin, dense 4 x 8192 sparse.
 DEFAULT_WORKLOADS = ("bs-lognormal-d25", "jagged-lognormal-causal-d128", "bs-dense8k-d25")
@@ -31,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
     ap.add_argument("--smoke", action="store_true", help="the workloads' smoke batches (the CPU's interpreter)")
     args = ap.parse_args(argv)
+
+    from probe_launch import kernel_table  # bench/probes/ is on sys.path (the script's folder)
 
     from jagflash.bench.data import make_batch
     from jagflash.bench.timing import measure
