@@ -1,16 +1,21 @@
-"""Probe (H200; issues 22, 20): the TLX forward with and without the tile ring (``RING_TILES``),
-in one process on the same inputs and plan.
+"""Probe (H200; issues 22, 20): the TLX forward, or the one-pass backward's dK/dV kernel, with
+and without the tile ring (``RING_TILES``), in one process on the same inputs and plan.
 
     python bench/probes/tile_ring_ab.py --workloads bs-lognormal-d25,bs-dense8k-d25,jagged-lognormal-causal-d128
+    python bench/probes/tile_ring_ab.py --kernel bwd      # the backward's BWD_WORKLOADS
 
 For each workload (its batch, and for a ``bs-*`` one its block pattern, as the bench builds
-them) the forward kernel (``jagflash.core.tlx.fwd_sm90.forward``, the plan built once outside
-the timing) runs with the ring on and off, the rest of the config the policy's; the two outputs
-must be bitwise equal (the ring moves where the tile's fields are read and when the producer
-decodes a tile, not what is computed), and each is timed with the bench's ``measure`` (median,
-L2 flushed). Rows: ``workload, ring, policy (the ring the policy picks), ms_p50, TFLOP/s
-(visible pairs, or listed pairs of a block mask), listed blocks, tiles, tiles with no listed
-block`` (the last three blank without a mask).
+them) the kernel runs with the ring on and off, the rest of the config the policy's, the plan
+built once outside the timing. The forward (``jagflash.core.tlx.fwd_sm90.forward``): the two
+outputs must be bitwise equal (the ring moves where the tile's fields are read and when the
+producer decodes a tile, not what is computed). The backward (``bwd_sm90.backward`` on the
+forward's O and LSE, the policy's plan for it): dK and dV bitwise equal, dQ (reduce-added in a
+run-dependent order) to rounding; its time includes the backward's per-token passes (the
+vectors, the dQ cast: ``bench/probes/bwd_passes.py`` splits them). Each is timed with the
+bench's ``measure`` (median, L2 flushed). Rows: ``workload, ring, policy (the ring the policy
+picks), ms_p50, TFLOP/s (visible pairs, or listed pairs of a block mask; the backward 2.5x the
+forward's), listed blocks, tiles, tiles with no listed block`` (the last three: the forward's
+q-tiles of the sequences' own blocks, the backward's kv-tiles; blank without a mask).
 """
 
 from __future__ import annotations
@@ -30,10 +35,16 @@ DEFAULT_WORKLOADS = (
 )
 
 
+#: The backward's rows by default: the block-sparse ones, and short dense K/V (tiny).
+BWD_WORKLOADS = ("bs-lognormal-d25", "bs-dense8k-d25", "bs-lognormal-d10", "bs-lognormal-local-global", "jagged-tiny-d128")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
+    ap.add_argument("--workloads", default=None, help="comma-separated (default: DEFAULT_WORKLOADS, or BWD_WORKLOADS)")
+    ap.add_argument("--kernel", choices=("fwd", "bwd"), default="fwd")
     a = ap.parse_args()
+    names = a.workloads or ",".join(BWD_WORKLOADS if a.kernel == "bwd" else DEFAULT_WORKLOADS)
 
     from jagflash.bench.data import make_batch
     from jagflash.bench.flops import block_mask_pairs, visible_pairs
@@ -44,7 +55,7 @@ def main() -> None:
 
     dev = torch.device("cuda")
     print("workload,ring,policy,ms_p50,tflops,listed_blocks,tiles,empty_tiles")
-    for name in a.workloads.split(","):
+    for name in names.split(","):
         w = get(name)
         b = make_batch(w, dev)
         q, k, v, qo, ko = b.q, b.k, b.v, b.q_offsets, b.kv_offsets
@@ -52,15 +63,19 @@ def main() -> None:
         hq, dim = q.shape[1], q.shape[2]
         left, right = (-1, 0) if w.causal else (-1, -1)
         plan, want = fwd_sm90.plan_and_config(q, k, qo, ko, b.max_q, left=left, right=right, scale=dim**-0.5, blocks=m)
-        bm = want.BLOCK_M
         if m is None:
             pairs, listed, tiles, empty = visible_pairs(b.q_lens, b.kv_lens, w.causal) * hq, "", "", ""
         else:
-            lq = (qo[1:] - qo[:-1]).to(torch.int64)
-            own = torch.arange(m.kv_counts.shape[2], device=dev)[None, None, :] * bm < lq[:, None, None]  # the sequences' own q-blocks
-            counts = m.kv_counts.expand(-1, hq, -1)[own.expand(-1, hq, -1)]
+            own_counts, offs = (m.kv_counts, qo) if a.kernel == "fwd" else (m.q_counts, ko)
+            lens = (offs[1:] - offs[:-1]).to(torch.int64)
+            size = m.block_size[0 if a.kernel == "fwd" else 1]
+            own = torch.arange(own_counts.shape[2], device=dev)[None, None, :] * size < lens[:, None, None]  # the sequences' own blocks
+            counts = own_counts.expand(-1, hq, -1)[own.expand(-1, hq, -1)]
             pairs, listed = block_mask_pairs(m, hq, w.causal), int(counts.sum())
             tiles, empty = counts.numel(), int((counts == 0).sum())
+        if a.kernel == "bwd":
+            _backward_ab(name, b, m, left, right, dim, pairs, (listed, tiles, empty), dev)
+            continue
         outs = {}
         for ring in (True, False):
             fwd = functools.partial(
@@ -74,6 +89,33 @@ def main() -> None:
         print(f"# {name}: ring on/off outputs bitwise equal: {same}", file=sys.stderr, flush=True)
         if not same:
             sys.exit(1)
+
+
+def _backward_ab(name, b, m, left, right, dim, pairs, blocks, dev) -> None:
+    """The backward's rows of one workload (see the module's docstring)."""
+    from jagflash.bench.timing import measure
+    from jagflash.core.tlx import bwd_sm90, fwd_sm90
+
+    q, k, v, qo, ko = b.q, b.k, b.v, b.q_offsets, b.kv_offsets
+    kw = {"left": left, "right": right, "scale": dim**-0.5, "blocks": m}
+    out, lse = fwd_sm90.forward(q, k, v, qo, ko, b.max_q, **kw)
+    plan, want = bwd_sm90.plan_and_config(q, k, qo, ko, left=left, right=right, blocks=m)
+    grads = {}
+    for ring in (True, False):
+        bwd = functools.partial(
+            bwd_sm90.backward, b.dout, q, k, v, out, lse, qo, ko, plan=plan,
+            config=dataclasses.replace(want, RING_TILES=ring), **kw,
+        )
+        grads[ring] = bwd()
+        ms = measure(bwd, dev).p50
+        print(f"{name},{int(ring)},{int(want.RING_TILES)},{ms:.4f},{2.5 * 4 * dim * pairs / ms * 1e-9:.1f},"
+              + ",".join(map(str, blocks)), flush=True)
+    (dq1, dk1, dv1), (dq0, dk0, dv0) = grads[True], grads[False]
+    same = torch.equal(dk1, dk0) and torch.equal(dv1, dv0)
+    dq_diff = (dq1.float() - dq0.float()).abs().max().item()
+    print(f"# {name}: ring on/off dK, dV bitwise equal: {same}; max |dQ on - off| {dq_diff:.3g}", file=sys.stderr, flush=True)
+    if not same:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -398,6 +398,46 @@ def test_tlx_forward_tile_ring_on_and_off_bitwise(causal) -> None:
 
 
 @pytest.mark.sm90
+@pytest.mark.parametrize("causal", [False, True])
+def test_tlx_backward_tile_ring_on_and_off(causal) -> None:
+    """The sparse backward's dK/dV kernel hands the consumers each decoded kv-tile and every
+    head's list positions through the tile ring by default; forced off, each consumer walks the
+    list rows itself. Each kv-tile runs the same steps in the same order either way: dK and dV
+    bitwise equal, in the one pass and in the two passes' dK/dV (there dQ is not the kernel's);
+    the one pass's dQ (reduce-added in a run-dependent order) to rounding. Per-head masks over
+    GQA (two query heads a K/V head: two heads' positions in each record), at a density that
+    leaves kv-tiles no step visits (no K/V load, zeros)."""
+    from jagflash.core.tlx import bwd_sm90, fwd_sm90
+
+    case = JaggedCase(LENGTHS, LENGTHS, hq=4, hkv=2, head_dim=128, dtype=torch.bfloat16, causal=causal, seed=7)
+    _require_tlx(case, False, None)
+    t = case.build("cuda", requires_grad=False)
+    q, k, v, qo, ko, dout = (t[n] for n in ("q", "k", "v", "q_offsets", "kv_offsets", "dout"))
+    m = _random_mask(t, 4, 0.2, 5, TLX_BS)
+    own = torch.arange(m.q_counts.shape[2], device="cuda") * 128 < seq_lengths(ko)[:, None].to("cuda")
+    assert bool(((m.q_counts == 0) & own[:, None, :]).any())  # some kv-blocks of the sequences list no q-block
+    left, right = (-1, 0) if causal else (-1, -1)
+    kw = {"left": left, "right": right, "scale": 128**-0.5, "blocks": m}
+    out, lse = fwd_sm90.forward(q, k, v, qo, ko, max(LENGTHS), **kw)
+    delta = (out.float() * dout.float()).sum(-1).transpose(0, 1).contiguous()
+    for deterministic in (False, True):
+        plan, want = bwd_sm90.plan_and_config(q, k, qo, ko, left=left, right=right, deterministic=deterministic, blocks=m)
+        assert want.RING_TILES
+        runs = []
+        for ring in (True, False):
+            config = dataclasses.replace(want, RING_TILES=ring)
+            if deterministic:
+                runs.append((None, *bwd_sm90.backward_dkdv(dout, q, k, v, lse, delta, qo, ko, plan=plan, config=config, **kw)))
+            else:
+                runs.append(bwd_sm90.backward(dout, q, k, v, out, lse, qo, ko, plan=plan, config=config, **kw))
+        (dq_on, dk_on, dv_on), (dq_off, dk_off, dv_off) = runs
+        assert torch.equal(dk_on, dk_off), f"dK, deterministic={deterministic}"
+        assert torch.equal(dv_on, dv_off), f"dV, deterministic={deterministic}"
+        if not deterministic:
+            torch.testing.assert_close(dq_on, dq_off, rtol=2**-7, atol=1e-5)
+
+
+@pytest.mark.sm90
 @pytest.mark.parametrize("deterministic", [False, True], ids=["one_pass", "deterministic"])
 def test_tlx_rows_and_keys_that_see_nothing(deterministic) -> None:
     """q-block 0 lists nothing and kv-block 2 is listed by no q-block: O 0, LSE -inf and dQ 0 on

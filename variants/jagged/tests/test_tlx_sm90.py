@@ -47,19 +47,15 @@ def _forward(causal: bool, schedule: str, sign: float = 1.0, **free):
     return run
 
 
-def _forced_backward(plan, q, k, left, right, *, fused: bool, head_major: bool):
-    """A BwdConfig for ``plan``'s dK/dV pass with the walk forced (``HEAD_MAJOR``)."""
+def _forced_backward(plan, q, k, left, right, *, fused: bool, head_major: bool, ring: bool = False):
+    """A BwdConfig for ``plan``'s dK/dV pass with the walk (``HEAD_MAJOR``) and the tile hand-off
+    (``RING_TILES``) forced."""
     import dataclasses
 
-    from jagflash.core.tile_scheduler import deal_flags
-    from jagflash.core.tuning import bwd_config
+    from jagflash.core.tlx import bwd_sm90
 
-    dynamic, zigzag = deal_flags(plan.info, "dkdv")
-    cfg = bwd_config(
-        head_dim=q.shape[-1], group=q.shape[1] // k.shape[1], left=left, right=right, q_shared=False,
-        fused_dq=fused, dynamic=dynamic, zigzag=zigzag,
-    )
-    return dataclasses.replace(cfg, HEAD_MAJOR=head_major)
+    cfg = bwd_sm90.dkdv_config(plan, q, k, left=left, right=right, q_shared=False, fused_dq=fused)
+    return dataclasses.replace(cfg, HEAD_MAJOR=head_major, RING_TILES=ring)
 
 
 def _reference(causal: bool, sign: float = 1.0):
@@ -261,20 +257,23 @@ def test_tlx_fused_backward_matches_reference(name, causal, head_dim) -> None:
     assert_close_all(["dq", "dk", "dv"], list(got), exact, low, SPEC.atol[torch.bfloat16])
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_tlx_backward_walk_changes_no_dkdv_bit(causal) -> None:
-    """The walk and the deal only reorder the kv-tiles: each tile's dK/dV is computed alone, so
-    the head walk's and a dynamic plan's (atomic tile counter, both walks) are bitwise the
-    default's; dQ (summed in a varying order) agrees to rounding. The one pass, then the two
-    passes' dK/dV."""
+@pytest.mark.parametrize("bounds", [(-1, -1), (-1, 0), (100, 0)], ids=["none", "causal", "window"])
+def test_tlx_backward_walk_changes_no_dkdv_bit(bounds) -> None:
+    """The walk, the deal and the tile hand-off only reorder the kv-tiles or move where their
+    fields are read: each tile's dK/dV is computed alone, so the head walk's, a dynamic plan's
+    (atomic tile counter, both walks) and the tile ring's (``RING_TILES``, on both deals; with a
+    window, kv-tiles that no query sees load nothing) are bitwise the default's; dQ (summed in
+    a varying order) agrees to rounding. The one pass, then the two passes' dK/dV; GQA (4 query
+    heads a K/V head)."""
     from jagflash.core.plan.build import make_plan
     from jagflash.core.tlx import bwd_sm90
 
+    left, right = bounds
+    causal = right == 0
     q_lens, k_lens, hq, hkv = CASES["lognormal"]
     t = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal).build("cuda", requires_grad=False)
     q, k, v, qo, ko, dout = (t[n] for n in ("q", "k", "v", "q_offsets", "kv_offsets", "dout"))
-    ref_out, lse32, _, _ = _reference_grads(t, causal)
-    left, right = mask_bounds(causal)
+    ref_out, lse32, _, _ = _reference_grads(t, causal)  # (any O and LSE serve: the tiles are compared, not the reference)
     out = ref_out.to(q.dtype)
     kw = {"left": left, "right": right, "scale": 128**-0.5}
     dynamic = make_plan(
@@ -288,8 +287,10 @@ def test_tlx_backward_walk_changes_no_dkdv_bit(causal) -> None:
 
     def others(fused):
         return {
-            f"{deal} {walk}": {"plan": plan, "config": _forced_backward(plan, q, k, left, right, fused=fused, head_major=walk == "head")}
-            for deal, plan in (("static", static), ("dynamic", dynamic)) for walk in ("slot", "head")
+            f"{deal} {walk}{' ring' if ring else ''}": {
+                "plan": plan, "config": _forced_backward(plan, q, k, left, right, fused=fused, head_major=walk == "head", ring=ring),
+            }
+            for deal, plan in (("static", static), ("dynamic", dynamic)) for walk in ("slot", "head") for ring in (False, True)
         }
 
     base = bwd_sm90.backward(dout, q, k, v, out, lse32, qo, ko, plan=static, **kw)

@@ -29,13 +29,24 @@ from jagflash.core.ops import alloc_like
 from jagflash.core.plan.build import make_plan
 from jagflash.core.plan.model import PASSES
 from jagflash.core.portable.persistent import jagged_backward_dq, sparse_backward_dq
-from jagflash.core.seqlen import plan_row, q_row, seq_starts
+from jagflash.core.seqlen import plan_row, seq_starts
 from jagflash.core.softmax import LOG2E
 from jagflash.core.tile_scheduler import deal_flags, tile_counter
 from jagflash.core.tlx.bwd_mainloop import dkdv_steps
 from jagflash.core.tlx.bwd_preprocess import backward_vectors, scaled_cast
+from jagflash.core.tlx.bwd_tiles import (
+    ALL_STEPS,
+    DKDV_TILE_FIELDS,
+    dkdv_tile,
+    dkdv_tile_range,
+    load_kv_tile,
+    load_q_step,
+    load_q_steps,
+    publish_dkdv_tile,
+    tile_walk,
+)
 from jagflash.core.tlx.descriptors import num_workers, rows_descriptor, vectors_descriptor
-from jagflash.core.tlx.pipeline import alloc_walk_ring, ring_slot, walk_first, walk_next
+from jagflash.core.tlx.pipeline import ID_RING, alloc_walk_ring, ring_release, walk_first, walk_next
 from jagflash.core.tuning import (
     TLX_BLOCK_SIZES,
     TLX_ONE_PASS_HEAD_DIMS,
@@ -56,7 +67,7 @@ def _dkdv_kernel(
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     Q_SHARED: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_COLS: tl.constexpr,
-    NUM_Q: tl.constexpr, DQ_STAGES: tl.constexpr, PAD: tl.constexpr, SPARSE: tl.constexpr,
+    NUM_Q: tl.constexpr, DQ_STAGES: tl.constexpr, PAD: tl.constexpr, SPARSE: tl.constexpr, RING_TILES: tl.constexpr,
 ):
     """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
     the GQA group, and with ``FUSED_DQ`` each tile's share of dQ, reduce-added into an fp32
@@ -68,7 +79,10 @@ def _dkdv_kernel(
     of ``jagflash.core.tlx.bwd_preprocess`` (``PAD`` rows a sequence), which the producer loads
     with each step's Q and dO. ``lists``: with ``SPARSE``, the transposed lists of
     ``jagflash.core.block_mask.BlockMask.kernel_lists`` (square blocks of BLOCK_N rows: each
-    listed q-block is ``SUB`` steps), else None. The constexprs are a
+    listed q-block is ``SUB`` steps), else None. With ``RING_TILES`` the producer alone walks
+    the table and hands the consumers each decoded kv-tile through a record ring
+    (``jagflash.core.tlx.bwd_tiles``: with ``SPARSE`` also each head's walk positions), one tile
+    ahead; a kv-tile that no step visits loads nothing and gets zeros. The constexprs are a
     :class:`jagflash.core.tuning.BwdConfig`'s."""
     HALF: tl.constexpr = BLOCK_N // 2
     STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
@@ -95,87 +109,122 @@ def _dkdv_kernel(
     kv_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
     q_fulls = tlx.alloc_barriers(num_barriers=NUM_Q, arrive_count=1)
     q_empties = tlx.alloc_barriers(num_barriers=NUM_Q, arrive_count=2)
-    ring = alloc_walk_ring(1)  # the tile-index ring (DYNAMIC)
+    # The tile ring: with RING_TILES the producer walks the table alone and passes each decoded
+    # kv-tile to the consumers (jagflash.core.tlx.bwd_tiles); otherwise, on a dynamic plan, the
+    # table index.
+    FIELDS: tl.constexpr = DKDV_TILE_FIELDS + (4 * GROUP if SPARSE else 0)
+    ring = alloc_walk_ring(FIELDS if RING_TILES else 1)
+    descs = (desc_q, desc_do, desc_lse2, desc_delta)
+    qring = (q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties)
 
     with tlx.async_tasks():
         with tlx.async_task("default", registers=24):  # producer: TMA loads
             count = tl.load(COUNT).to(tl.int32)
             q_cnt = 0
             tile_cnt = 0
-            i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC)
-            while i < count:
-                i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG)
-                ok, b, hk, n0 = plan_row(i, TILES, count, heads, HEAD_MAJOR)
-                q_start, lq, k_start, lk = seq_starts(q_offsets, kv_offsets, b)
-                if ok & (n0 < lk):
-                    lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
-                    for c in tl.static_range(2):
-                        tlx.barrier_wait(kv_empties[c], (tile_cnt & 1) ^ 1)
-                        tlx.barrier_expect_bytes(kv_fulls[c], 2 * ELEM * HALF * HEAD_DIM)
-                        tlx.async_descriptor_load(desc_k, k_tiles[c], [k_start + n0 + c * HALF, hk * HEAD_DIM], kv_fulls[c])
-                        tlx.async_descriptor_load(desc_v, v_tiles[c], [k_start + n0 + c * HALF, hk * HEAD_DIM], kv_fulls[c])
-                    vec0 = tl.load(VEC_TILE + b) * PAD
-                    for g in range(GROUP):
-                        head = hk * GROUP + g
-                        col = head * HEAD_DIM
-                        listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
-                        p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
-                        for t in range(p0, p3, STEP):  # the positions the consumers walk (dkdv_steps)
-                            m0 = block_at(listed, t, BLOCK_M, SPARSE, SUB)
-                            slot, phase = ring_slot(q_cnt, NUM_Q)
-                            tlx.barrier_wait(q_empties[slot], phase ^ 1)
-                            tlx.barrier_expect_bytes(q_fulls[slot], 2 * ELEM * BLOCK_M * HEAD_DIM + 2 * 4 * BLOCK_M)
-                            tlx.async_descriptor_load(desc_q, q_tiles[slot], [q_row(q_start, m0, Q_SHARED), col], q_fulls[slot])
-                            tlx.async_descriptor_load(desc_do, do_tiles[slot], [q_start + m0, col], q_fulls[slot])
-                            tlx.async_descriptor_load(desc_lse2, lse_tiles[slot], [head, vec0 + m0], q_fulls[slot])
-                            tlx.async_descriptor_load(desc_delta, delta_tiles[slot], [head, vec0 + m0], q_fulls[slot])
-                            q_cnt += 1
-                    tile_cnt += 1
-                i = i_next
+            if RING_TILES:
+                # Round i: tile i's first NUM_Q steps (into the slots tile i - 1's last steps
+                # free), its K/V once tile i - 1 is done, then the next tile decoded and published
+                # (its dependent loads overlap tile i's first steps), then tile i's other steps.
+                i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC, False)
+                publish_dkdv_tile(ring, 0, i, count, TILES, q_offsets, kv_offsets, VEC_TILE, heads, lists, left, right, HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, PAD)
+                pub = 1  # records published
+                while i < count:
+                    i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
+                    state, _, hk, n0, _, _, k_start, _, _ = dkdv_tile(ring, pub - 1, FIELDS, False)
+                    if state > 1:
+                        q_cnt = load_q_steps(descs, qring, q_cnt, ring, pub - 1, lists, 0, NUM_Q, left, right, FIELDS, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_Q, ELEM, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, Q_SHARED, SPARSE)
+                        load_kv_tile(desc_k, desc_v, k_tiles, v_tiles, kv_fulls, kv_empties, tile_cnt, k_start + n0, hk * HEAD_DIM, HALF, HEAD_DIM, ELEM)
+                    publish_dkdv_tile(ring, pub, i_next, count, TILES, q_offsets, kv_offsets, VEC_TILE, heads, lists, left, right, HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, PAD)
+                    pub += 1
+                    if state > 1:
+                        q_cnt = load_q_steps(descs, qring, q_cnt, ring, pub - 2, lists, NUM_Q, ALL_STEPS, left, right, FIELDS, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_Q, ELEM, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, Q_SHARED, SPARSE)
+                        tile_cnt += 1
+                    i = i_next
+            else:
+                i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC)
+                while i < count:
+                    i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG)
+                    ok, b, hk, n0 = plan_row(i, TILES, count, heads, HEAD_MAJOR)
+                    q_start, lq, k_start, lk = seq_starts(q_offsets, kv_offsets, b)
+                    if ok & (n0 < lk):
+                        lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+                        load_kv_tile(desc_k, desc_v, k_tiles, v_tiles, kv_fulls, kv_empties, tile_cnt, k_start + n0, hk * HEAD_DIM, HALF, HEAD_DIM, ELEM)
+                        vec0 = tl.load(VEC_TILE + b) * PAD
+                        for g in range(GROUP):
+                            head = hk * GROUP + g
+                            listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
+                            p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
+                            for t in range(p0, p3, STEP):  # the positions the consumers walk (dkdv_steps)
+                                m0 = block_at(listed, t, BLOCK_M, SPARSE, SUB)
+                                load_q_step(descs, qring, q_cnt, q_start, m0, head, vec0, HEAD_DIM, BLOCK_M, NUM_Q, ELEM, Q_SHARED)
+                                q_cnt += 1
+                        tile_cnt += 1
+                    i = i_next
 
         with tlx.async_task(num_warps=4, registers=240, replicate=2):  # consumers
             cid: tl.constexpr = tlx.async_task_replica_id()
             qk_scale2 = scale * LOG2E
             count = tl.load(COUNT).to(tl.int32)
             kv = (k_tiles, v_tiles)
-            qring = (q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties)
             band = (left, right)
             q_cnt = 0
             tile_cnt = 0
-            i, r = walk_first(pid, COUNTER, ring, False, DYNAMIC)
-            while i < count:
-                ok, b, hk, n0 = plan_row(i, TILES, count, heads, HEAD_MAJOR)
-                q_start, lq, k_start, lk = seq_starts(q_offsets, kv_offsets, b)
-                if ok & (n0 < lk):
-                    lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
-                    if FUSED_DQ:  # noqa: SIM102 (a compile-time branch around a run-time one)
-                        if n0 + BLOCK_N > lk:
-                            # A tile past the sequence's end runs masked throughout: its rows past
-                            # lk hold the next sequence's keys, whose dS must not reach dQ.
-                            full_lo = lo
-                            full_hi = lo
+            if RING_TILES:
+                taken = 0  # records taken
+                more = count >= 0
+            else:
+                i, r = walk_first(pid, COUNTER, ring, False, DYNAMIC)
+                more = i < count
+            while more:
+                if RING_TILES:
+                    state, b, hk, n0, q_start, lq, k_start, lk, _ = dkdv_tile(ring, taken, FIELDS, True)
+                    more = state >= 0
+                    live = state > 0
+                    busy = state > 1  # else no step visits the tile: no K/V loaded, dK = dV = 0
+                else:
+                    ok, b, hk, n0 = plan_row(i, TILES, count, heads, HEAD_MAJOR)
+                    q_start, lq, k_start, lk = seq_starts(q_offsets, kv_offsets, b)
+                    live = ok & (n0 < lk)
+                    busy = True  # (K/V always loads: the per-consumer walk as it was measured)
+                if live:
                     kv_rows = n0 + cid * HALF + tl.arange(0, HALF)
-                    tlx.barrier_wait(kv_fulls[cid], tile_cnt & 1)
+                    if busy:
+                        tlx.barrier_wait(kv_fulls[cid], tile_cnt & 1)
                     dk = tl.zeros([HALF, HEAD_DIM], ACC)
                     dv = tl.zeros([HALF, HEAD_DIM], ACC)
+                    if not RING_TILES:
+                        lo, full_lo, full_hi, hi = dkdv_tile_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ)
                     for g in range(GROUP):
                         head = hk * GROUP + g
                         dq_col = head * HEAD_DIM
                         dq = (desc_dq, ds_tiles, dq_stages, dq_col)
                         listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
-                        p0, p1, p2, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
+                        if RING_TILES:
+                            p0, p1, p2, p3 = tile_walk(ring, taken, g, n0, lq, lk, left, right, FIELDS, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE)
+                        else:
+                            p0, p1, p2, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
                         seq = (lq, lk, q_start, listed)
                         dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p0, p1, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
                         dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p1, p2, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
                         dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p2, p3, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
-                    tlx.barrier_arrive(kv_empties[cid], 1)
+                    if busy:
+                        tlx.barrier_arrive(kv_empties[cid], 1)
+                        tile_cnt += 1
+                    if RING_TILES:
+                        ring_release(ring[2], taken % ID_RING)  # every head's positions read
                     valid = kv_rows < lk
                     offs_d = tl.arange(0, HEAD_DIM)
                     out_rows = (k_start + kv_rows).to(tl.int64)
                     tl.store(DK + out_rows[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :], output(dk * scale, dtype), mask=valid[:, None])
                     tl.store(DV + out_rows[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :], output(dv, dtype), mask=valid[:, None])
-                    tile_cnt += 1
-                i, r = walk_next(i, r, pid, nprog, COUNTER, ring, False, DYNAMIC, ZIGZAG)
+                elif RING_TILES:
+                    ring_release(ring[2], taken % ID_RING)
+                if RING_TILES:
+                    taken += 1
+                else:
+                    i, r = walk_next(i, r, pid, nprog, COUNTER, ring, False, DYNAMIC, ZIGZAG)
+                    more = i < count
             if FUSED_DQ:
                 tlx.async_descriptor_store_wait(0)  # the stages must outlive their last stores
 
@@ -199,19 +248,37 @@ def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, dim, left, right, d
     return plan, plan.info.layout("dkdv")
 
 
+def dkdv_config(plan, q, k, *, left: int, right: int, q_shared: bool, fused_dq: bool, blocks=None) -> BwdConfig:
+    """The policy's :class:`BwdConfig` (``jagflash.core.tuning.bwd_config``) of a dK/dV kernel
+    launch on ``plan``'s dK/dV pass for ``q`` ``[T, Hq, D]`` and ``k`` ``[T, Hkv, D]``:
+    ``fused_dq`` the one pass, ``blocks`` a block mask or None. Tests and probes that force one
+    of its free choices start from it."""
+    dynamic, zigzag = deal_flags(plan.info, "dkdv")
+    return bwd_config(
+        head_dim=q.shape[-1], group=q.shape[1] // k.shape[1], left=left, right=right, q_shared=q_shared,
+        fused_dq=fused_dq, dynamic=dynamic, zigzag=zigzag, sparse=blocks is not None,
+    )
+
+
+def plan_and_config(q, k, q_offsets, kv_offsets, *, left: int, right: int, deterministic: bool = False,
+                    total_q: int | None = None, q_shared: bool = False, blocks=None, plan=None):
+    """The plan a :func:`backward` (``deterministic`` False) or :func:`backward_dkdv` call runs
+    on (``plan``, or the one it builds) and the config the policy picks for its launch:
+    ``(plan, config)``. ``total_q``: the rows of dO (``q``'s by default)."""
+    tq = q.shape[0] if total_q is None else total_q
+    plan, _ = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], q.shape[1], k.shape[1], q.shape[-1], left, right,
+                         deterministic, blocks)
+    return plan, dkdv_config(plan, q, k, left=left, right=right, q_shared=q_shared, fused_dq=not deterministic, blocks=blocks)
+
+
 def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc, left, right, scale, q_shared, config, who, mask):
     """One launch of :func:`_dkdv_kernel`; ``vectors``: ``backward_vectors``'s; ``dq_acc`` (fp32
     ``[rows, Hq * D]``) fuses dQ in. ``config``: a :class:`BwdConfig` the caller forces, or
     ``None`` for :func:`jagflash.core.tuning.bwd_config`'s (checked against the call).
     ``mask``: a ``jagflash.core.block_mask.BlockMask`` or None."""
-    _, hq, dim = q.shape
-    hkv = k.shape[1]
+    dim = q.shape[-1]
     lay = plan.info.layout("dkdv")
-    dynamic, zigzag = deal_flags(plan.info, "dkdv")
-    want = bwd_config(
-        head_dim=dim, group=hq // hkv, left=left, right=right, q_shared=q_shared,
-        fused_dq=dq_acc is not None, dynamic=dynamic, zigzag=zigzag, sparse=mask is not None,
-    )
+    want = dkdv_config(plan, q, k, left=left, right=right, q_shared=q_shared, fused_dq=dq_acc is not None, blocks=mask)
     config = config or want
     reasons = config_reasons(config, want, (lay.block_m, lay.block_n))
     if reasons:

@@ -231,13 +231,15 @@ KNOWN_SPILLS: dict[str, int] = {
     "tlx_dkdv_none bf16 d128 window": 188,
     "tlx_bwd_none fp16 d128": 32,
     "tlx_bwd_none bf16 d128": 32,
-    # block-sparse (2026-12-02): none inside the one pass's loops; the two passes' dK/dV reloads
-    # 1-3 values an iteration (window), 15-16 in the masked steps (causal). The forward with the
+    # block-sparse (2026-12-02). The forward with the
     # tile ring (session 17): none in its loops but at fp16 without a mask, where the masked loop
     # (a sequence's partial last block, at most one a tile) reloads 11 values an iteration
     "tlx_fwd_dynamic_sparse fp16 d128": 292,
     "tlx_fwd_dynamic_sparse bf16 d128 causal": 84,
-    "tlx_bwd_dynamic_sparse fp16 d128 causal": 136,
-    "tlx_dkdv_none_sparse fp16 d128 window": 212,
-    "tlx_dkdv_none_sparse bf16 d128 causal": 312,
+    # With the tile ring in the backward (session 25): none in the one pass's loops, one reload
+    # an iteration in the masked steps of the two passes' dK/dV with a window.
+    "tlx_bwd_dynamic_sparse fp16 d128 causal": 72,
+    "tlx_bwd_dynamic_sparse bf16 d64": 56,
+    "tlx_dkdv_none_sparse fp16 d128 window": 264,
+    "tlx_dkdv_none_sparse bf16 d128 causal": 224,
 }

@@ -94,27 +94,38 @@ def record_publish(fields, fulls, empties, counter, values, NUM: tl.constexpr):
 
 
 @triton.jit
-def record_read(fields, counter, FIELDS: tl.constexpr, NUM: tl.constexpr):
-    """The FIELDS int32 values (a tuple) in slot ``counter`` of a record ring, read without
-    waiting or releasing: :func:`record_take`'s read, and the producer's own read-back of a
-    record it published (its threads wrote the slot, which is not written again before the
-    producer publishes record ``counter + NUM``)."""
-    slot = counter % NUM
+def record_read(fields, counter, FIELDS: tl.constexpr, NUM: tl.constexpr, first=0, COUNT: tl.constexpr = None):
+    """The int32 values (a tuple) in slot ``counter`` of a record ring of FIELDS fields, read
+    without waiting or releasing: all FIELDS, or the COUNT fields from ``first`` on (``first``
+    may be a run-time value: a record of a variable part per head, read in a head loop).
+    :func:`record_wait`'s read, and the producer's own read-back of a record it published (its
+    threads wrote the slot, which is not written again before the producer publishes record
+    ``counter + NUM``)."""
+    N: tl.constexpr = FIELDS if COUNT is None else COUNT
+    at = (counter % NUM) * FIELDS + first
     values = ()
-    for j in tl.static_range(FIELDS):
-        values = values + (tl.sum(tlx.local_load(fields[slot * FIELDS + j]), 0),)  # noqa: RUF005 (Triton's frontend concatenates tuples; no unpacking)
+    for j in tl.static_range(N):
+        values = values + (tl.sum(tlx.local_load(fields[at + j]), 0),)  # noqa: RUF005 (Triton's frontend concatenates tuples; no unpacking)
     return values
 
 
 @triton.jit
-def record_take(fields, fulls, empties, counter, FIELDS: tl.constexpr, NUM: tl.constexpr):
-    """Consumer side of a record ring: the FIELDS int32 values (a tuple) of slot ``counter``
-    once the producer published them (:func:`record_publish`); the slot is released as soon as
-    they are read (the empty barrier counts one arrival per consumer warpgroup)."""
+def record_wait(fields, fulls, counter, FIELDS: tl.constexpr, NUM: tl.constexpr, COUNT: tl.constexpr = None):
+    """Consumer side of a record ring: the int32 values (a tuple: all FIELDS, or the first
+    COUNT) of slot ``counter`` once the producer published them (:func:`record_publish`), the
+    slot kept: the consumer may read more of it (:func:`record_read`) and hands it back with
+    ``ring_release(empties, counter % NUM)`` (the empty barrier counts one arrival per consumer
+    warpgroup)."""
     slot, phase = ring_slot(counter, NUM)
     tlx.barrier_wait(fulls[slot], phase)
-    values = record_read(fields, counter, FIELDS, NUM)
-    ring_release(empties, slot)
+    return record_read(fields, counter, FIELDS, NUM, 0, COUNT)
+
+
+@triton.jit
+def record_take(fields, fulls, empties, counter, FIELDS: tl.constexpr, NUM: tl.constexpr):
+    """:func:`record_wait`, the slot released as soon as its values are read."""
+    values = record_wait(fields, fulls, counter, FIELDS, NUM)
+    ring_release(empties, counter % NUM)
     return values
 
 
