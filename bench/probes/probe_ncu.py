@@ -11,7 +11,7 @@ on the plan a call gets by default, ``mask_mod`` the generated kernel of ``Block
 ``jagflash.bench.sparsity.document_mask_mod``, ``--document-median`` rows) or on a block-sparse
 batch's own mask_mod (``--rule workload``: the bench's build row), on a bench workload's batch (:data:`BATCHES`: bf16, H16, D128;
 lognormal: 128 sequences, dense: 4 x 4096, tiny: 2,048 sequences of 1-63 tokens, bs-lognormal and
-bs-dense8k: the block-sparse rows at 25 %, forward only; until session 10
+bs-dense8k: the block-sparse rows at 25 %; until session 10
 the probe drew its own lengths, other draws of the same distributions). The kernel runs
 ``--reps`` times (default 3): profile the last with ``--launch-skip reps-1 --launch-count 1``, so
 that compilation and first-touch effects stay out.
@@ -34,7 +34,7 @@ BATCHES = {
     "lognormal": "jagged-lognormal-d128",
     "dense": "dense-b4h16n4096d128",
     "tiny": "jagged-tiny-d128",
-    # block-sparse (causal, 25 % of the band's 128 x 128 blocks; the forward only)
+    # block-sparse (causal, 25 % of the band's 128 x 128 blocks)
     "bs-lognormal": "bs-lognormal-d25",
     "bs-dense8k": "bs-dense8k-d25",
 }
@@ -75,8 +75,6 @@ def _run(args: argparse.Namespace) -> None:
     if w.blocks is not None:
         from jagflash.bench.sparsity import make_block_mask
 
-        if args.kernel != "fwd":
-            raise SystemExit("probe_ncu: the block-sparse batches run the forward (--kernel fwd)")
         kw["blocks"] = make_block_mask(w.blocks, b.q_lens, b.kv_lens, w.causal, offs, offs)
     longest = b.max_q
     out, lse = fwd_sm90.forward(q, k, v, offs, offs, longest, **kw)
