@@ -213,9 +213,13 @@ def launch(kernel, plan: Plan, pass_: str, tensors: Sequence, scalars: Sequence,
 
 @triton.jit
 def sched_first(pid, COUNTER, DYNAMIC: tl.constexpr):
-    """The first table slot of worker ``pid``, and the round counter."""
+    """The first table slot of worker ``pid``, and the round counter. A dynamic claim is a
+    relaxed atomic: it hands out each slot once and publishes no data (the counter is zeroed
+    between launches, in stream order), so it needs none of an acquire-release add's fences
+    (on sm_90 a GPU-wide membar before the add and an L1 invalidation after it, which the
+    TLX producers waited for at every tile: bench/NOTES.md, session 25)."""
     if DYNAMIC:
-        i = tl.atomic_add(COUNTER, 1)
+        i = tl.atomic_add(COUNTER, 1, sem="relaxed")
     else:
         i = pid
     return i, pid * 0
@@ -226,7 +230,7 @@ def sched_next(i, r, pid, n_workers, COUNTER, DYNAMIC: tl.constexpr, ZIGZAG: tl.
     """The next table slot of worker ``pid`` after slot ``i`` of round ``r``, and its round."""
     r = r + 1
     if DYNAMIC:
-        i = tl.atomic_add(COUNTER, 1)
+        i = tl.atomic_add(COUNTER, 1, sem="relaxed")  # (see sched_first)
     else:
         w = pid
         if ZIGZAG:

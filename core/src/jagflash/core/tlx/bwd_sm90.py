@@ -124,17 +124,18 @@ def _dkdv_kernel(
             tile_cnt = 0
             if RING_TILES:
                 # Round i: tile i's first NUM_Q steps (into the slots tile i - 1's last steps
-                # free), its K/V once tile i - 1 is done, then the next tile decoded and published
-                # (its dependent loads overlap tile i's first steps), then tile i's other steps.
+                # free), its K/V once tile i - 1 is done, then the next tile claimed, decoded and
+                # published (the claim's and the decode's latencies overlap tile i's first
+                # steps, not its loads), then tile i's other steps.
                 i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC, False)
                 publish_dkdv_tile(ring, 0, i, count, TILES, q_offsets, kv_offsets, VEC_TILE, heads, lists, left, right, HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, PAD)
                 pub = 1  # records published
                 while i < count:
-                    i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
                     state, _, hk, n0, _, _, k_start, _, _ = dkdv_tile(ring, pub - 1, FIELDS, False)
                     if state > 1:
                         q_cnt = load_q_steps(descs, qring, q_cnt, ring, pub - 1, lists, 0, NUM_Q, left, right, FIELDS, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_Q, ELEM, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, Q_SHARED, SPARSE)
                         load_kv_tile(desc_k, desc_v, k_tiles, v_tiles, kv_fulls, kv_empties, tile_cnt, k_start + n0, hk * HEAD_DIM, HALF, HEAD_DIM, ELEM)
+                    i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
                     publish_dkdv_tile(ring, pub, i_next, count, TILES, q_offsets, kv_offsets, VEC_TILE, heads, lists, left, right, HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, PAD)
                     pub += 1
                     if state > 1:

@@ -181,14 +181,14 @@ def _fwd_kernel(
             tile_cnt = 0
             if RING_TILES:
                 # One tile ahead: tile i was decoded and published in the round before; this round
-                # loads its Q and first block, then decodes and publishes the next tile (its
-                # dependent loads overlap the consumers' work on tile i - 1 and i, rather than
-                # waiting behind tile i's K/V slots), then loads tile i's other blocks.
+                # loads its Q and first block, then claims, decodes and publishes the next tile
+                # (the claim's and the decode's latencies overlap the consumers' work on tile
+                # i - 1 and i, rather than delaying tile i's loads or waiting behind its K/V
+                # slots), then loads tile i's other blocks.
                 i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC, False)
                 publish_tile(ring, 0, i, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE)
                 pub_cnt = 1  # records published
                 while i < count:
-                    i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
                     state, h, m0, q_start, lq, k_start, lk, b, blocks = tile_record(ring, pub_cnt - 1, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, False)
                     loads = (state > 0) & (blocks[3] > blocks[0])  # a tile that visits no block loads no Q
                     if loads:
@@ -197,6 +197,7 @@ def _fwd_kernel(
                             tma_load(desc_q, q_tiles[2 * qb + c], q_fulls[2 * qb + c], q_empties[2 * qb + c], q_phase, q_row(q_start, m0, Q_SHARED) + c * HALF, h * HEAD_DIM, ELEM * HALF * HEAD_DIM)
                         listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)  # (its indices: the count is not read again)
                         kv_cnt = load_kv_blocks(desc_k, desc_v, kv, kv_cnt, listed, blocks[0], blocks[0] + STEP, k_start, (h // GROUP) * HEAD_DIM, BLOCK_N, HEAD_DIM, ELEM, NUM_KV, SPARSE)
+                    i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
                     publish_tile(ring, pub_cnt, i_next, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE)
                     pub_cnt += 1
                     if loads:
