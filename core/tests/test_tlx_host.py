@@ -57,6 +57,18 @@ def test_tile_ring_only_where_k_v_sequences_average_one_tile() -> None:
     assert tuning.default_ring_tiles(0, 0, n)
 
 
+def test_backward_tile_ring_where_the_forward_takes_it_and_with_a_block_mask() -> None:
+    """The dK/dV kernel hands kv-tiles through the tile ring on the forward's rule (short K/V
+    sequences) and on every block-sparse call, in the one pass and the two passes alike."""
+    n = tuning.tlx_sm90_blocks(128)["dkdv"][1]
+    call = {"head_dim": 128, "group": 1, "left": -1, "right": -1, "q_shared": False, "dynamic": True, "zigzag": False}
+    for fused in (True, False):
+        assert tuning.bwd_config(**call, fused_dq=fused, total_kv=2048 * 32, batch=2048).RING_TILES
+        assert not tuning.bwd_config(**call, fused_dq=fused, total_kv=4 * 4096, batch=4).RING_TILES
+        assert tuning.bwd_config(**call, fused_dq=fused, total_kv=4 * 4096, batch=4, sparse=True).RING_TILES
+        assert tuning.bwd_config(**call, fused_dq=fused, total_kv=4 * n + 1, batch=4).RING_TILES is False
+
+
 def test_dkdv_tiles_follow_head_dim() -> None:
     """64-query dK/dV steps at D 64 and 128 (the one pass needs them; causal too); what plans
     are laid out with for the TLX backend (plan_blocks) agrees."""

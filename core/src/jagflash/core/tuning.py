@@ -277,26 +277,28 @@ class BwdConfig(_Constexprs):
     DQ_STAGES: int = 1  # shared-memory stages of each consumer's dQ write-back (two do not fit at D 128)
     PAD: int = VEC_PAD  # rows the packed per-query vectors of each sequence are padded to
     SPARSE: bool = False  # a kv-tile walks its row of a block mask's transposed lists
-    RING_TILES: bool = False  # decoded kv-tiles through shared memory (on with SPARSE: bwd_config)
+    RING_TILES: bool = False  # decoded kv-tiles through shared memory (bwd_config)
 
 
 
 @functools.lru_cache(maxsize=256)
 def bwd_config(
     *, head_dim: int, group: int, left: int, right: int, q_shared: bool, fused_dq: bool,
-    dynamic: bool, zigzag: bool, sparse: bool = False,
+    dynamic: bool, zigzag: bool, total_kv: int, batch: int, sparse: bool = False,
 ) -> BwdConfig:
     """The :class:`BwdConfig` of a backward call (``fused_dq``: the one-pass backward;
-    ``sparse``: with a block mask's transposed lists). A block-sparse call hands kv-tiles
-    through the tile ring (``RING_TILES``), as the forward does: the producer walks each list
-    row once for all three roles, one tile ahead. Every backward asks: kept per arguments (a
-    config is frozen)."""
+    ``sparse``: with a block mask's transposed lists). The dK/dV kernel hands kv-tiles through
+    the tile ring (``RING_TILES``) where the forward does: a block-sparse call (the producer
+    walks each list row once for all three roles, one tile ahead) and a batch of short K/V
+    sequences (:func:`default_ring_tiles`; measured 11 % faster on jagged-tiny and 1-2 % slower
+    on long non-causal batches: bench/NOTES.md, session 25). Every backward asks: kept per
+    arguments (a config is frozen)."""
     block_m, block_n = tlx_sm90_blocks(head_dim)["dkdv"]
     return BwdConfig(
         HEAD_DIM=head_dim, GROUP=group, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
         Q_SHARED=q_shared, FUSED_DQ=fused_dq, HEAD_MAJOR=default_head_major(left, right, dynamic),
         DYNAMIC=dynamic, ZIGZAG=zigzag, BLOCK_M=block_m, BLOCK_N=block_n, DQ_COLS=dq_cols(head_dim),
-        SPARSE=sparse, RING_TILES=sparse,
+        SPARSE=sparse, RING_TILES=sparse or default_ring_tiles(total_kv, batch, block_n),
     )
 
 

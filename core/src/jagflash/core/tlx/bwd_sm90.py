@@ -257,7 +257,8 @@ def dkdv_config(plan, q, k, *, left: int, right: int, q_shared: bool, fused_dq: 
     dynamic, zigzag = deal_flags(plan.info, "dkdv")
     return bwd_config(
         head_dim=q.shape[-1], group=q.shape[1] // k.shape[1], left=left, right=right, q_shared=q_shared,
-        fused_dq=fused_dq, dynamic=dynamic, zigzag=zigzag, sparse=blocks is not None,
+        fused_dq=fused_dq, dynamic=dynamic, zigzag=zigzag, total_kv=plan.info.total_kv, batch=plan.info.batch,
+        sparse=blocks is not None,
     )
 
 

@@ -6,7 +6,8 @@ kind, deal, the free choices of ``jagflash.core.tuning.FREE_FIELDS``), each mapp
 by the policy (``tuning.fwd_config`` / ``tuning.bwd_config``), with duplicates dropped; broadcast-Q,
 a non-positive scale and GQA are added on the deals their calls get (the forward and the one-pass
 backward on dynamic plans, GQA with a window too, the two passes' dK/dV on batch order; the one pass of a dense batch
-without a mask also runs on batch order). A forward on a batch-order plan
+without a mask also runs on batch order), on a batch of long K/V sequences; the dK/dV kernel's
+tile ring on short ones adds a few samples (:data:`RING_SAMPLES`). A forward on a batch-order plan
 differs from the static deal's by one flag (``ZIGZAG``) and is not compiled separately.
 Block-sparse (``SPARSE``) kernels add a few samples of the product, not all of it
 (:data:`SPARSE_SAMPLES`: each dtype, head dim and mask kind appears, on the deals their calls
@@ -33,6 +34,16 @@ SPARSE_SAMPLES = (
     ("bwd", "dynamic", "fp16", 128, "causal"), ("bwd", "dynamic", "bf16", 64, ""),
     ("dkdv", "none", "fp16", 128, "window"), ("dkdv", "none", "bf16", 128, "causal"),
 )
+#: ``(kernel, deal, dtype, head dim, mask)`` of the dK/dV kernel's configurations with the tile
+#: ring on a batch of short K/V sequences (``tuning.default_ring_tiles``), compiled as samples:
+#: the rest of the space is a batch of long ones (the ring off).
+RING_SAMPLES = (
+    ("bwd", "dynamic", "bf16", 128, ""), ("bwd", "dynamic", "fp16", 128, "causal"),
+    ("bwd", "dynamic", "bf16", 64, "window"), ("dkdv", "none", "fp16", 128, ""), ("dkdv", "none", "bf16", 64, "causal"),
+)
+#: ``bwd_config``'s batch arguments for a batch of long K/V sequences and for one of short ones.
+LONG_KV = {"total_kv": 1 << 30, "batch": 1}
+SHORT_KV = {"total_kv": 1, "batch": 1}
 
 
 def fwd_space():
@@ -82,17 +93,18 @@ def bwd_space():
             extras.append(("_bq", {"q_shared": True}))
         for suffix, kw in extras:
             call = {"group": 1, "q_shared": False, **kw}
-            cfg = bwd_config(head_dim=dim, left=left, right=right, fused_dq=fused, dynamic=dyn, zigzag=zz, **call)
+            cfg = bwd_config(head_dim=dim, left=left, right=right, fused_dq=fused, dynamic=dyn, zigzag=zz, **call, **LONG_KV)
             name = f"tlx_{'bwd' if fused else 'dkdv'}_{deal}{suffix} {dtype} d{dim}{' ' + mask if mask else ''}"
             out.setdefault((cfg, dtype), name)
-    for kind, deal, dtype, dim, mask in SPARSE_SAMPLES:
-        if kind != "fwd":
-            (left, right), (dyn, zz) = MASKS[mask], DEALS[deal]
-            cfg = bwd_config(
-                head_dim=dim, group=1, left=left, right=right, q_shared=False, fused_dq=kind == "bwd", dynamic=dyn,
-                zigzag=zz, sparse=True,
-            )
-            out.setdefault((cfg, dtype), f"tlx_{kind}_{deal}_sparse {dtype} d{dim}{' ' + mask if mask else ''}")
+    samples = [(s, "_sparse", {"sparse": True, **LONG_KV}) for s in SPARSE_SAMPLES if s[0] != "fwd"]
+    samples += [(s, "_ring", SHORT_KV) for s in RING_SAMPLES]
+    for (kind, deal, dtype, dim, mask), suffix, kw in samples:
+        (left, right), (dyn, zz) = MASKS[mask], DEALS[deal]
+        cfg = bwd_config(
+            head_dim=dim, group=1, left=left, right=right, q_shared=False, fused_dq=kind == "bwd", dynamic=dyn,
+            zigzag=zz, **kw,
+        )
+        out.setdefault((cfg, dtype), f"tlx_{kind}_{deal}{suffix} {dtype} d{dim}{' ' + mask if mask else ''}")
     return [(name, cfg, dtype) for (cfg, dtype), name in out.items()]
 
 
@@ -236,10 +248,13 @@ KNOWN_SPILLS: dict[str, int] = {
     # (a sequence's partial last block, at most one a tile) reloads 11 values an iteration
     "tlx_fwd_dynamic_sparse fp16 d128": 292,
     "tlx_fwd_dynamic_sparse bf16 d128 causal": 84,
-    # With the tile ring in the backward (session 25): none in the one pass's loops, one reload
-    # an iteration in the masked steps of the two passes' dK/dV with a window.
+    # With the tile ring in the backward (session 25; block-sparse, and the ring samples of short
+    # K/V): none in the one pass's loops, one reload an iteration in the masked steps of the two
+    # passes' dK/dV with a window.
     "tlx_bwd_dynamic_sparse fp16 d128 causal": 72,
     "tlx_bwd_dynamic_sparse bf16 d64": 56,
     "tlx_dkdv_none_sparse fp16 d128 window": 264,
     "tlx_dkdv_none_sparse bf16 d128 causal": 224,
+    "tlx_bwd_dynamic_ring fp16 d128 causal": 72,
+    "tlx_dkdv_none_ring fp16 d128": 56,
 }
