@@ -46,7 +46,15 @@ from jagflash.core.tlx.bwd_tiles import (
     tile_walk,
 )
 from jagflash.core.tlx.descriptors import num_workers, rows_descriptor, vectors_descriptor
-from jagflash.core.tlx.pipeline import ID_RING, alloc_walk_ring, ring_release, walk_first, walk_next
+from jagflash.core.tlx.pipeline import (
+    ID_RING,
+    alloc_walk_ring,
+    ring_release,
+    walk_first,
+    walk_next,
+    walk_on,
+    walk_start,
+)
 from jagflash.core.tuning import (
     TLX_BLOCK_SIZES,
     TLX_ONE_PASS_HEAD_DIMS,
@@ -171,15 +179,10 @@ def _dkdv_kernel(
             band = (left, right)
             q_cnt = 0
             tile_cnt = 0
-            if RING_TILES:
-                taken = 0  # records taken
-                more = count >= 0
-            else:
-                i, r = walk_first(pid, COUNTER, ring, False, DYNAMIC)
-                more = i < count
+            i, r, more = walk_start(pid, COUNTER, ring, count, DYNAMIC, RING_TILES)  # (RING_TILES: i counts records)
             while more:
                 if RING_TILES:
-                    state, b, hk, n0, q_start, lq, k_start, lk, _ = dkdv_tile(ring, taken, FIELDS, True)
+                    state, b, hk, n0, q_start, lq, k_start, lk, _ = dkdv_tile(ring, i, FIELDS, True)
                     more = state >= 0
                     live = state > 0
                     busy = state > 1  # else no step visits the tile: no K/V loaded, dK = dV = 0
@@ -202,7 +205,7 @@ def _dkdv_kernel(
                         dq = (desc_dq, ds_tiles, dq_stages, dq_col)
                         listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
                         if RING_TILES:
-                            p0, p1, p2, p3 = tile_walk(ring, taken, g, n0, lq, lk, left, right, FIELDS, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE)
+                            p0, p1, p2, p3 = tile_walk(ring, i, g, n0, lq, lk, left, right, FIELDS, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE)
                         else:
                             p0, p1, p2, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
                         seq = (lq, lk, q_start, listed)
@@ -213,19 +216,15 @@ def _dkdv_kernel(
                         tlx.barrier_arrive(kv_empties[cid], 1)
                         tile_cnt += 1
                     if RING_TILES:
-                        ring_release(ring[2], taken % ID_RING)  # every head's positions read
+                        ring_release(ring[2], i % ID_RING)  # every head's positions read
                     valid = kv_rows < lk
                     offs_d = tl.arange(0, HEAD_DIM)
                     out_rows = (k_start + kv_rows).to(tl.int64)
                     tl.store(DK + out_rows[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :], output(dk * scale, dtype), mask=valid[:, None])
                     tl.store(DV + out_rows[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :], output(dv, dtype), mask=valid[:, None])
                 elif RING_TILES:
-                    ring_release(ring[2], taken % ID_RING)
-                if RING_TILES:
-                    taken += 1
-                else:
-                    i, r = walk_next(i, r, pid, nprog, COUNTER, ring, False, DYNAMIC, ZIGZAG)
-                    more = i < count
+                    ring_release(ring[2], i % ID_RING)
+                i, r, more = walk_on(i, r, more, pid, nprog, COUNTER, ring, count, DYNAMIC, ZIGZAG, RING_TILES)
             if FUSED_DQ:
                 tlx.async_descriptor_store_wait(0)  # the stages must outlive their last stores
 

@@ -55,6 +55,8 @@ from jagflash.core.tlx.pipeline import (
     tma_load,
     walk_first,
     walk_next,
+    walk_on,
+    walk_start,
 )
 from jagflash.core.tuning import (
     TLX_BLOCK_SIZES,
@@ -233,18 +235,12 @@ def _fwd_kernel(
             kv = (k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties)
             kv_cnt = 0
             tile_cnt = 0
-            if RING_TILES:
-                taken = 0
-                more = count >= 0
-            else:
-                i, r = walk_first(pid, COUNTER, ring, False, DYNAMIC)
-                more = i < count
+            i, r, more = walk_start(pid, COUNTER, ring, count, DYNAMIC, RING_TILES)  # (RING_TILES: i counts records)
             while more:
                 if RING_TILES:
                     # taken at the top of the round, so the record is not carried round the loop
                     # (12 more live registers beside the main loop's: spills at D 128)
-                    state, h, m0, q_start, lq, k_start, lk, b, sent = tile_record(ring, taken, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, True)
-                    taken += 1
+                    state, h, m0, q_start, lq, k_start, lk, b, sent = tile_record(ring, i, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, True)
                     more = state >= 0
                     live = state > 0
                 else:
@@ -283,9 +279,7 @@ def _fwd_kernel(
                         tl.store(LSE + (h * stride_lh + q_start * stride_ls + rows), lse, mask=valid)
                     if busy:
                         tile_cnt += 1
-                if not RING_TILES:
-                    i, r = walk_next(i, r, pid, nprog, COUNTER, ring, False, DYNAMIC, ZIGZAG)
-                    more = i < count
+                i, r, more = walk_on(i, r, more, pid, nprog, COUNTER, ring, count, DYNAMIC, ZIGZAG, RING_TILES)
 
 
 def plan_and_config(q, k, q_offsets, kv_offsets, max_seqlen_q, *, left, right, scale, plan=None, q_shared=False,

@@ -258,3 +258,31 @@ def walk_next(i, r, pid, nprog, COUNTER, ring, PRODUCER: tl.constexpr, DYNAMIC: 
     else:
         i, r = sched_next(i, r, pid, nprog, COUNTER, False, ZIGZAG)
     return i, r
+
+
+@triton.jit
+def walk_start(pid, COUNTER, ring, count, DYNAMIC: tl.constexpr, RECORDS: tl.constexpr):
+    """The consumers' start of a walk: ``(i, r, more)``, ``more`` whether the loop runs. With
+    ``RECORDS`` the producer walks alone and hands the consumers decoded tiles through a record
+    ring: ``i`` counts the records taken (the loop ends at the record that marks the walk's
+    end: the consumer sets ``more`` when it reads it); else :func:`walk_first`'s table index and
+    round."""
+    if RECORDS:
+        return pid * 0, pid * 0, count >= 0
+    else:
+        i, r = walk_first(pid, COUNTER, ring, False, DYNAMIC)
+        return i, r, i < count
+
+
+@triton.jit
+def walk_on(i, r, more, pid, nprog, COUNTER, ring, count, DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr,
+            RECORDS: tl.constexpr):
+    """The consumers' step to the next tile of a walk begun by :func:`walk_start`: ``(i, r,
+    more)`` (with ``RECORDS`` the next record, ``more`` as the consumer set it; else
+    :func:`walk_next`)."""
+    if RECORDS:
+        return i + 1, r, more
+    else:
+        i, r = walk_next(i, r, pid, nprog, COUNTER, ring, False, DYNAMIC, ZIGZAG)
+        return i, r, i < count
+
