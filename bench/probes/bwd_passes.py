@@ -11,8 +11,9 @@ variant with the workload's mask, any other through the jagged variant) and each
 flushed, ``out.backward`` of one forward kept with ``retain_graph``), each device kernel's time
 per call (``probe_launch.kernel_table``), and the largest difference of the two backwards' dQ,
 dK, dV (they add in other orders: a few bf16 ulps, not more). The bytes the one pass moves
-through its fp32 dQ accumulator are printed beside, at this device's copy ceiling they bound
-what removing the accumulator could save.
+through its fp32 dQ accumulator are printed beside, and the one pass's I/O floor
+(:func:`one_pass_bytes`: every tensor moved once), on a GPU as time at this device's copy
+ceiling: no kernel of this design runs faster (bench/NOTES.md, session 25).
 """
 
 from __future__ import annotations
@@ -25,6 +26,18 @@ import torch
 DEFAULT_WORKLOADS = ("bs-lognormal-d25", "jagged-lognormal-causal-d128", "bs-dense8k-d25")
 
 
+def one_pass_bytes(tq: int, tk: int, hq: int, hkv: int, dim: int, elem: int = 2) -> dict[str, int]:
+    """The least DRAM bytes of each kernel of the one-pass backward, every tensor moved once:
+    the dK/dV kernel reads Q and dO (``tq`` rows of ``hq`` heads), K and V (``tk`` rows of
+    ``hkv``) and the packed LSE and delta, writes dK and dV, and reads its fp32 dQ accumulator
+    on first touch and writes it back; the vectors pass reads O and dO, writes LSE and delta
+    and zeroes the accumulator; the cast reads the accumulator and writes dQ. ``elem``: bytes
+    of the inputs' dtype."""
+    q, kv, vec = tq * hq * dim * elem, tk * hkv * dim * elem, 2 * tq * hq * 4
+    acc = tq * hq * dim * 4
+    return {"dK/dV": 2 * q + 4 * kv + vec + 2 * acc, "vectors": 2 * q + vec + acc, "cast": acc + q}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
@@ -34,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from probe_launch import kernel_table  # bench/probes/ is on sys.path (the script's folder)
 
     from jagflash.bench.data import make_batch
+    from jagflash.bench.env import ceilings
     from jagflash.bench.timing import measure
     from jagflash.bench.workloads import get
     from jagflash.variants.block_sparse import block_sparse_attention
@@ -48,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         acc_bytes = q.shape[0] * q.shape[1] * q.shape[2] * 4
         print(f"\n#### {name}: {b.num_seqs} sequences, {q.shape[0]} q / {k.shape[0]} kv tokens, H{q.shape[1]} D{q.shape[2]}; "
               f"fp32 dQ accumulator {acc_bytes / 1e6:.0f} MB (zeroed, reduce-added, read by the cast)", flush=True)
+        floor = one_pass_bytes(q.shape[0], k.shape[0], q.shape[1], k.shape[1], q.shape[2], q.element_size())
+        rate = ceilings("cuda")["copy_gbps"] if dev.type == "cuda" else None
+        parts = ", ".join(f"{n} {b / 1e6:.0f}" for n, b in floor.items())
+        at = f", >= {sum(floor.values()) / rate / 1e6:.3f} ms at {rate:.0f} GB/s" if rate else ""
+        print(f"# {name}: the one pass's I/O floor {sum(floor.values()) / 1e6:.0f} MB ({parts}){at}", flush=True)
         grads = {}
         for det in (False, True):
             if w.blocks is not None:

@@ -48,6 +48,7 @@ def test_probe_answers_help_without_a_gpu(script: Path) -> None:
         ("mask_mod_build", "DEFAULT_WORKLOADS"),
         ("mask_mod_eval", "DEFAULT_WORKLOADS"),
         ("tile_ring_ab", "DEFAULT_WORKLOADS"),
+        ("tile_ring_ab", "BWD_WORKLOADS"),
         ("bwd_passes", "DEFAULT_WORKLOADS"),
     ],
 )
@@ -55,6 +56,16 @@ def test_probe_batches_are_bench_workloads(probe: str, table: str) -> None:
     names = getattr(_load(probe), table)
     names = names.values() if isinstance(names, dict) else names
     assert set(names) <= set(W.WORKLOADS)
+
+
+def test_bwd_passes_io_floor_counts_each_tensor_once() -> None:
+    """The one pass's I/O floor on a batch of 1,000 query and 2,000 key rows, 8 query heads over
+    2 K/V heads, D 64, bf16: Q and dO read, K and V read and dK, dV written, LSE and delta, the
+    fp32 accumulator read and written back; O and dO read and the accumulator zeroed; the
+    accumulator read and dQ written."""
+    floor = _load("bwd_passes").one_pass_bytes(1000, 2000, 8, 2, 64, 2)
+    # Q / dO / O / dQ 1,024,000 B each, K / V / dK / dV 512,000, LSE + delta 64,000, the accumulator 2,048,000
+    assert floor == {"dK/dV": 8_256_000, "vectors": 4_160_000, "cast": 3_072_000}
 
 
 def test_schedule_ab_simulates_every_jagged_workload(capsys) -> None:
