@@ -168,13 +168,14 @@ def test_tlx_configs_miss_on_every_argument_and_give_fresh_constexprs() -> None:
     fwd = {"head_dim": 128, "group": 1, "left": -1, "right": -1, "q_shared": False, "scale": 0.1, "dynamic": True,
            "zigzag": False, "total_kv": 4096, "batch": 4, "sparse": False}
     bwd = {"head_dim": 128, "group": 1, "left": -1, "right": -1, "q_shared": False, "fused_dq": True, "dynamic": True,
-           "zigzag": False, "sparse": False}
+           "zigzag": False, "total_kv": 4096, "batch": 4, "sparse": False}
     for make, base, changes in (
         (fwd_config, fwd, [{"head_dim": 64}, {"group": 4}, {"left": 8}, {"right": 0}, {"q_shared": True},
                            {"scale": -0.1}, {"dynamic": False}, {"zigzag": True}, {"total_kv": 100}, {"batch": 64},
                            {"sparse": True}]),
         (bwd_config, bwd, [{"head_dim": 64}, {"group": 4}, {"left": 8}, {"right": 0}, {"q_shared": True},
-                           {"fused_dq": False}, {"dynamic": False}, {"zigzag": True}, {"sparse": True}]),
+                           {"fused_dq": False}, {"dynamic": False}, {"zigzag": True}, {"total_kv": 100}, {"batch": 64},
+                           {"sparse": True}]),
     ):
         for change in [{}, *changes]:
             kw = {**base, **change}
