@@ -285,4 +285,3 @@ def walk_on(i, r, more, pid, nprog, COUNTER, ring, count, DYNAMIC: tl.constexpr,
     else:
         i, r = walk_next(i, r, pid, nprog, COUNTER, ring, False, DYNAMIC, ZIGZAG)
         return i, r, i < count
-
