@@ -62,7 +62,6 @@ def main() -> None:
         m = None if w.blocks is None else make_block_mask(w.blocks, b.q_lens, b.kv_lens, w.causal, qo, ko)
         hq, dim = q.shape[1], q.shape[2]
         left, right = (-1, 0) if w.causal else (-1, -1)
-        plan, want = fwd_sm90.plan_and_config(q, k, qo, ko, b.max_q, left=left, right=right, scale=dim**-0.5, blocks=m)
         if m is None:
             pairs, listed, tiles, empty = visible_pairs(b.q_lens, b.kv_lens, w.causal) * hq, "", "", ""
         else:
@@ -76,6 +75,7 @@ def main() -> None:
         if a.kernel == "bwd":
             _backward_ab(name, b, m, left, right, dim, pairs, (listed, tiles, empty), dev)
             continue
+        plan, want = fwd_sm90.plan_and_config(q, k, qo, ko, b.max_q, left=left, right=right, scale=dim**-0.5, blocks=m)
         outs = {}
         for ring in (True, False):
             fwd = functools.partial(
