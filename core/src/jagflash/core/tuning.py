@@ -278,6 +278,7 @@ class BwdConfig(_Constexprs):
     PAD: int = VEC_PAD  # rows the packed per-query vectors of each sequence are padded to
     SPARSE: bool = False  # a kv-tile walks its row of a block mask's transposed lists
     RING_TILES: bool = False  # decoded kv-tiles through shared memory (bwd_config)
+    CAST_DQ: bool = False  # one pass: the last step to add into a q-step casts its dQ (bwd_config)
 
 
 
@@ -298,13 +299,13 @@ def bwd_config(
         HEAD_DIM=head_dim, GROUP=group, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
         Q_SHARED=q_shared, FUSED_DQ=fused_dq, HEAD_MAJOR=default_head_major(left, right, dynamic),
         DYNAMIC=dynamic, ZIGZAG=zigzag, BLOCK_M=block_m, BLOCK_N=block_n, DQ_COLS=dq_cols(head_dim),
-        SPARSE=sparse, RING_TILES=sparse or default_ring_tiles(total_kv, batch, block_n),
+        SPARSE=sparse, RING_TILES=sparse or default_ring_tiles(total_kv, batch, block_n), CAST_DQ=fused_dq,
     )
 
 
 #: The FwdConfig / BwdConfig fields a caller's config may choose other than the policy does
 #: (the walk and the tile hand-off: tests and probes force each); the rest follow from the call.
-FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES"})
+FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "CAST_DQ"})
 
 
 def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, plan_blocks: tuple[int, int]) -> list[str]:
