@@ -50,7 +50,7 @@ ALL_STEPS = tl.constexpr(1 << 30)
 #: Steps of a head's walk counted, or arrived at, at once (one a thread of a warpgroup).
 STEP_LANES = tl.constexpr(128)
 #: Rows of a q-step's accumulator that :func:`dq_cast` reads and writes at once.
-CAST_ROWS = tl.constexpr(16)
+CAST_ROWS = tl.constexpr(64)
 
 
 @triton.jit
