@@ -235,7 +235,7 @@ KNOWN_SPILLS: dict[str, int] = {
     "tlx_bwd_static bf16 d128": 32,
     "tlx_dkdv_none bf16 d128": 104,
     "tlx_dkdv_none_bq bf16 d128": 104,
-    "tlx_bwd_dynamic bf16 d128 causal": 100,
+    "tlx_bwd_dynamic bf16 d128 causal": 104,
     "tlx_bwd_static bf16 d128 causal": 140,
     "tlx_dkdv_none bf16 d128 causal": 112,
     "tlx_bwd_dynamic bf16 d128 window": 200,
