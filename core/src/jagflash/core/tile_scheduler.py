@@ -11,7 +11,8 @@ through ``jagflash.core.tlx.pipeline.walk_first``). Deals, by schedule kind:
   (even rounds left to right, odd rounds right to left: LPT) where the pass is laid out for it,
   else round-robin; worker ``w`` computes its own slots, so no table depends on W (the zigzag
   against round-robin simulation is in bench/NOTES.md).
-- ``dynamic``: each worker takes the next tile from an atomic counter (greedy list scheduling,
+- ``dynamic`` and ``dynamic-grouped`` (:data:`DYNAMIC_SCHEDULES`): each worker takes the next
+  tile of the table (cost-sorted, or sequence-grouped) from an atomic counter (greedy list scheduling,
   the Hopper stand-in for Blackwell's cluster launch control), ahead of the one it runs so that
   locating a tile never stalls it. The counter is a zeroed int32 no other launch gets
   (:func:`tile_counter`), so concurrent launches of one Plan never share it and a CUDA graph
@@ -34,7 +35,7 @@ import triton.language as tl
 
 from jagflash.core.jagged import cdiv
 from jagflash.core.memo import memo_allowed
-from jagflash.core.plan.model import PASSES, Plan, PlanInfo
+from jagflash.core.plan.model import DYNAMIC_SCHEDULES, PASSES, Plan, PlanInfo
 
 __all__ = [
     "deal_flags",
@@ -46,6 +47,7 @@ __all__ = [
     "plan_tile",
     "sched_first",
     "sched_next",
+    "stream_key",
     "tile_counter",
 ]
 
@@ -70,7 +72,7 @@ def deal_flags(info: PlanInfo, pass_: str) -> tuple[bool, bool]:
     ``zigzag``: a static deal that mirrors its odd rounds, where the pass is laid out for it
     (grouped, static); batch order (``"none"``) and a dynamic deal have no rounds to mirror."""
     kind = info.schedule_of(pass_)
-    return kind == "dynamic", kind in ("static", "grouped") and info.layout(pass_).zigzag
+    return kind in DYNAMIC_SCHEDULES, kind in ("static", "grouped") and info.layout(pass_).zigzag
 
 
 def plan_launch(info: PlanInfo, pass_: str, device: torch.device, occupancy: int = 1) -> tuple[int, bool, bool]:
@@ -130,7 +132,8 @@ _counter_pools: dict[tuple, list] = {}
 _counter_lock = threading.Lock()
 
 
-def _stream_key(device: torch.device) -> tuple:
+def stream_key(device: torch.device) -> tuple:
+    """What keys a buffer kept per device and stream (the stream current on ``device``)."""
     if device.type == "cuda":
         return (device, torch.cuda.current_stream(device).cuda_stream)
     return (device, None)
@@ -147,12 +150,12 @@ def tile_counter(plan: Plan, pass_: str) -> torch.Tensor:
     current here, which the launch that follows uses) always starts from zero, and a call costs
     no fill kernel. Under tracing, modes and capture it is a fresh ``torch.zeros(1)`` (a graph's
     replays zero it again)."""
-    if plan.info.schedule_of(pass_) != "dynamic":
+    if plan.info.schedule_of(pass_) not in DYNAMIC_SCHEDULES:
         return plan.meta
     device = plan.tiles.device
     if not memo_allowed((plan.tiles,)):
         return torch.zeros(1, dtype=torch.int32, device=device)
-    key = _stream_key(device)
+    key = stream_key(device)
     with _counter_lock:
         pool = _counter_pools.get(key)
         if pool is None:

@@ -368,7 +368,8 @@ def make_plan(
             (4 under the interpreter). Ignored by ``schedule="none"``.
         schedule: ``"grouped"`` (default: sequences cost-sorted, their tiles together, dealt
             zigzag), ``"static"`` (tiles cost-sorted, dealt zigzag / round-robin), ``"dynamic"``
-            (cost-sorted, atomic tile counter) or ``"none"`` (batch order, one program a tile).
+            (cost-sorted, atomic tile counter), ``"dynamic-grouped"`` (grouped's table, atomic
+            tile counter) or ``"none"`` (batch order, one program a tile).
         backward_schedule: the backward passes' kind (default: ``schedule``'s).
         backward: also lay out the dQ and dK/dV passes (``False`` for inference only).
         block_mask: a ``jagflash.core.block_mask.BlockMask``: tiles cost its listed blocks

@@ -10,6 +10,9 @@ programs then take the tiles is :mod:`jagflash.core.tile_scheduler`'s):
 - ``"static"``: tiles sorted by cost, largest first (stable, so deterministic), dealt to the
   workers in zigzag rounds (LPT).
 - ``"dynamic"``: the same sorted table, taken from an atomic counter.
+- ``"dynamic-grouped"``: ``grouped``'s table taken from an atomic counter: the tiles that run at
+  once stay within few sequences (the one-pass backward's dQ accumulator rows they add into
+  stay in L2) with the counter's balance.
 - ``"grouped"``: sequences sorted by cost (q-tiles x kv-tiles, largest first), each sequence's
   tiles together and heaviest first (sequences of equal cost share a group), dealt zigzag like
   static: the tiles that run at once share their sequence's K/V in L2 while the longest
@@ -43,6 +46,7 @@ from jagflash.core.jagged import cdiv
 from jagflash.core.mask import mask_bounds
 
 __all__ = [
+    "DYNAMIC_SCHEDULES",
     "PASSES",
     "PTR_DENSE",
     "PTR_SAME_CALL",
@@ -56,13 +60,15 @@ __all__ = [
 ]
 
 
-SCHEDULES = ("none", "static", "dynamic", "grouped")
+SCHEDULES = ("none", "static", "dynamic", "grouped", "dynamic-grouped")
+#: The schedules whose tiles the kernels take from an atomic counter.
+DYNAMIC_SCHEDULES = ("dynamic", "dynamic-grouped")
 
 
 def sort_kind(schedule: str) -> int:
     """How a schedule orders its table: 0 batch order, 1 by tile cost, 2 by sequence cost then
     tile cost (``grouped``: a sequence's tiles stay together)."""
-    return {"none": 0, "static": 1, "dynamic": 1, "grouped": 2}[schedule]
+    return {"none": 0, "static": 1, "dynamic": 1, "grouped": 2, "dynamic-grouped": 2}[schedule]
 
 
 PASSES = ("fwd", "dq", "dkdv")

@@ -22,7 +22,7 @@ import torch
 
 from jagflash.core.jagged import seq_lengths
 from jagflash.core.plan.cost import tile_costs
-from jagflash.core.plan.model import _SIDE, Plan
+from jagflash.core.plan.model import _SIDE, DYNAMIC_SCHEDULES, Plan
 
 __all__ = ["Simulation", "section_costs", "sequences_in_flight", "simulate", "simulate_plan"]
 
@@ -122,7 +122,7 @@ def simulate_plan(plan: Plan, pass_: str, workers: int = 132, overhead: float = 
     kind = plan.info.schedule_of(pass_)
     if kind == "none":
         rule = "greedy"
-    elif kind == "dynamic":
+    elif kind in DYNAMIC_SCHEDULES:
         rule = "dynamic"
     else:
         rule = "zigzag" if plan.info.layout(pass_).zigzag else "round-robin"

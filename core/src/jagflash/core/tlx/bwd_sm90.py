@@ -26,13 +26,14 @@ import triton.language.extra.tlx as tlx
 from jagflash.core.dtypes import ACC, output
 from jagflash.core.jagged import cdiv
 from jagflash.core.mask import block_at, block_walk, dkdv_q_range, tile_list
+from jagflash.core.memo import memo_allowed
 from jagflash.core.ops import alloc_like
 from jagflash.core.plan.build import make_plan
 from jagflash.core.plan.model import PASSES
 from jagflash.core.portable.persistent import jagged_backward_dq, sparse_backward_dq
 from jagflash.core.seqlen import plan_row, seq_starts
 from jagflash.core.softmax import LOG2E
-from jagflash.core.tile_scheduler import deal_flags, tile_counter
+from jagflash.core.tile_scheduler import deal_flags, stream_key, tile_counter
 from jagflash.core.tlx.bwd_mainloop import dkdv_steps
 from jagflash.core.tlx.bwd_preprocess import backward_vectors, packed_layout, scaled_cast
 from jagflash.core.tlx.bwd_tiles import (
@@ -335,7 +336,7 @@ def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc,
 #: dQ accumulator and the q-steps' arrival counters (``CAST_DQ``). Each launch leaves both all
 #: zeros (``bwd_tiles``: the last add into a step casts it and zeroes its rows; the counters
 #: return to 0), so no call fills them; :func:`release_dq_workspaces` frees them.
-_WORKSPACES: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_WORKSPACES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def release_dq_workspaces() -> None:
@@ -343,14 +344,14 @@ def release_dq_workspaces() -> None:
     _WORKSPACES.clear()
 
 
-def _dq_workspace(acc_elems: int, counters: int, device: torch.device) -> tuple[tuple[int, int] | None, torch.Tensor, torch.Tensor]:
+def _dq_workspace(acc_elems: int, counters: int, device: torch.device, like: torch.Tensor) -> tuple[tuple | None, torch.Tensor, torch.Tensor]:
     """``(key, acc, arrivals)``: flat zeroed fp32 and int32 buffers of at least these sizes,
-    the kept ones of this device and stream (:data:`_WORKSPACES`, grown as calls need), or
-    fresh zeros inside a CUDA graph capture (the graph then zeroes them at every replay; key
-    None) and off CUDA."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    the kept ones of this device and stream (:data:`_WORKSPACES`, grown as calls need) in plain
+    eager mode outside a CUDA graph capture (``jagflash.core.memo.memo_allowed`` of ``like``),
+    else fresh zeros (a graph then zeroes them at every replay; key None)."""
+    if not memo_allowed((like,)):
         return None, torch.zeros(acc_elems, dtype=torch.float32, device=device), torch.zeros(counters, dtype=torch.int32, device=device)
-    key = (device.index if device.index is not None else torch.cuda.current_device(), torch.cuda.current_stream(device).stream_id)
+    key = stream_key(device)
     kept = _WORKSPACES.get(key)
     if kept is None or kept[0].numel() < acc_elems or kept[1].numel() < counters:
         old = (0, 0) if kept is None else (kept[0].numel(), kept[1].numel())
@@ -472,7 +473,7 @@ def backward(
     halves = dim // config.DQ_COLS
     vec_tile, vec_rows = packed_layout(lse, q_offsets)
     steps = cdiv(vec_rows, config.BLOCK_M)
-    key, acc, arrivals = _dq_workspace(lq * hq * dim, hq * halves * steps, q.device)
+    key, acc, arrivals = _dq_workspace(lq * hq * dim, hq * halves * steps, q.device, q)
     acc, arrivals = acc.view(lq, hq * dim), arrivals.view(hq, halves, steps)
     dq = torch.empty_like(q)
     try:

@@ -286,7 +286,7 @@ def dq_arrive(dq_out, ring, counter, lists, q_cnt, b, hk, n0, q_start, lq, lk, v
                 on = on & ((done + s) % 2 == CID)
             m0 = block_at(listed, p0 + tl.where(on, s, 0) * STEP, BLOCK_M, SPARSE, BLOCK_N // BLOCK_M)
             at = ARRIVALS + (head * HALVES + HALF) * n_ids + step_id(vec0, m0, BLOCK_M, Q_SHARED)
-            old = tl.atomic_add(at, 1, mask=on, sem="acq_rel", scope="gpu")
+            old = tl.atomic_add(at, 1, mask=on, sem="relaxed", scope="gpu")  # (the fences are dq_adds_done's and dq_cast's)
             cast = tl.where(on & (old == -1), m0 + 1, 0)  # 1 + the first row of each step to cast
             # (one step at a time over a trip count the warps provably share: a loop over the
             # casts alone, counted through shared memory, costs the main loops their uniform
