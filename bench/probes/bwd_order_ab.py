@@ -2,27 +2,23 @@
 backward schedule of its plan (the order and deal of the dK/dV pass's kv-tiles), in one
 process on the same inputs.
 
-    python bench/probes/bwd_order_ab.py [--workloads bs-lognormal-d25] [--schedules dynamic,grouped,none] [--cast 1,0]
+    python bench/probes/bwd_order_ab.py [--workloads bs-lognormal-d25] [--schedules dynamic,grouped,none]
 
 The one pass adds every kv-tile's share of dQ into an fp32 accumulator that, on a batch of
 many sequences, does not fit in L2 (bench/NOTES.md, session 25: the kernel is DRAM-bound). The
 schedules differ in which tiles run at the same time: ``dynamic`` claims them in cost order
 (a sequence's kv-tiles spread over the pass), ``grouped`` keeps a sequence's tiles together
 (dealt in turn to the programs, so they run side by side and add into the same rows), ``none``
-walks the batch in order, ``dynamic-grouped`` takes grouped's table from the atomic counter.
-``--cast``: each schedule with ``CAST_DQ`` on (1: each q-step's last add casts its dQ) and / or
-off (0: the accumulator zeroed by the preprocess, cast by a pass after). For each schedule: the
-backward's median (``measure``, L2 flushed;
+walks the batch in order. For each schedule: the backward's median (``measure``, L2 flushed;
 the per-token passes included), and dK, dV against the first schedule's (bitwise: the order
 only moves when each tile runs) and dQ (to rounding). Rows: ``workload, schedule, dynamic,
 zigzag, head_major, ms_p50, TFLOP/s`` (the FlashAttention convention, listed pairs of a block
-mask), ``cast``.
+mask).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import sys
 
@@ -36,7 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
     ap.add_argument("--schedules", default="dynamic,grouped,none")
-    ap.add_argument("--cast", default="1", help="CAST_DQ values to run each schedule with, comma-separated (1, 0)")
     args = ap.parse_args(argv)
 
     from jagflash.bench.data import make_batch
@@ -49,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from jagflash.core.tuning import plan_blocks
 
     dev = torch.device("cuda")
-    print("workload,schedule,dynamic,zigzag,head_major,ms_p50,tflops,cast")
+    print("workload,schedule,dynamic,zigzag,head_major,ms_p50,tflops")
     for name in args.workloads.split(","):
         w = get(name)
         b = make_batch(w, dev)
@@ -62,25 +57,24 @@ def main(argv: list[str] | None = None) -> int:
         pairs = visible_pairs(b.q_lens, b.kv_lens, w.causal) * hq if m is None else block_mask_pairs(m, hq, w.causal)
         blocks = plan_blocks("tlx-sm90", dim, None if m is None else m.block_size)
         first = None
-        for schedule, cast in ((s, c == "1") for s in args.schedules.split(",") for c in args.cast.split(",")):
+        for schedule in args.schedules.split(","):
             plan = make_plan(
                 qo, ko, total_q=q.shape[0], total_kv=k.shape[0], heads_q=hq, heads_kv=hkv, window=(left, right),
                 block_m=blocks["fwd"][0], block_n=blocks["fwd"][1], dkdv_blocks=blocks["dkdv"], backward=True,
                 schedule="dynamic", backward_schedule=schedule, block_mask=m,
             )
             config = bwd_sm90.dkdv_config(plan, q, k, left=left, right=right, q_shared=False, fused_dq=True, blocks=m)
-            config = dataclasses.replace(config, CAST_DQ=cast)
             bwd = functools.partial(bwd_sm90.backward, b.dout, q, k, v, out, lse, qo, ko, plan=plan, config=config, **kw)
             grads = bwd()
             ms = measure(bwd, dev).p50
             print(f"{name},{schedule},{int(config.DYNAMIC)},{int(config.ZIGZAG)},{int(config.HEAD_MAJOR)},{ms:.4f},"
-                  f"{2.5 * 4 * dim * pairs / ms * 1e-9:.1f},{int(cast)}", flush=True)
+                  f"{2.5 * 4 * dim * pairs / ms * 1e-9:.1f}", flush=True)
             if first is None:
                 first = grads
                 continue
             same = torch.equal(first[1], grads[1]) and torch.equal(first[2], grads[2])
             dq_diff = (first[0].float() - grads[0].float()).abs().max().item()
-            print(f"# {name} {schedule} cast={int(cast)}: dK, dV bitwise the first schedule's: {same}; max |dQ diff| {dq_diff:.3g}",
+            print(f"# {name} {schedule}: dK, dV bitwise the first schedule's: {same}; max |dQ diff| {dq_diff:.3g}",
                   file=sys.stderr, flush=True)
             if not same:
                 return 1

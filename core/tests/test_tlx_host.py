@@ -295,6 +295,31 @@ def test_default_schedules_are_dynamic_for_tlx_where_tile_costs_differ() -> None
     assert resolve_schedules("default", "none", "portable", 64) == static
 
 
+def test_one_pass_takes_grouped_order_where_sequences_hold_few_kv_tiles() -> None:
+    """``grouped=True`` (``tuning.grouped_backward``) gives the one-pass backward grouped's
+    order from the atomic counter, and nothing else: not the forward, the two passes, equal
+    costs or the portable kernels. The rule, on the batches it was measured on (132 SMs, 128-key
+    kv-tiles, 16 K/V heads): the block-sparse lognormal batch (128 sequences, 106,387 keys)
+    takes it, 4 sequences of 8,192 keys (1,024 kv-tiles each) do not; an empty batch does."""
+    from jagflash.core.tuning import (
+        DEFAULT_BACKWARD_SCHEDULE,
+        DEFAULT_SCHEDULE,
+        default_schedules,
+        grouped_backward,
+    )
+
+    assert default_schedules("tlx-sm90", 128, window=(-1, 0), grouped=True) == ("dynamic", "dynamic-grouped")
+    assert default_schedules("tlx-sm90", 64, grouped=True) == ("dynamic", "dynamic-grouped")
+    assert default_schedules("tlx-sm90", 128, deterministic=True, grouped=True) == ("dynamic", DEFAULT_BACKWARD_SCHEDULE)
+    assert default_schedules("tlx-sm90", 128, equal_costs=True, grouped=True) == (DEFAULT_SCHEDULE, DEFAULT_BACKWARD_SCHEDULE)
+    assert default_schedules("portable", 128, grouped=True) == (DEFAULT_SCHEDULE, DEFAULT_BACKWARD_SCHEDULE)
+    assert grouped_backward(106387, 128, 16, 128, 132)
+    assert not grouped_backward(4 * 8192, 4, 16, 128, 132)
+    assert grouped_backward(132 * 128, 1, 1, 128, 132)
+    assert not grouped_backward(132 * 128 + 1, 1, 1, 128, 132)
+    assert grouped_backward(0, 0, 16, 128, 132)
+
+
 def _config_of(args: dict) -> tuning.FwdConfig:
     """The FwdConfig a recorded forward launch was given (its constexprs)."""
     return tuning.FwdConfig(**{name: args[name] for name in tuning.FwdConfig.__dataclass_fields__})
@@ -429,77 +454,3 @@ def test_packed_tiles_are_kept_per_offsets_and_follow_in_place_writes() -> None:
         assert bwd_preprocess.packed_tiles(offs) is not moved
     lse = torch.zeros(2, int(offs[-1]))
     assert bwd_preprocess.backward_vectors(lse, offs, delta=lse)[2] is moved
-
-
-def _walked_steps(q_offsets, kv_offsets, hq, hkv, left, right, grid, shared, steps, halves):
-    """Minus the kv-tiles that add dQ into each q-step (``[Hq, halves, steps]``), brute force:
-    each 128-row kv-tile of each sequence walks the 64-query steps of its q-range
-    (``mask.dkdv_q_ranges``, the host twin), with a block grid only those in listed q-blocks."""
-    from jagflash.core.mask import dkdv_q_ranges
-
-    want = torch.zeros(hq, halves, steps, dtype=torch.int32)
-    tiles = bwd_preprocess.packed_tiles(q_offsets)
-    for b in range(q_offsets.numel() - 1):
-        lq = int(q_offsets[b + 1] - q_offsets[b])
-        lk = int(kv_offsets[b + 1] - kv_offsets[b])
-        for n0 in range(0, lk, 128):
-            lo, _, _, hi = (int(x) for x in dkdv_q_ranges(n0, lq, lk, 64, 128, left, right))
-            for h in range(hq):
-                for m0 in range(lo, hi, 64):
-                    if grid is None or grid[b, h % grid.shape[1], m0 // 128, n0 // 128]:
-                        want[h, :, m0 // 64 if shared else (int(tiles[b]) * tuning.VEC_PAD + m0) // 64] -= 1
-    return want
-
-
-@pytest.mark.parametrize("dim", [64, 128])
-@pytest.mark.parametrize(("bounds", "sparse", "shared"), [
-    ((-1, -1), False, False), ((-1, 0), False, False), ((100, 0), True, False), ((-1, 0), True, False),
-    ((-1, -1), False, True),
-], ids=["none", "causal", "window_sparse", "causal_sparse", "broadcast_q"])
-def test_dq_arrival_counts_are_the_steps_each_kv_tile_walks(bounds, sparse, shared, dim) -> None:
-    """``CAST_DQ``'s counters before the dK/dV kernel (``bwd_tiles._dq_counts_kernel``, a plain
-    Triton kernel: runs under the interpreter): every q-step's is minus the kv-tiles whose walk
-    adds into it, per query head and (D 128) per column half, against a brute-force walk;
-    zero-length sequences, rows that see no key (lq > lk, causal), GQA, per-head block masks;
-    broadcast-Q counts every sequence into the shared block's steps. The preprocess then writes
-    dQ = 0 on exactly the rows of the steps no tile adds into (a NaN-poisoned dQ elsewhere
-    untouched)."""
-    from jagflash.core.block_mask import BlockMask
-
-    gen = torch.Generator().manual_seed(11)
-    left, right = bounds
-    hq, hkv = 4, 2
-    if shared:
-        q_lens, k_lens = [200] * 3, [0, 300, 130]
-    else:
-        q_lens, k_lens = [0, 1, 130, 300, 64, 260], [5, 0, 130, 300, 200, 90]
-    qo = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    ko = torch.tensor([0, *torch.tensor(k_lens).cumsum(0).tolist()], dtype=torch.int32)
-    q = torch.zeros(q_lens[0] if shared else int(qo[-1]), hq, dim, dtype=torch.float16)
-    k = torch.zeros(int(ko[-1]), hkv, dim, dtype=torch.float16)
-    mask, grid = None, None
-    if sparse:
-        grid = torch.rand(len(q_lens), hq, 3, 3, generator=gen) < 0.5
-        mask = BlockMask.from_dense(grid, qo, ko, (128, 128))
-    plan, config = bwd_sm90.plan_and_config(q, k, qo, ko, left=left, right=right, q_shared=shared, blocks=mask,
-                                            total_q=int(qo[-1]))
-    assert config.CAST_DQ
-    lse = torch.randn(hq, int(qo[-1]), generator=gen)
-    vec_tile, vec_rows = bwd_preprocess.packed_layout(lse, qo)
-    halves = dim // config.DQ_COLS
-    steps = -(-vec_rows // config.BLOCK_M)
-    arrivals = torch.zeros(hq, halves, steps, dtype=torch.int32)
-    bwd_sm90._count_arrivals(arrivals, vec_tile, qo, ko, plan, left, right, config, mask)
-    want = _walked_steps(qo, ko, hq, hkv, left, right, grid, shared, steps, halves)
-    assert torch.equal(arrivals, want)
-    assert bool((want == 0).any())
-    assert bool((want < 0).any())
-    out = torch.randn(int(qo[-1]), hq, dim, generator=gen)
-    dq = torch.full_like(q, float("nan"))
-    bwd_preprocess.backward_vectors(lse, qo, out=out, dout=out, acc_shared=shared, dq_empty=(dq, arrivals, config.BLOCK_M))
-    for b in range(1 if shared else len(q_lens)):
-        for r in range(q_lens[b]):
-            sid = r // 64 if shared else (int(vec_tile[b]) * tuning.VEC_PAD + r) // 64
-            row = dq[int(qo[b]) + r]
-            for h in range(hq):
-                assert bool((row[h] == 0).all()) if want[h, 0, sid] == 0 else bool(row[h].isnan().all()), (b, r, h)

@@ -99,7 +99,8 @@ def own_plan(
     if torch.compiler.is_compiling():
         return None, None, None
     blocks, schedule, backward_schedule = call_plan_layout(
-        spec, "jagged", q, k, causal=causal, backend=backend, window=window, block_mask=block_mask, planned=planned
+        spec, "jagged", q, k, causal=causal, backend=backend, window=window, block_mask=block_mask, planned=planned,
+        batch=q_offsets.numel() - 1,
     )
     ints = plan_info(
         batch=q_offsets.numel() - 1, total_q=q.shape[0], total_kv=k.shape[0],

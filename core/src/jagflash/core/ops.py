@@ -300,7 +300,7 @@ def call_plan_layout(
     spec, layout: str, q: torch.Tensor, k: torch.Tensor, *, causal: bool, backend: str | None,
     schedule: str = BACKEND_DEFAULT, backward_schedule: str | None = BACKEND_DEFAULT,
     equal_costs: bool = False, window: tuple[int, int] = (-1, -1), block_mask=None,
-    planned: str | None = None,
+    planned: str | None = None, batch: int | None = None,
 ) -> tuple[dict[str, tuple[int, int]], str, str | None]:
     """Tile sizes and schedules ``(blocks, schedule, backward_schedule)`` of the Plan a call (or
     ``make_plan``) lays out: for the backend the call's forward will run on
@@ -308,10 +308,13 @@ def call_plan_layout(
     headed there gets the portable kernels'), ``"default"`` schedules resolved for it
     (``jagflash.core.tuning.default_schedules``; ``equal_costs``: see there). ``window``:
     ``(left, right)`` as the call passes it (causal clips ``right``). ``planned``: that backend,
-    where the caller has already asked ``plan_backend`` the same question."""
+    where the caller has already asked ``plan_backend`` the same question. ``batch``: the
+    sequences (default: a dense layout's ``q.shape[0]``, else unknown), for
+    ``jagflash.core.tuning.grouped_backward`` with ``k``'s rows and heads."""
     from jagflash.core.backend import plan_backend
     from jagflash.core.mask import mask_bounds
-    from jagflash.core.tuning import plan_blocks
+    from jagflash.core.tile_scheduler import default_workers
+    from jagflash.core.tuning import grouped_backward, plan_blocks
 
     name = planned
     if name is None:
@@ -320,10 +323,16 @@ def call_plan_layout(
     if name == "reference":
         name = "interpreter" if q.device.type == "cpu" else "portable"
     dim = q.shape[-1]
-    fwd, bwd = resolve_schedules(
-        schedule, backward_schedule, name, dim, window=mask_bounds(causal, window), equal_costs=equal_costs
+    blocks = plan_blocks(name, dim, block_mask.block_size if block_mask is not None else None)
+    batch = q.shape[0] if batch is None and layout == "dense" else batch
+    grouped = batch is not None and grouped_backward(
+        math.prod(k.shape[:-2]), batch, k.shape[-2], blocks["dkdv"][1], default_workers(q.device)
     )
-    return plan_blocks(name, dim, block_mask.block_size if block_mask is not None else None), fwd, bwd
+    fwd, bwd = resolve_schedules(
+        schedule, backward_schedule, name, dim, window=mask_bounds(causal, window), equal_costs=equal_costs,
+        grouped=grouped,
+    )
+    return blocks, fwd, bwd
 
 
 def layout_plan(
@@ -342,7 +351,7 @@ def layout_plan(
 
     blocks, schedule, backward_schedule = call_plan_layout(
         spec, layout, q, k, causal=causal, backend=backend, schedule=schedule,
-        backward_schedule=backward_schedule, window=window, block_mask=block_mask,
+        backward_schedule=backward_schedule, window=window, block_mask=block_mask, batch=q_offsets.numel() - 1,
     )
     return make_plan(
         q_offsets, kv_offsets, total_q=total_q, total_kv=k.shape[0], heads_q=q.shape[-2],

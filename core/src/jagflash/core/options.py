@@ -174,11 +174,13 @@ PLAN_DOCS: dict[tuple[str, ...], str] = {
     ``jagflash.core.tuning.default_schedules``; ``"dynamic"`` for the TLX kernels,
     ``"grouped"`` for the portable ones), ``"grouped"`` (sequences sorted by cost, each one's
     tiles kept together for L2 locality, dealt zigzag to persistent workers), ``"static"``
-    (tiles sorted by cost, dealt zigzag), ``"dynamic"`` (sorted, taken from an atomic counter)
-    or ``"none"`` (batch order, one program a tile: the baseline).""",
+    (tiles sorted by cost, dealt zigzag), ``"dynamic"`` (sorted, taken from an atomic counter),
+    ``"dynamic-grouped"`` (grouped's order, taken from an atomic counter) or ``"none"`` (batch
+    order, one program a tile: the baseline).""",
     ("backward_schedule",): """the backward passes' own kind (``"default"``: as for
-    ``schedule``; the TLX one-pass backward's is ``"dynamic"``, else ``"none"``, batch order;
-    ``None``: ``schedule``'s).""",
+    ``schedule``; the TLX one-pass backward's is ``"dynamic"``, or ``"dynamic-grouped"`` where
+    ``jagflash.core.tuning.grouped_backward`` says so, else ``"none"``, batch order; ``None``:
+    ``schedule``'s).""",
     ("workers",): "persistent programs per launch; default the GPU's SM count (4 on the CPU).",
     ("max_seqlen_q", "max_seqlen_kv"): "as for the calls (they only tighten the table's size).",
     ("max_seqlen_kv",): "as for the calls (it only tightens the table's size).",

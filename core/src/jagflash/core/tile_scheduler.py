@@ -47,7 +47,6 @@ __all__ = [
     "plan_tile",
     "sched_first",
     "sched_next",
-    "stream_key",
     "tile_counter",
 ]
 
@@ -132,8 +131,7 @@ _counter_pools: dict[tuple, list] = {}
 _counter_lock = threading.Lock()
 
 
-def stream_key(device: torch.device) -> tuple:
-    """What keys a buffer kept per device and stream (the stream current on ``device``)."""
+def _stream_key(device: torch.device) -> tuple:
     if device.type == "cuda":
         return (device, torch.cuda.current_stream(device).cuda_stream)
     return (device, None)
@@ -155,7 +153,7 @@ def tile_counter(plan: Plan, pass_: str) -> torch.Tensor:
     device = plan.tiles.device
     if not memo_allowed((plan.tiles,)):
         return torch.zeros(1, dtype=torch.int32, device=device)
-    key = stream_key(device)
+    key = _stream_key(device)
     with _counter_lock:
         pool = _counter_pools.get(key)
         if pool is None:

@@ -4,8 +4,7 @@
   sequence for the dK/dV kernel, each sequence's rows starting at a multiple of ``VEC_PAD``
   (``jagflash.core.tuning``), padding rows holding lse2 = +inf (P = 0) and delta = 0, so that the
   kernel's producer loads a step's vectors as one TMA box each, without a mask; for the one-pass
-  backward it also zeroes the fp32 dQ accumulator, or with ``CAST_DQ`` writes dQ's zeros on the
-  q-steps no kv-tile adds into.
+  backward it also zeroes the fp32 dQ accumulator.
 - The one-pass backward's postprocess (:func:`scaled_cast`): dQ = scale x the accumulator, in
   dQ's dtype, one read of the accumulator and one write of dQ at the copy rate.
 """
@@ -27,10 +26,9 @@ from jagflash.core.tuning import VEC_PAD
 @triton.jit
 def _vectors_kernel(
     O, DO, LSE, DELTA_IN, LSE2, DELTA, DQ_ACC, q_offsets, VEC_TILE, vec_rows, n_seqs, search_steps,
-    stride_ot, stride_oh, stride_dot, stride_doh, stride_lh, stride_ls, stride_acc, DQ, ARRIVALS, stride_dqt,
-    stride_dqh, stride_arr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, GIVEN_DELTA: tl.constexpr,
-    PAD: tl.constexpr, ZERO_ACC: tl.constexpr, ACC_SHARED: tl.constexpr, DQ_EMPTY: tl.constexpr,
-    STEP_ROWS: tl.constexpr,
+    stride_ot, stride_oh, stride_dot, stride_doh, stride_lh, stride_ls, stride_acc,
+    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, GIVEN_DELTA: tl.constexpr, PAD: tl.constexpr,
+    ZERO_ACC: tl.constexpr, ACC_SHARED: tl.constexpr,
 ):
     """The backward's preprocess: ``BLOCK`` rows of head ``program_id(1)`` of the packed
     ``[Hq, vec_rows]`` vectors, each written once. Packed row ``p`` lies in the PAD-row tile
@@ -45,11 +43,7 @@ def _vectors_kernel(
     ``ZERO_ACC``: also zero the one-pass backward's fp32 dQ accumulator ``DQ_ACC`` (rows of
     ``stride_acc``, head h's D columns at ``h * HEAD_DIM``) on the rows read here, every query
     row once (the offsets end at the row count); ``ACC_SHARED`` (broadcast-Q): its rows are the
-    shared block's, zeroed through the first sequence's. ``DQ_EMPTY`` (the one pass's
-    ``CAST_DQ``): write dQ ``[rows, Hq, D]`` = 0 on the rows of every q-step (STEP_ROWS packed
-    rows) that no kv-tile adds into, i.e. whose arrival counter (``ARRIVALS`` ``[Hq, halves,
-    steps]``, head h's first at ``h * stride_arr``, set by ``bwd_tiles._dq_counts_kernel``) is 0;
-    the dK/dV kernel casts the others' (``ACC_SHARED``: as for the accumulator)."""
+    shared block's, zeroed through the first sequence's."""
     p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     h = tl.program_id(1).to(tl.int64)
     in_range = p < vec_rows
@@ -68,12 +62,9 @@ def _vectors_kernel(
         o = tl.load(O + r64 * stride_ot + h * stride_oh + offs_d[None, :], mask=valid[:, None], other=0.0)
         do = tl.load(DO + r64 * stride_dot + h * stride_doh + offs_d[None, :], mask=valid[:, None], other=0.0)
         delta = attn_delta(o, do)
-        keep = (valid & (b == 0)) if ACC_SHARED else valid  # (the first sequence's rows are the block's)
         if ZERO_ACC:
+            keep = (valid & (b == 0)) if ACC_SHARED else valid  # (the first sequence's rows are the block's)
             tl.store(DQ_ACC + r64 * stride_acc + h * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK, HEAD_DIM], tl.float32), mask=keep[:, None])
-        if DQ_EMPTY:
-            empty = keep & (tl.load(ARRIVALS + h * stride_arr + p // STEP_ROWS, mask=keep, other=1) == 0)
-            tl.store(DQ + r64 * stride_dqt + h * stride_dqh + offs_d[None, :], tl.zeros([BLOCK, HEAD_DIM], DQ.dtype.element_ty), mask=empty[:, None])
     lse2 = tl.where(valid, lse_to_log2(tl.load(LSE + at, mask=valid, other=0.0)), float("inf"))
     tl.store(LSE2 + h * vec_rows + p, lse2, mask=in_range)
     tl.store(DELTA + h * vec_rows + p, delta, mask=in_range)
@@ -129,20 +120,6 @@ def packed_tiles(q_offsets: torch.Tensor) -> torch.Tensor:
     return vec_tile
 
 
-def packed_layout(lse: torch.Tensor, q_offsets: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """``(vec_tile, vec_rows)`` of :func:`backward_vectors`' packed vectors for ``lse`` and
-    ``q_offsets`` (see there): each sequence's first packed row over VEC_PAD, and the rows."""
-    n_seqs = q_offsets.numel() - 1
-    if lse.dim() == 3:
-        length = lse.shape[2]
-        tq = n_seqs * length
-        vec_tile = stepped_arange(n_seqs + 1, cdiv(length, VEC_PAD), lse.device, torch.int32, (lse, q_offsets))
-    else:
-        tq = lse.shape[1]
-        vec_tile = packed_tiles(q_offsets)
-    return vec_tile, cdiv(tq + VEC_PAD * n_seqs, 16) * 16  # 16-divisible: aligned per-head rows
-
-
 def backward_vectors(
     lse: torch.Tensor,
     q_offsets: torch.Tensor,
@@ -152,40 +129,37 @@ def backward_vectors(
     delta: torch.Tensor | None = None,
     dq_acc: torch.Tensor | None = None,
     acc_shared: bool = False,
-    dq_empty: tuple[torch.Tensor, torch.Tensor, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The dK/dV kernel's per-query vectors, packed (see the module's docstring): ``(lse2, delta,
     vec_tile)``, ``lse2`` and ``delta`` ``[Hq, vec_rows]`` fp32 and ``vec_tile`` ``[B + 1]`` int32,
-    sequence ``b``'s rows starting at row ``vec_tile[b] * VEC_PAD`` (:func:`packed_layout`).
-    ``lse`` ``[Hq, Tq]``, or ``[B, Hq, L]`` for sequences of one length L
-    (``jagflash.core.tlx.fwd_sm90.forward``'s ``lse_per_sequence``); delta = rowsum(dO * O) of
-    ``out`` and ``dout`` (``[Tq, Hq, D]``), or given (laid out as ``lse``, from the portable dQ
-    pass). One kernel writes every packed row, padding included (no fills); for sequences of
-    one length ``vec_tile`` is ``arange(B + 1) * ceil(L / VEC_PAD)``, kept in plain eager mode
-    (``core.ops.stepped_arange``), else :func:`packed_tiles`' (kept per offsets tensor). No host
-    synchronisation: ``vec_rows`` is the bound ``Tq + VEC_PAD * B``.
+    sequence ``b``'s rows starting at row ``vec_tile[b] * VEC_PAD``. ``lse`` ``[Hq, Tq]``, or
+    ``[B, Hq, L]`` for sequences of one length L (``jagflash.core.tlx.fwd_sm90.forward``'s ``lse_per_sequence``); delta
+    = rowsum(dO * O) of ``out`` and ``dout`` (``[Tq, Hq, D]``), or given (laid out as ``lse``,
+    from the portable dQ pass). One kernel writes every packed row, padding included (no
+    fills); for sequences of one length ``vec_tile`` is ``arange(B + 1) * ceil(L / VEC_PAD)``,
+    kept in plain eager mode (``core.ops.stepped_arange``), else :func:`packed_tiles`' (kept per
+    offsets tensor). No host synchronisation:
+    ``vec_rows`` is the bound ``Tq + VEC_PAD * B``.
 
     ``dq_acc`` (with ``out`` and ``dout``): the one-pass backward's fp32 dQ accumulator ``[Tq,
     Hq * D]`` (``acc_shared``, broadcast-Q: ``[Lq, Hq * D]``, the block every sequence adds
     into), zeroed by the same kernel while it reads O and dO (one pass over memory fewer than a
-    separate fill); with no rows to read (Tq or B 0) it is zeroed here. ``dq_empty`` (with
-    ``out`` and ``dout``): ``(dq, arrivals, step_rows)``, dQ set to 0 on the q-steps no kv-tile
-    adds into (the kernel's ``DQ_EMPTY``; ``acc_shared`` as for the accumulator)."""
+    separate fill); with no rows to read (Tq or B 0) it is zeroed here."""
     n_seqs = q_offsets.numel() - 1
-    vec_tile, vec_rows = packed_layout(lse, q_offsets)
     if lse.dim() == 3:
         _, hq, length = lse.shape
         tq, lse_strides = n_seqs * length, (length, hq)
+        vec_tile = stepped_arange(n_seqs + 1, cdiv(length, VEC_PAD), lse.device, torch.int32, (lse, q_offsets))
     else:
         hq, tq = lse.shape
         lse_strides = (tq, 1)
-    if (dq_acc is not None or dq_empty is not None) and delta is not None:
-        raise ValueError("backward_vectors: dq_acc and dq_empty are written while O and dO are read; a given delta reads neither")
+        vec_tile = packed_tiles(q_offsets)
+    vec_rows = cdiv(tq + VEC_PAD * n_seqs, 16) * 16  # 16-divisible: aligned per-head rows
+    if dq_acc is not None and delta is not None:
+        raise ValueError("backward_vectors: dq_acc is zeroed while O and dO are read; a given delta reads neither")
     if not (tq and n_seqs):
         if dq_acc is not None:
             dq_acc.zero_()
-        if dq_empty is not None:
-            dq_empty[0].zero_()
         lse2 = torch.full((hq, vec_rows), float("inf"), dtype=torch.float32, device=lse.device)
         return lse2, torch.zeros_like(lse2), vec_tile
     lse2 = torch.empty((hq, vec_rows), dtype=torch.float32, device=lse.device)
@@ -203,12 +177,10 @@ def backward_vectors(
         delta = lse  # unused
     block = 64
     zero = dq_acc is not None
-    dq, arrivals, step_rows = dq_empty if dq_empty is not None else (lse2, lse2, block)  # (unused)
-    empty_args = (dq, arrivals, dq.stride(0), dq.stride(1), arrivals.stride(0)) if dq_empty is not None else (lse2, lse2, 0, 0, 0)
     _vectors_kernel[(cdiv(vec_rows, block), hq)](
         out, dout, lse.contiguous(), delta, lse2, packed_delta, dq_acc if zero else lse2, q_offsets, vec_tile, vec_rows,
-        n_seqs, n_seqs.bit_length(), *strides, *lse_strides, dq_acc.stride(0) if zero else 0, *empty_args,
-        HEAD_DIM=dim, BLOCK=block, GIVEN_DELTA=given, PAD=VEC_PAD, ZERO_ACC=zero, ACC_SHARED=acc_shared,
-        DQ_EMPTY=dq_empty is not None, STEP_ROWS=step_rows, num_warps=4,
+        n_seqs, n_seqs.bit_length(), *strides, *lse_strides, dq_acc.stride(0) if zero else 0, HEAD_DIM=dim, BLOCK=block,
+        GIVEN_DELTA=given, PAD=VEC_PAD, ZERO_ACC=zero, ACC_SHARED=acc_shared, num_warps=4,
     )
     return lse2, packed_delta, vec_tile
+

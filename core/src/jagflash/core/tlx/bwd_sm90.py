@@ -24,29 +24,26 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from jagflash.core.dtypes import ACC, output
-from jagflash.core.jagged import cdiv
 from jagflash.core.mask import block_at, block_walk, dkdv_q_range, tile_list
-from jagflash.core.memo import memo_allowed
 from jagflash.core.ops import alloc_like
 from jagflash.core.plan.build import make_plan
 from jagflash.core.plan.model import PASSES
 from jagflash.core.portable.persistent import jagged_backward_dq, sparse_backward_dq
 from jagflash.core.seqlen import plan_row, seq_starts
 from jagflash.core.softmax import LOG2E
-from jagflash.core.tile_scheduler import deal_flags, stream_key, tile_counter
+from jagflash.core.tile_scheduler import deal_flags, tile_counter
 from jagflash.core.tlx.bwd_mainloop import dkdv_steps
-from jagflash.core.tlx.bwd_preprocess import backward_vectors, packed_layout, scaled_cast
+from jagflash.core.tlx.bwd_preprocess import backward_vectors, scaled_cast
 from jagflash.core.tlx.bwd_tiles import (
     ALL_STEPS,
     DKDV_TILE_FIELDS,
-    _dq_counts_kernel,
     dkdv_tile,
-    dq_arrive,
-    head_walk,
+    dkdv_tile_range,
     load_kv_tile,
     load_q_step,
     load_q_steps,
     publish_dkdv_tile,
+    tile_walk,
 )
 from jagflash.core.tlx.descriptors import num_workers, rows_descriptor, vectors_descriptor
 from jagflash.core.tlx.pipeline import (
@@ -66,6 +63,7 @@ from jagflash.core.tuning import (
     config_reasons,
     default_schedules,
     dq_cols,
+    grouped_backward,
     plan_blocks,
     use_one_pass,
 )
@@ -75,11 +73,10 @@ from jagflash.core.tuning import (
 def _dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, DK, DV, desc_lse2, desc_delta, VEC_TILE, q_offsets, kv_offsets, TILES, COUNT,
     COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, scale, left, right, desc_dq, heads, lists,
-    ARRIVALS, DQ_ACC, DQ, n_ids, stride_acc, stride_dqt, stride_dqh, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     Q_SHARED: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_COLS: tl.constexpr,
     NUM_Q: tl.constexpr, DQ_STAGES: tl.constexpr, PAD: tl.constexpr, SPARSE: tl.constexpr, RING_TILES: tl.constexpr,
-    CAST_DQ: tl.constexpr,
 ):
     """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
     the GQA group, and with ``FUSED_DQ`` each tile's share of dQ, reduce-added into an fp32
@@ -94,10 +91,7 @@ def _dkdv_kernel(
     listed q-block is ``SUB`` steps), else None. With ``RING_TILES`` the producer alone walks
     the table and hands the consumers each decoded kv-tile through a record ring
     (``jagflash.core.tlx.bwd_tiles``: with ``SPARSE`` also each head's walk positions), one tile
-    ahead; a kv-tile that no step visits loads nothing and gets zeros. With ``CAST_DQ`` (one
-    pass) dQ is cast where it is summed: ``ARRIVALS`` the q-steps' arrival counters, ``DQ_ACC`` the
-    accumulator ``desc_dq`` describes (row stride ``stride_acc``), ``DQ`` dQ ``[rows, Hq, D]``
-    (``jagflash.core.tlx.bwd_tiles.dq_arrive``). The constexprs are a
+    ahead; a kv-tile that no step visits loads nothing and gets zeros. The constexprs are a
     :class:`jagflash.core.tuning.BwdConfig`'s."""
     HALF: tl.constexpr = BLOCK_N // 2
     STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
@@ -204,13 +198,17 @@ def _dkdv_kernel(
                         tlx.barrier_wait(kv_fulls[cid], tile_cnt & 1)
                     dk = tl.zeros([HALF, HEAD_DIM], ACC)
                     dv = tl.zeros([HALF, HEAD_DIM], ACC)
-                    q_first = q_cnt
+                    if not RING_TILES:
+                        lo, full_lo, full_hi, hi = dkdv_tile_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ)
                     for g in range(GROUP):
                         head = hk * GROUP + g
                         dq_col = head * HEAD_DIM
                         dq = (desc_dq, ds_tiles, dq_stages, dq_col)
                         listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
-                        p0, p1, p2, p3 = head_walk(ring, i, g, n0, lq, lk, left, right, listed, FIELDS, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, RING_TILES)
+                        if RING_TILES:
+                            p0, p1, p2, p3 = tile_walk(ring, i, g, n0, lq, lk, left, right, FIELDS, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE)
+                        else:
+                            p0, p1, p2, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
                         seq = (lq, lk, q_start, listed)
                         dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p0, p1, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
                         dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p1, p2, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
@@ -218,26 +216,13 @@ def _dkdv_kernel(
                     if busy:
                         tlx.barrier_arrive(kv_empties[cid], 1)
                         tile_cnt += 1
-                    if RING_TILES and not CAST_DQ:
+                    if RING_TILES:
                         ring_release(ring[2], i % ID_RING)  # every head's positions read
                     valid = kv_rows < lk
                     offs_d = tl.arange(0, HEAD_DIM)
                     out_rows = (k_start + kv_rows).to(tl.int64)
                     tl.store(DK + out_rows[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :], output(dk * scale, dtype), mask=valid[:, None])
                     tl.store(DV + out_rows[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :], output(dv, dtype), mask=valid[:, None])
-                    if CAST_DQ:
-                        if busy:
-                            # The tile's fields read again here, not held through its steps.
-                            if RING_TILES:
-                                _, b, hk, n0, q_start, lq, _, lk, vec0 = dkdv_tile(ring, i, FIELDS, False)
-                            else:
-                                _, b, hk, n0 = plan_row(i, TILES, count, heads, HEAD_MAJOR)
-                                q_start, lq, _, lk = seq_starts(q_offsets, kv_offsets, b)
-                                vec0 = tl.load(VEC_TILE + b) * PAD
-                            dq_out = (ARRIVALS, DQ_ACC, DQ, n_ids, stride_acc, stride_dqt, stride_dqh)
-                            dq_arrive(dq_out, ring, i, lists, q_first, b, hk, n0, q_start, lq, lk, vec0, left, right, scale, cid, FIELDS, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, DQ_COLS, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, Q_SHARED, RING_TILES, dtype)
-                        if RING_TILES:
-                            ring_release(ring[2], i % ID_RING)  # every head's positions read
                 elif RING_TILES:
                     ring_release(ring[2], i % ID_RING)
                 i, r, more = walk_on(i, r, more, pid, nprog, COUNTER, ring, count, DYNAMIC, ZIGZAG, RING_TILES)
@@ -254,7 +239,11 @@ def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, dim, left, right, d
         raise ValueError(f"tlx backward: block masks of {TLX_BLOCK_SIZES} blocks, got {tuple(mask.block_size)}")
     if plan is None:
         blocks = plan_blocks("tlx-sm90", dim, None if mask is None else mask.block_size)
-        schedule, backward_schedule = default_schedules("tlx-sm90", dim, window=(left, right), deterministic=deterministic)
+        batch = q_offsets.numel() - 1
+        grouped = grouped_backward(tk, batch, hkv, blocks["dkdv"][1], num_workers(q_offsets.device))
+        schedule, backward_schedule = default_schedules(
+            "tlx-sm90", dim, window=(left, right), deterministic=deterministic, grouped=grouped
+        )
         plan = make_plan(
             q_offsets, kv_offsets, total_q=tq, total_kv=tk, heads_q=hq, heads_kv=hkv,
             window=(left, right), block_m=blocks["fwd"][0], block_n=blocks["fwd"][1], dkdv_blocks=blocks["dkdv"],
@@ -288,25 +277,18 @@ def plan_and_config(q, k, q_offsets, kv_offsets, *, left: int, right: int, deter
     return plan, dkdv_config(plan, q, k, left=left, right=right, q_shared=q_shared, fused_dq=not deterministic, blocks=blocks)
 
 
-def _checked_config(plan, q, k, left, right, q_shared, fused_dq, mask, config, who) -> BwdConfig:
-    """The config of a dK/dV kernel launch: ``config`` (a caller's, checked against the call's
-    policy config: :func:`dkdv_config`) or the policy's."""
-    want = dkdv_config(plan, q, k, left=left, right=right, q_shared=q_shared, fused_dq=fused_dq, blocks=mask)
-    config = config or want
+def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc, left, right, scale, q_shared, config, who, mask):
+    """One launch of :func:`_dkdv_kernel`; ``vectors``: ``backward_vectors``'s; ``dq_acc`` (fp32
+    ``[rows, Hq * D]``) fuses dQ in. ``config``: a :class:`BwdConfig` the caller forces, or
+    ``None`` for :func:`jagflash.core.tuning.bwd_config`'s (checked against the call).
+    ``mask``: a ``jagflash.core.block_mask.BlockMask`` or None."""
+    dim = q.shape[-1]
     lay = plan.info.layout("dkdv")
+    want = dkdv_config(plan, q, k, left=left, right=right, q_shared=q_shared, fused_dq=dq_acc is not None, blocks=mask)
+    config = config or want
     reasons = config_reasons(config, want, (lay.block_m, lay.block_n))
     if reasons:
         raise ValueError(f"tlx {who}: the config does not fit this call: " + "; ".join(reasons))
-    return config
-
-
-def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc, left, right, scale, config, mask, cast=None):
-    """One launch of :func:`_dkdv_kernel` with the checked ``config`` (:func:`_checked_config`);
-    ``vectors``: ``backward_vectors``'s; ``dq_acc`` (fp32 ``[rows, Hq * D]``) fuses dQ in;
-    ``cast`` (with ``CAST_DQ``): ``(arrivals, dq)``, the counters :func:`_count_arrivals` set
-    and dQ. ``mask``: a ``jagflash.core.block_mask.BlockMask`` or None."""
-    dim = q.shape[-1]
-    lay = plan.info.layout("dkdv")
     if dq_acc is None:
         desc_dq = rows_descriptor(q, config.BLOCK_M, dim)  # unused
     else:
@@ -316,11 +298,6 @@ def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc,
             dq_acc, shape=list(dq_acc.shape), strides=[dq_acc.stride(0), 1],
             block_shape=[config.BLOCK_M, config.DQ_COLS],
         )
-    if cast is None:
-        cast_args = (dk, dk, dk, 0, 16, 16, 16)  # unused
-    else:
-        arrivals, dq = cast
-        cast_args = (arrivals, dq_acc, dq, arrivals.shape[2], dq_acc.stride(0), dq.stride(0), dq.stride(1))
     programs = min(num_workers(q.device), lay.rows)
     _dkdv_kernel[(programs,)](
         rows_descriptor(q, config.BLOCK_M, dim), rows_descriptor(k, config.BLOCK_N // 2, dim),
@@ -328,52 +305,7 @@ def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc,
         dk, dv, *(vectors_descriptor(x, config.BLOCK_M) for x in vectors[:2]), vectors[2], q_offsets, kv_offsets,
         plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):], tile_counter(plan, "dkdv"),
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), scale, left, right, desc_dq, lay.heads,
-        None if mask is None else mask.kernel_lists()[1], *cast_args, **config.constexprs(), num_warps=4, num_stages=1,
-    )
-
-
-#: The one pass's zeroed workspaces per (device, stream) outside CUDA graph captures: the fp32
-#: dQ accumulator and the q-steps' arrival counters (``CAST_DQ``). Each launch leaves both all
-#: zeros (``bwd_tiles``: the last add into a step casts it and zeroes its rows; the counters
-#: return to 0), so no call fills them; :func:`release_dq_workspaces` frees them.
-_WORKSPACES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def release_dq_workspaces() -> None:
-    """Free the one-pass backward's kept workspaces (the next backward allocates zeroed ones)."""
-    _WORKSPACES.clear()
-
-
-def _dq_workspace(acc_elems: int, counters: int, device: torch.device, like: torch.Tensor) -> tuple[tuple | None, torch.Tensor, torch.Tensor]:
-    """``(key, acc, arrivals)``: flat zeroed fp32 and int32 buffers of at least these sizes,
-    the kept ones of this device and stream (:data:`_WORKSPACES`, grown as calls need) in plain
-    eager mode outside a CUDA graph capture (``jagflash.core.memo.memo_allowed`` of ``like``),
-    else fresh zeros (a graph then zeroes them at every replay; key None)."""
-    if not memo_allowed((like,)):
-        return None, torch.zeros(acc_elems, dtype=torch.float32, device=device), torch.zeros(counters, dtype=torch.int32, device=device)
-    key = stream_key(device)
-    kept = _WORKSPACES.get(key)
-    if kept is None or kept[0].numel() < acc_elems or kept[1].numel() < counters:
-        old = (0, 0) if kept is None else (kept[0].numel(), kept[1].numel())
-        _WORKSPACES.pop(key, None)
-        kept = (torch.zeros(max(acc_elems, old[0]), dtype=torch.float32, device=device),
-                torch.zeros(max(counters, old[1]), dtype=torch.int32, device=device))
-        _WORKSPACES[key] = kept
-    return key, kept[0][:acc_elems], kept[1][:counters]
-
-
-def _count_arrivals(arrivals, vec_tile, q_offsets, kv_offsets, plan, left, right, config, mask) -> None:
-    """Set the q-steps' arrival counters ``arrivals`` ``[Hq, HALVES, n_ids]`` (all zeros) to
-    minus the kv-tiles that add into each (``bwd_tiles._dq_counts_kernel``, one program a Plan
-    row of the dK/dV pass)."""
-    lay = plan.info.layout("dkdv")
-    c = config
-    _dq_counts_kernel[(lay.rows,)](
-        arrivals, plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):], q_offsets, kv_offsets, vec_tile,
-        lay.heads, None if mask is None else mask.kernel_lists()[1], left, right, arrivals.shape[2],
-        HEAD_MAJOR=c.HEAD_MAJOR, GROUP=c.GROUP, BLOCK_M=c.BLOCK_M, BLOCK_N=c.BLOCK_N, BOUNDED_LEFT=c.BOUNDED_LEFT,
-        BOUNDED_RIGHT=c.BOUNDED_RIGHT, SPARSE=c.SPARSE, PAD=c.PAD, HALVES=arrivals.shape[1], Q_SHARED=c.Q_SHARED,
-        num_warps=4,
+        None if mask is None else mask.kernel_lists()[1], **config.constexprs(), num_warps=4, num_stages=1,
     )
 
 
@@ -411,9 +343,8 @@ def backward_dkdv(
         return dk, dv
     if tq == 0:  # no queries anywhere: no gradient (and no descriptor over 0 rows)
         return dk.zero_(), dv.zero_()
-    config = _checked_config(plan, q, k, left, right, q_shared, False, blocks, config, "dK/dV pass")
     vectors = backward_vectors(lse, q_offsets, delta=delta)
-    _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, None, left, right, scale, config, blocks)
+    _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, None, left, right, scale, q_shared, config, "dK/dV pass", blocks)
     return dk, dv
 
 
@@ -455,36 +386,18 @@ def backward(
     plan, lay = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], hq, k.shape[1], dim, left, right, False, blocks)
     # The accumulator has dQ's layout in fp32 (queries as rows; broadcast-Q: the Lq shared rows,
     # which every sequence adds into). A q-tile that runs past its sequence's end adds exact
-    # zeros into the next sequence's rows (TMA clips the rows past the last). It starts zeroed,
-    # so rows that no tile reaches get dQ = 0. With CAST_DQ (the policy's) it is the kept
-    # workspace, all zeros between calls, and each q-step's last add casts it to dQ; the
-    # preprocess writes dQ's zeros where no tile adds. Otherwise it is zeroed by the preprocess,
-    # which reads every query row's O and dO anyway (backward_vectors' dq_acc), and cast after.
-    if not (k.shape[0] and lay.rows and tq):
-        dk.zero_()
-        dv.zero_()
-        return torch.zeros_like(q), dk, dv
-    config = _checked_config(plan, q, k, left, right, q_shared, True, blocks, config, "one-pass backward")
-    if not config.CAST_DQ:
+    # zeros into the next sequence's rows (TMA clips the rows past the last). Zeroed, so rows
+    # that no tile reaches get dQ = 0: by the preprocess, which reads every query row's O and dO
+    # anyway (backward_vectors' dq_acc), so no separate fill pass.
+    if k.shape[0] and lay.rows and tq:
         acc = torch.empty((lq, hq * dim), dtype=torch.float32, device=q.device)
         vectors = backward_vectors(lse, q_offsets, out=out, dout=dout, dq_acc=acc, acc_shared=q_shared)
-        _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, acc, left, right, scale, config, blocks)
-        return scaled_cast(acc, scale, torch.empty_like(q)), dk, dv
-    halves = dim // config.DQ_COLS
-    vec_tile, vec_rows = packed_layout(lse, q_offsets)
-    steps = cdiv(vec_rows, config.BLOCK_M)
-    key, acc, arrivals = _dq_workspace(lq * hq * dim, hq * halves * steps, q.device, q)
-    acc, arrivals = acc.view(lq, hq * dim), arrivals.view(hq, halves, steps)
-    dq = torch.empty_like(q)
-    try:
-        _count_arrivals(arrivals, vec_tile, q_offsets, kv_offsets, plan, left, right, config, blocks)
-        vectors = backward_vectors(lse, q_offsets, out=out, dout=dout, acc_shared=q_shared, dq_empty=(dq, arrivals, config.BLOCK_M))
-        _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, acc, left, right, scale, config, blocks, (arrivals, dq))
-    except BaseException:
-        if key is not None:  # the counters may be left set: the next call starts from fresh zeros
-            _WORKSPACES.pop(key, None)
-        raise
-    return dq, dk, dv
+        _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, acc, left, right, scale, q_shared, config, "one-pass backward", blocks)
+    else:
+        acc = torch.zeros((lq, hq * dim), dtype=torch.float32, device=q.device)
+        dk.zero_()
+        dv.zero_()
+    return scaled_cast(acc, scale, torch.empty_like(q)), dk, dv
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -12,15 +12,6 @@ that no consumer runs the list's dependent loads (its count, then searches throu
 indices); without it the positions are the tile's q-range (:func:`dkdv_tile_range`), a few
 integer operations on the fields. Consumers keep a record's slot until they have walked every
 head's steps (:func:`tile_walk` reads a head's positions from it).
-
-dQ of the one pass, cast where it is summed (``CAST_DQ``). Every q-step (BLOCK_M queries of one
-query head; at D 128 each half of its columns apart, the half one consumer warpgroup adds) has
-an arrival counter, which :func:`_dq_counts_kernel` sets to minus the number of kv-tiles whose
-walk reaches the step, before the dK/dV kernel. Each consumer warpgroup, at the end of a
-kv-tile, waits until its reduce-adds are complete and adds one to the counter of every step of
-the tile it added to (:func:`dq_arrive`); the add that finds -1 is the last, so that warpgroup
-casts the step's dQ (:func:`dq_cast`) and zeroes its accumulator rows again. A launch thus
-leaves the accumulator and the counters as it found them, all zeros.
 """
 
 from __future__ import annotations
@@ -29,28 +20,14 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from jagflash.core.dtypes import output
 from jagflash.core.mask import block_at, block_walk, dkdv_q_range, tile_list
 from jagflash.core.seqlen import plan_row, q_row, seq_starts
-from jagflash.core.tlx.pipeline import (
-    ID_RING,
-    dq_adds_done,
-    gpu_fence,
-    opaque_zero,
-    record_publish,
-    record_read,
-    record_wait,
-    ring_slot,
-)
+from jagflash.core.tlx.pipeline import ID_RING, record_publish, record_read, record_wait, ring_slot
 
 #: Ints of a record of the dK/dV tile ring before the per-head positions (``SPARSE``: 4 a head).
 DKDV_TILE_FIELDS = tl.constexpr(9)
 #: A ``load_q_steps`` bound past any tile's steps (the rest of a tile).
 ALL_STEPS = tl.constexpr(1 << 30)
-#: Steps of a head's walk counted, or arrived at, at once (one a thread of a warpgroup).
-STEP_LANES = tl.constexpr(128)
-#: Rows of a q-step's accumulator that :func:`dq_cast` reads and writes at once.
-CAST_ROWS = tl.constexpr(64)
 
 
 @triton.jit
@@ -172,127 +149,3 @@ def load_q_steps(descs, qring, q_cnt, ring, counter, lists, first, last, left, r
             q_cnt += 1
         done += n
     return q_cnt
-
-
-@triton.jit
-def head_walk(ring, counter, g, n0, lq, lk, left, right, listed, FIELDS: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, FUSED_DQ: tl.constexpr,
-              SPARSE: tl.constexpr, RING_TILES: tl.constexpr):
-    """``block_walk``'s positions ``(p0, p1, p2, p3)`` of head ``g`` of the kv-tile at ``n0`` as
-    the consumers walk them: with ``RING_TILES`` from record ``counter`` (:func:`tile_walk`),
-    else from the tile's range and the head's list row ``listed`` (``tile_list``)."""
-    if RING_TILES:
-        return tile_walk(ring, counter, g, n0, lq, lk, left, right, FIELDS, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE)
-    else:
-        lo, full_lo, full_hi, hi = dkdv_tile_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ)
-        return block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, BLOCK_N // BLOCK_M, True)
-
-
-@triton.jit
-def step_id(vec0, m0, BLOCK_M: tl.constexpr, Q_SHARED: tl.constexpr):
-    """The arrival counter of the q-step at ``m0`` of a sequence whose packed vectors start at
-    row ``vec0`` (a multiple of BLOCK_M): its packed rows' step, or with ``Q_SHARED`` the shared
-    block's (every sequence adds into the same steps)."""
-    if Q_SHARED:
-        return m0 // BLOCK_M
-    else:
-        return (vec0 + m0) // BLOCK_M
-
-
-@triton.jit
-def _dq_counts_kernel(
-    ARRIVALS, TILES, COUNT, q_offsets, kv_offsets, VEC_TILE, heads, lists, left, right, n_ids,
-    HEAD_MAJOR: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr, PAD: tl.constexpr,
-    HALVES: tl.constexpr, Q_SHARED: tl.constexpr,
-):
-    """Take one from the arrival counter of every q-step that the kv-tile of Plan row
-    ``program_id(0)`` of the dK/dV pass adds dQ into, for each of its GROUP query heads (the
-    consumers' walk, ``FUSED_DQ``'s range) and each of the HALVES column halves:
-    ``ARRIVALS`` ``[Hq, HALVES, n_ids]`` int32. The arguments are the dK/dV kernel's."""
-    STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
-    i = tl.program_id(0)
-    count = tl.load(COUNT).to(tl.int32)
-    ok, b, hk, n0 = plan_row(i, TILES, count, heads, HEAD_MAJOR)
-    _, lq, _, lk = seq_starts(q_offsets, kv_offsets, b)
-    if ok & (n0 < lk):
-        vec0 = tl.load(VEC_TILE + b) * PAD
-        for g in range(GROUP):
-            head = hk * GROUP + g
-            listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
-            p0, _, _, p3 = head_walk(None, 0, g, n0, lq, lk, left, right, listed, 1, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, True, SPARSE, False)
-            n = (p3 - p0) // STEP
-            for c in range(0, n, STEP_LANES):
-                s = c + tl.arange(0, STEP_LANES)
-                on = s < n
-                m0 = block_at(listed, p0 + tl.where(on, s, 0) * STEP, BLOCK_M, SPARSE, BLOCK_N // BLOCK_M)
-                at = ARRIVALS + head * HALVES * n_ids + step_id(vec0, m0, BLOCK_M, Q_SHARED)
-                for half in tl.static_range(HALVES):
-                    tl.atomic_add(at + half * n_ids, -1, mask=on, sem="relaxed")
-
-
-@triton.jit
-def dq_cast(ACC, DQ, row, m0, lq, head, half, scale, stride_acc, stride_dqt, stride_dqh, HEAD_DIM: tl.constexpr,
-            BLOCK_M: tl.constexpr, DQ_COLS: tl.constexpr, DTYPE: tl.constexpr):
-    """dQ of the q-step at ``m0`` (accumulator row ``row``), columns ``[half * DQ_COLS, (half +
-    1) * DQ_COLS)`` of query head ``head``: scale x the fp32 accumulator, in DTYPE, on the
-    step's rows inside its sequence (``lq``), whose accumulator rows are zeroed again (rows past
-    ``lq`` are the next sequence's). After an acquire (the caller's arrival) and a GPU-scope
-    fence, read past L1: other SMs' reduce-adds wrote the rows."""
-    gpu_fence(m0)
-    src0 = ACC + (row.to(tl.int64) * stride_acc + head * HEAD_DIM + half * DQ_COLS)
-    dst0 = DQ + (row.to(tl.int64) * stride_dqt + head * stride_dqh + half * DQ_COLS)
-    for r0 in range(0, BLOCK_M, CAST_ROWS):  # (a loop of few registers: not unrolled beside the kernel's)
-        zero = opaque_zero(r0)  # (the offsets made here, not hoisted and held across the kernel)
-        offs = r0 + tl.arange(0, CAST_ROWS) + zero
-        keep = (m0 + offs < lq)[:, None]
-        cols = (tl.arange(0, DQ_COLS) + zero)[None, :]
-        at = src0 + (offs[:, None] * stride_acc + cols)
-        x = tl.load(at, mask=keep, other=0.0, cache_modifier=".cg")
-        tl.store(dst0 + (offs[:, None] * stride_dqt + cols), output(x * scale, DTYPE), mask=keep)
-        tl.store(at, tl.zeros([CAST_ROWS, DQ_COLS], tl.float32), mask=keep)
-
-
-@triton.jit
-def dq_arrive(dq_out, ring, counter, lists, q_cnt, b, hk, n0, q_start, lq, lk, vec0, left, right, scale,
-              CID: tl.constexpr, FIELDS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_COLS: tl.constexpr, BOUNDED_LEFT: tl.constexpr,
-              BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr, Q_SHARED: tl.constexpr,
-              RING_TILES: tl.constexpr, DTYPE: tl.constexpr):
-    """Consumer warpgroup CID at the end of the kv-tile at ``n0`` of sequence ``b`` (record
-    ``counter`` with ``RING_TILES``): once its reduce-adds are complete
-    (``pipeline.dq_adds_done``), one arrival at the counter of each step it added to, every
-    head's in walk order, and :func:`dq_cast` of each step where it was the last (see the
-    module's docstring). ``q_cnt``: the steps the warpgroup took before the tile's first (at D 64,
-    ``DQ_COLS == HEAD_DIM``, the warpgroup of a step's parity computed the step's whole dQ).
-    ``dq_out``: ``(ARRIVALS, ACC, DQ, n_ids, stride_acc, stride_dqt, stride_dqh)``, the
-    counters ``[Hq, HALVES, n_ids]``, the accumulator and dQ ``[rows, Hq, D]``."""
-    ARRIVALS, ACC, DQ, n_ids, stride_acc, stride_dqt, stride_dqh = dq_out
-    HALVES: tl.constexpr = HEAD_DIM // DQ_COLS
-    STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
-    HALF: tl.constexpr = CID if HALVES == 2 else 0
-    dq_adds_done(q_cnt, CID)
-    lane = tl.arange(0, STEP_LANES)
-    done = q_cnt
-    for g in range(GROUP):
-        head = hk * GROUP + g
-        listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
-        p0, _, _, p3 = head_walk(ring, counter, g, n0, lq, lk, left, right, listed, FIELDS, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, True, SPARSE, RING_TILES)
-        n = (p3 - p0) // STEP
-        for c in range(0, n, STEP_LANES):
-            s = c + lane
-            on = s < n
-            if HALVES == 1:
-                on = on & ((done + s) % 2 == CID)
-            m0 = block_at(listed, p0 + tl.where(on, s, 0) * STEP, BLOCK_M, SPARSE, BLOCK_N // BLOCK_M)
-            at = ARRIVALS + (head * HALVES + HALF) * n_ids + step_id(vec0, m0, BLOCK_M, Q_SHARED)
-            old = tl.atomic_add(at, 1, mask=on, sem="relaxed", scope="gpu")  # (the fences are dq_adds_done's and dq_cast's)
-            cast = tl.where(on & (old == -1), m0 + 1, 0)  # 1 + the first row of each step to cast
-            # (one step at a time over a trip count the warps provably share: a loop over the
-            # casts alone, counted through shared memory, costs the main loops their uniform
-            # registers)
-            for j in range(0, tl.minimum(n - c, STEP_LANES)):
-                row_1 = tl.sum(tl.where(lane == j, cast, 0), 0)
-                if row_1 > 0:
-                    dq_cast(ACC, DQ, q_row(q_start, row_1 - 1, Q_SHARED), row_1 - 1, lq, head, HALF, scale, stride_acc, stride_dqt, stride_dqh, HEAD_DIM, BLOCK_M, DQ_COLS, DTYPE)
-        done += n

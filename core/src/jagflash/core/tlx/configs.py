@@ -143,8 +143,7 @@ def _bwd_signature(cfg, dtype: str) -> dict[str, str]:
         "stride_dkh": "i32:16", "stride_dvt": "i32:16", "stride_dvh": "i32:16", "scale": "fp32", "left": "i32",
         "right": "i32",
         "desc_dq": f"tensordesc<fp32[{bm},{cfg.DQ_COLS}]>" if cfg.FUSED_DQ else f"tensordesc<{dtype}[{bm},{d}]>",
-        "heads": "i32", "ARRIVALS": "*i32", "DQ_ACC": "*fp32", "DQ": f"*{dtype}", "n_ids": "i32",
-        "stride_acc": "i32:16", "stride_dqt": "i32:16", "stride_dqh": "i32:16",
+        "heads": "i32",
     }
 
 
@@ -217,30 +216,30 @@ KNOWN_SPILLS: dict[str, int] = {
     "tlx_fwd_static bf16 d128 window": 60,
     "tlx_fwd_dynamic_gqa bf16 d128 window": 60,
     "tlx_fwd_dynamic_gqa_ring bf16 d128 window": 52,
-    "tlx_bwd_dynamic fp16 d128": 88,
-    "tlx_bwd_dynamic_bq fp16 d128": 88,
+    "tlx_bwd_dynamic fp16 d128": 32,
+    "tlx_bwd_dynamic_bq fp16 d128": 32,
     "tlx_bwd_static fp16 d128": 32,
     "tlx_dkdv_none fp16 d128": 104,
     "tlx_dkdv_none_bq fp16 d128": 104,
-    "tlx_bwd_dynamic fp16 d128 causal": 168,
-    "tlx_bwd_dynamic_gqa fp16 d128 causal": 144,
+    "tlx_bwd_dynamic fp16 d128 causal": 140,
+    "tlx_bwd_dynamic_gqa fp16 d128 causal": 104,
     "tlx_bwd_static fp16 d128 causal": 140,
     "tlx_dkdv_none fp16 d128 causal": 112,
-    "tlx_bwd_dynamic fp16 d128 window": 168,
-    "tlx_bwd_dynamic_gqa fp16 d128 window": 72,
+    "tlx_bwd_dynamic fp16 d128 window": 136,
+    "tlx_bwd_dynamic_gqa fp16 d128 window": 40,
     "tlx_bwd_static fp16 d128 window": 136,
     "tlx_dkdv_none fp16 d128 window": 188,
-    "tlx_bwd_dynamic bf16 d128": 80,
-    "tlx_bwd_dynamic_bq bf16 d128": 80,
+    "tlx_bwd_dynamic bf16 d128": 32,
+    "tlx_bwd_dynamic_bq bf16 d128": 32,
     "tlx_bwd_static bf16 d128": 32,
     "tlx_dkdv_none bf16 d128": 104,
     "tlx_dkdv_none_bq bf16 d128": 104,
-    "tlx_bwd_dynamic bf16 d128 causal": 104,
+    "tlx_bwd_dynamic bf16 d128 causal": 60,
     "tlx_bwd_static bf16 d128 causal": 140,
     "tlx_dkdv_none bf16 d128 causal": 112,
-    "tlx_bwd_dynamic bf16 d128 window": 200,
-    "tlx_bwd_dynamic_gqa bf16 d128 window": 136,
-    "tlx_bwd_static bf16 d128 window": 168,
+    "tlx_bwd_dynamic bf16 d128 window": 152,
+    "tlx_bwd_dynamic_gqa bf16 d128 window": 96,
+    "tlx_bwd_static bf16 d128 window": 136,
     "tlx_dkdv_none bf16 d128 window": 188,
     "tlx_bwd_none fp16 d128": 32,
     "tlx_bwd_none bf16 d128": 32,
@@ -254,14 +253,10 @@ KNOWN_SPILLS: dict[str, int] = {
     # With the tile ring in the backward (session 25; block-sparse, and the ring samples of short
     # K/V): none in the one pass's loops, one reload an iteration in the masked steps of the two
     # passes' dK/dV with a window.
-    "tlx_bwd_dynamic_sparse fp16 d128 causal": 80,
+    "tlx_bwd_dynamic_sparse fp16 d128 causal": 72,
     "tlx_bwd_dynamic_sparse bf16 d64": 56,
     "tlx_dkdv_none_sparse fp16 d128 window": 264,
     "tlx_dkdv_none_sparse bf16 d128 causal": 224,
-    "tlx_bwd_dynamic_ring fp16 d128 causal": 80,
+    "tlx_bwd_dynamic_ring fp16 d128 causal": 72,
     "tlx_dkdv_none_ring fp16 d128": 56,
-    "tlx_bwd_dynamic_gqa fp16 d128": 24,  # CAST_DQ's tile-end arrivals (outside the loops)
-    "tlx_bwd_dynamic_gqa bf16 d128": 24,  # CAST_DQ's tile-end arrivals (outside the loops)
-    "tlx_bwd_dynamic_gqa bf16 d128 causal": 40,  # CAST_DQ's tile-end arrivals (outside the loops)
-    "tlx_bwd_dynamic_ring bf16 d128": 8,  # CAST_DQ's tile-end arrivals (outside the loops)
 }

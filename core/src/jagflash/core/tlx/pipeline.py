@@ -15,8 +15,7 @@ producer from the launch's atomic counter and published to the consumers through
 
 Named barriers (ids 0-3 are Triton's own, one per partition and the whole block):
 :data:`TURN_0` / :data:`TURN_1` hand the turn to issue between the two consumer warpgroups
-(:func:`turn_wait`, :func:`turn_pass`); :func:`consumers_sync` joins both warpgroups;
-:data:`DQ_DONE` + CID one warpgroup's threads (:func:`dq_adds_done`).
+(:func:`turn_wait`, :func:`turn_pass`); :func:`consumers_sync` joins both warpgroups.
 
 dQ write-back. The one-pass backward adds each kv-tile's share of dQ into an fp32 accumulator
 with TMA reduce-adds (:func:`dq_reduce_add`). Tile rows past a sequence's end add exact zeros
@@ -39,8 +38,6 @@ from jagflash.core.tile_scheduler import sched_first, sched_next
 TURN_0 = tl.constexpr(9)
 TURN_1 = tl.constexpr(10)
 CONSUMERS = tl.constexpr(11)
-#: Named barriers of one consumer warpgroup's wait for its dQ reduce-adds (one each: DQ_DONE + CID).
-DQ_DONE = tl.constexpr(12)
 #: Depth of a dynamic walk's tile-index ring: the producer claims a tile one ahead of the one it
 #: loads for, and the Q / K/V buffers keep it at most one more tile ahead of the consumers.
 ID_RING = tl.constexpr(2)
@@ -183,29 +180,6 @@ def dq_reduce_add(desc, stages, first, NUM: tl.constexpr, counter, value, row, c
     tlx.local_store(stage, value)
     tlx.fence("async_shared")
     tlx.async_descriptor_store(desc, stage, [row, col], store_reduce="add")
-
-
-@triton.jit
-def dq_adds_done(x, CID: tl.constexpr):
-    """Consumer warpgroup CID's :func:`dq_reduce_add` stores have all *completed*, and any
-    release by any of its threads after this covers their writes: wait for every bulk group to
-    complete (``cp.async.bulk.wait_group 0``; the ring's waits only wait until a store has read
-    its stage), order the async proxy's writes before the generic proxy's accesses
-    (``fence.proxy.async.global``), meet the warpgroup (named barrier DQ_DONE + CID: only the
-    elected thread that issued the stores had anything to wait for) and fence at GPU scope.
-    ``x``: any scalar (the instruction needs an operand)."""
-    tl.inline_asm_elementwise(
-        "cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.b32 $0, 0;", "=r,r", [x], dtype=tl.int32,
-        is_pure=False, pack=1,
-    )
-    tlx.named_barrier_wait(DQ_DONE + CID, 128)
-    gpu_fence(x)
-
-
-@triton.jit
-def gpu_fence(x):
-    """``fence.acq_rel.gpu`` (this uTLX build has no ``tlx.fence("gpu")``); ``x``: any scalar."""
-    tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.b32 $0, 0;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
