@@ -9,7 +9,8 @@ many sequences, does not fit in L2 (bench/NOTES.md, session 25: the kernel is DR
 schedules differ in which tiles run at the same time: ``dynamic`` claims them in cost order
 (a sequence's kv-tiles spread over the pass), ``grouped`` keeps a sequence's tiles together
 (dealt in turn to the programs, so they run side by side and add into the same rows), ``none``
-walks the batch in order. For each schedule: the backward's median (``measure``, L2 flushed;
+walks the batch in order, ``dynamic-grouped`` takes grouped's table from the atomic counter
+(the one pass's default where ``jagflash.core.tuning.grouped_backward`` says so). For each schedule: the backward's median (``measure``, L2 flushed;
 the per-token passes included), and dK, dV against the first schedule's (bitwise: the order
 only moves when each tile runs) and dQ (to rounding). Rows: ``workload, schedule, dynamic,
 zigzag, head_major, ms_p50, TFLOP/s`` (the FlashAttention convention, listed pairs of a block

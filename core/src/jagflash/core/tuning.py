@@ -340,8 +340,9 @@ def grouped_backward(total_kv: int, batch: int, heads_kv: int, block_n: int, wor
     counted. The tiles that run at once then add into few sequences' dQ accumulator rows (which
     stay in L2) without every program adding into one sequence's. Measured (bench/NOTES.md,
     session 26): 4-5 % faster on the block-sparse lognormal batches, 1-4 % on causal lognormal,
-    GQA and heavy-tailed ones, within 1 % elsewhere, and 7 % slower on 4 sequences of 8192 keys
-    at 25 % block density (where this rule keeps cost order)."""
+    GQA and heavy-tailed ones, within 1 % on the others it takes; where a sequence fills the
+    machine several times over (4 sequences of 4,096 or 8,192 keys), from 2 % faster to 7 %
+    slower between runs, so cost order stays there."""
     return cdiv(total_kv, block_n) * heads_kv <= workers * max(batch, 1)
 
 
