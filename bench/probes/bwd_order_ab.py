@@ -1,8 +1,10 @@
 """Probe (H200; issue 22): the one-pass TLX backward on a bench workload's batch under each
 backward schedule of its plan (the order and deal of the dK/dV pass's kv-tiles), in one
-process on the same inputs.
+process on the same inputs; or the TLX forward under each forward schedule (``--kernel fwd``:
+its q-tiles' order and deal; outputs bitwise the first schedule's).
 
     python bench/probes/bwd_order_ab.py [--workloads bs-lognormal-d25] [--schedules dynamic,grouped,none]
+    python bench/probes/bwd_order_ab.py --kernel fwd --schedules dynamic,dynamic-grouped
 
 The one pass adds every kv-tile's share of dQ into an fp32 accumulator that, on a batch of
 many sequences, does not fit in L2 (bench/NOTES.md, session 25: the kernel is DRAM-bound). The
@@ -33,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
     ap.add_argument("--schedules", default="dynamic,grouped,none")
+    ap.add_argument("--kernel", choices=("bwd", "fwd"), default="bwd")
     args = ap.parse_args(argv)
 
     from jagflash.bench.data import make_batch
@@ -58,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         pairs = visible_pairs(b.q_lens, b.kv_lens, w.causal) * hq if m is None else block_mask_pairs(m, hq, w.causal)
         blocks = plan_blocks("tlx-sm90", dim, None if m is None else m.block_size)
         first = None
+        if args.kernel == "fwd":
+            if _forward_rows(name, b, m, blocks, args.schedules.split(","), kw, 4 * dim * pairs, dev):
+                return 1
+            continue
         for schedule in args.schedules.split(","):
             plan = make_plan(
                 qo, ko, total_q=q.shape[0], total_kv=k.shape[0], heads_q=hq, heads_kv=hkv, window=(left, right),
@@ -80,6 +87,36 @@ def main(argv: list[str] | None = None) -> int:
             if not same:
                 return 1
     return 0
+
+
+def _forward_rows(name, b, m, blocks, schedules, kw, flops, dev) -> bool:
+    """The forward's rows of one workload (``--kernel fwd``); True where an output differs."""
+    from jagflash.bench.timing import measure
+    from jagflash.core.plan.build import make_plan
+    from jagflash.core.tlx import fwd_sm90
+
+    q, k, v, qo, ko = b.q, b.k, b.v, b.q_offsets, b.kv_offsets
+    first = None
+    for schedule in schedules:
+        plan = make_plan(
+            qo, ko, total_q=q.shape[0], total_kv=k.shape[0], heads_q=q.shape[1], heads_kv=k.shape[1],
+            window=(kw["left"], kw["right"]), block_m=blocks["fwd"][0], block_n=blocks["fwd"][1], max_seqlen_q=b.max_q,
+            backward=False, schedule=schedule, block_mask=m,
+        )
+        _, config = fwd_sm90.plan_and_config(q, k, qo, ko, b.max_q, plan=plan, **kw)
+        fwd = functools.partial(fwd_sm90.forward, q, k, v, qo, ko, b.max_q, plan=plan, config=config, **kw)
+        outs = fwd()
+        ms = measure(fwd, dev).p50
+        print(f"{name},{schedule},{int(config.DYNAMIC)},{int(config.ZIGZAG)},{int(config.HEAD_MAJOR)},{ms:.4f},"
+              f"{flops / ms * 1e-9:.1f}", flush=True)
+        if first is None:
+            first = outs
+            continue
+        same = all(torch.equal(x, y) for x, y in zip(first, outs))
+        print(f"# {name} fwd {schedule}: outputs bitwise the first schedule's: {same}", file=sys.stderr, flush=True)
+        if not same:
+            return True
+    return False
 
 
 if __name__ == "__main__":
