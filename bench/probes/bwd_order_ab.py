@@ -41,7 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     from jagflash.bench.data import make_batch
     from jagflash.bench.flops import block_mask_pairs, visible_pairs
     from jagflash.bench.sparsity import make_block_mask
-    from jagflash.bench.timing import measure
     from jagflash.bench.workloads import get
     from jagflash.core.plan.build import make_plan
     from jagflash.core.tlx import bwd_sm90, fwd_sm90
@@ -57,14 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         hq, hkv, dim = q.shape[1], k.shape[1], q.shape[2]
         left, right = (-1, 0) if w.causal else (-1, -1)
         kw = {"left": left, "right": right, "scale": dim**-0.5, "blocks": m}
-        out, lse = fwd_sm90.forward(q, k, v, qo, ko, b.max_q, **kw)
         pairs = visible_pairs(b.q_lens, b.kv_lens, w.causal) * hq if m is None else block_mask_pairs(m, hq, w.causal)
         blocks = plan_blocks("tlx-sm90", dim, None if m is None else m.block_size)
-        first = None
         if args.kernel == "fwd":
             if _forward_rows(name, b, m, blocks, args.schedules.split(","), kw, 4 * dim * pairs, dev):
                 return 1
             continue
+        out, lse = fwd_sm90.forward(q, k, v, qo, ko, b.max_q, **kw)
+        first = None
         for schedule in args.schedules.split(","):
             plan = make_plan(
                 qo, ko, total_q=q.shape[0], total_kv=k.shape[0], heads_q=hq, heads_kv=hkv, window=(left, right),
@@ -73,10 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             config = bwd_sm90.dkdv_config(plan, q, k, left=left, right=right, q_shared=False, fused_dq=True, blocks=m)
             bwd = functools.partial(bwd_sm90.backward, b.dout, q, k, v, out, lse, qo, ko, plan=plan, config=config, **kw)
-            grads = bwd()
-            ms = measure(bwd, dev).p50
-            print(f"{name},{schedule},{int(config.DYNAMIC)},{int(config.ZIGZAG)},{int(config.HEAD_MAJOR)},{ms:.4f},"
-                  f"{2.5 * 4 * dim * pairs / ms * 1e-9:.1f}", flush=True)
+            grads = _timed_row(name, schedule, config, bwd, 2.5 * 4 * dim * pairs, dev)
             if first is None:
                 first = grads
                 continue
@@ -89,9 +85,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _timed_row(name, schedule, config, call, flops, dev):
+    """Run ``call`` once (its result returned), time it (``measure``'s median) and print its
+    row, ``flops`` the FlashAttention count of one call."""
+    from jagflash.bench.timing import measure
+
+    result = call()
+    ms = measure(call, dev).p50
+    print(f"{name},{schedule},{int(config.DYNAMIC)},{int(config.ZIGZAG)},{int(config.HEAD_MAJOR)},{ms:.4f},"
+          f"{flops / ms * 1e-9:.1f}", flush=True)
+    return result
+
+
 def _forward_rows(name, b, m, blocks, schedules, kw, flops, dev) -> bool:
     """The forward's rows of one workload (``--kernel fwd``); True where an output differs."""
-    from jagflash.bench.timing import measure
     from jagflash.core.plan.build import make_plan
     from jagflash.core.tlx import fwd_sm90
 
@@ -105,10 +112,7 @@ def _forward_rows(name, b, m, blocks, schedules, kw, flops, dev) -> bool:
         )
         _, config = fwd_sm90.plan_and_config(q, k, qo, ko, b.max_q, plan=plan, **kw)
         fwd = functools.partial(fwd_sm90.forward, q, k, v, qo, ko, b.max_q, plan=plan, config=config, **kw)
-        outs = fwd()
-        ms = measure(fwd, dev).p50
-        print(f"{name},{schedule},{int(config.DYNAMIC)},{int(config.ZIGZAG)},{int(config.HEAD_MAJOR)},{ms:.4f},"
-              f"{flops / ms * 1e-9:.1f}", flush=True)
+        outs = _timed_row(name, schedule, config, fwd, flops, dev)
         if first is None:
             first = outs
             continue
