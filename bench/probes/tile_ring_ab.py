@@ -3,6 +3,11 @@ and without the tile ring (``RING_TILES``), in one process on the same inputs an
 
     python bench/probes/tile_ring_ab.py --workloads bs-lognormal-d25,bs-dense8k-d25,jagged-lognormal-causal-d128
     python bench/probes/tile_ring_ab.py --kernel bwd      # the backward's BWD_WORKLOADS
+    python bench/probes/tile_ring_ab.py --workloads jagged-lognormal-causal-d128 --variants 'NUM_KV=3,Q_BUFS=1,STAGE_O=1'
+
+``--variants`` (forward): instead of ring on / off, the policy's config, then each variant
+(free fields of ``jagflash.core.tuning.FREE_FIELDS`` set over it), then the policy's again;
+every output bitwise equal to the policy's.
 
 For each workload (its batch, and for a ``bs-*`` one its block pattern, as the bench builds
 them) the kernel runs with the ring on and off, the rest of the config the policy's, the plan
@@ -43,6 +48,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workloads", default=None, help="comma-separated (default: DEFAULT_WORKLOADS, or BWD_WORKLOADS)")
     ap.add_argument("--kernel", choices=("fwd", "bwd"), default="fwd")
+    ap.add_argument(
+        "--variants", default=None,
+        help="forward only: ';'-separated configs to time instead of ring on / off, each FIELD=INT,... "
+        "over the policy's (e.g. 'STAGE_O=1;NUM_KV=3,Q_BUFS=1,STAGE_O=1'); the policy's runs first and last",
+    )
     a = ap.parse_args()
     names = a.workloads or ",".join(BWD_WORKLOADS if a.kernel == "bwd" else DEFAULT_WORKLOADS)
 
@@ -76,6 +86,9 @@ def main() -> None:
             _backward_ab(name, b, m, left, right, dim, pairs, (listed, tiles, empty), dev)
             continue
         plan, want = fwd_sm90.plan_and_config(q, k, qo, ko, b.max_q, left=left, right=right, scale=dim**-0.5, blocks=m)
+        if a.variants:
+            _variants_ab(name, b, m, plan, want, a.variants, left, right, dim, pairs, (listed, tiles, empty), dev)
+            continue
         outs = {}
         for ring in (True, False):
             fwd = functools.partial(
@@ -88,6 +101,38 @@ def main() -> None:
         same = all(torch.equal(x, y) for x, y in zip(outs[True], outs[False]))
         print(f"# {name}: ring on/off outputs bitwise equal: {same}", file=sys.stderr, flush=True)
         if not same:
+            sys.exit(1)
+
+
+def _variants_ab(name, b, m, plan, want, variants, left, right, dim, pairs, blocks, dev) -> None:
+    """The forward under the policy's config and each of ``variants`` (fields over it), the
+    policy's again at the end: rows ``workload, variant, policy's RING_TILES, ms_p50, TFLOP/s,
+    ...``; every output bitwise equal to the policy's (the variants move data, not arithmetic)."""
+    from jagflash.bench.timing import measure
+    from jagflash.core.tlx import fwd_sm90
+
+    q, k, v, qo, ko = b.q, b.k, b.v, b.q_offsets, b.kv_offsets
+    specs = [s for s in variants.split(";") if s]
+    runs = [("policy", want)]
+    for spec in specs:
+        fields = {f.split("=")[0]: int(f.split("=")[1]) for f in spec.split(",")}
+        fields = {k_: bool(v_) if isinstance(getattr(want, k_), bool) else v_ for k_, v_ in fields.items()}
+        runs.append((spec, dataclasses.replace(want, **fields)))
+    runs.append(("policy", want))
+    ref = None
+    for label, config in runs:
+        fwd = functools.partial(
+            fwd_sm90.forward, q, k, v, qo, ko, b.max_q, left=left, right=right, scale=dim**-0.5, plan=plan,
+            config=config, blocks=m,
+        )
+        got = fwd()
+        ref = ref or got
+        same = all(torch.equal(x, y) for x, y in zip(got, ref))
+        ms = measure(fwd, dev).p50
+        print(f"{name},{label.replace(',', ' ')},{int(want.RING_TILES)},{ms:.4f},{4 * dim * pairs / ms * 1e-9:.1f},"
+              + ",".join(map(str, blocks)), flush=True)
+        if not same:
+            print(f"# {name}: {label}: outputs differ from the policy config's", file=sys.stderr, flush=True)
             sys.exit(1)
 
 

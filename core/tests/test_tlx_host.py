@@ -454,3 +454,23 @@ def test_packed_tiles_are_kept_per_offsets_and_follow_in_place_writes() -> None:
         assert bwd_preprocess.packed_tiles(offs) is not moved
     lse = torch.zeros(2, int(offs[-1]))
     assert bwd_preprocess.backward_vectors(lse, offs, delta=lse)[2] is moved
+
+
+def test_three_kv_slots_only_on_causal_forwards_that_walk_without_the_ring() -> None:
+    """``tuning.fwd_config``'s ring depths: three K/V slots and one Q tile on a causal band with
+    no left bound, its tiles walked by each consumer (long K/V: no ring), O through the Q slot at
+    D 128 only; two and two with the ring, a block mask, broadcast-Q, a window or no mask."""
+    def depths(dim=128, left=-1, right=0, long_kv=True, **kw):
+        cfg = tuning.fwd_config(
+            head_dim=dim, group=1, left=left, right=right, q_shared=kw.get("q_shared", False), scale=1.0,
+            dynamic=True, zigzag=False, total_kv=1 << 30 if long_kv else 1, batch=1, sparse=kw.get("sparse", False),
+        )
+        return cfg.NUM_KV, cfg.Q_BUFS, cfg.STAGE_O
+
+    assert depths() == (3, 1, True)
+    assert depths(dim=64) == (3, 1, False)
+    assert depths(long_kv=False) == (2, 2, False)  # the tile ring
+    assert depths(sparse=True) == (2, 2, False)
+    assert depths(q_shared=True) == (2, 2, False)
+    assert depths(left=256) == (2, 2, False)
+    assert depths(right=-1) == (2, 2, False)

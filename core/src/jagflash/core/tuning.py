@@ -41,6 +41,7 @@ __all__ = [
     "config_reasons",
     "decode_config",
     "decode_reasons",
+    "default_fwd_depths",
     "default_head_major",
     "default_ring_tiles",
     "default_schedules",
@@ -194,6 +195,18 @@ def default_ring_tiles(total_kv: int, batch: int, block_n: int) -> bool:
     return total_kv <= block_n * max(batch, 1)
 
 
+def default_fwd_depths(head_dim: int, left: int, right: int, ring: bool, sparse: bool, q_shared: bool) -> tuple[int, int, bool]:
+    """``(NUM_KV, Q_BUFS, STAGE_O)`` of a TLX forward: three K/V slots and one Q tile for a
+    causal band without a left bound on the per-consumer walk (no tile ring, no block mask, no
+    broadcast-Q), at D 128 with O stored through the Q slot, whose 16 KB of layout-conversion
+    scratch the third slot needs; else two and two. Measured 4-5 % faster on lognormal and
+    dense causal batches, level on the other causal ones, 2 % slower without a mask and 10-38 %
+    slower with the tile ring (bench/NOTES.md, session 28)."""
+    if left < 0 and right >= 0 and not (ring or sparse or q_shared):
+        return 3, 1, head_dim >= 128
+    return 2, 2, False
+
+
 class _Constexprs:
     """What a frozen launch config gives its kernel: its fields by name."""
 
@@ -211,8 +224,8 @@ class _Constexprs:
 @dataclass(frozen=True)
 class FwdConfig(_Constexprs):
     """The compile-time choices of one TLX forward launch (the kernel's constexprs). Chosen by
-    :func:`fwd_config`; the tile shapes, ring depths and register split are fixed (the measured
-    winners: bench/NOTES.md)."""
+    :func:`fwd_config`; the tile shapes and register split are fixed, the ring depths
+    :func:`default_fwd_depths`'s (the measured winners: bench/NOTES.md)."""
 
     HEAD_DIM: int
     GROUP: int  # query heads per K/V head (GQA)
@@ -229,6 +242,7 @@ class FwdConfig(_Constexprs):
     NUM_KV: int = 2  # K/V ring depth
     Q_BUFS: int = 2  # Q tiles in flight (the next tile's Q loads during this one)
     SPARSE: bool = False  # a q-tile walks its row of a block mask's lists (jagflash.core.mask.block_walk)
+    STAGE_O: bool = False  # O stored through the tile's Q slot (no layout-conversion scratch)
 
 
 
@@ -243,11 +257,13 @@ def fwd_config(
     both consumers (bench/NOTES.md, session 17). Every forward asks: kept per arguments (a config
     is frozen)."""
     block_m, block_n = tlx_sm90_blocks(head_dim)["fwd"]
+    ring = sparse or default_ring_tiles(total_kv, batch, block_n)
+    num_kv, q_bufs, stage_o = default_fwd_depths(head_dim, left, right, ring, sparse, q_shared)
     return FwdConfig(
         HEAD_DIM=head_dim, GROUP=group, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
         Q_SHARED=q_shared, FOLD_SCALE=scale > 0, HEAD_MAJOR=default_head_major(left, right, dynamic),
-        DYNAMIC=dynamic, ZIGZAG=zigzag, RING_TILES=sparse or default_ring_tiles(total_kv, batch, block_n),
-        BLOCK_M=block_m, BLOCK_N=block_n, SPARSE=sparse,
+        DYNAMIC=dynamic, ZIGZAG=zigzag, RING_TILES=ring, BLOCK_M=block_m, BLOCK_N=block_n,
+        NUM_KV=num_kv, Q_BUFS=q_bufs, SPARSE=sparse, STAGE_O=stage_o,
     )
 
 
@@ -304,8 +320,10 @@ def bwd_config(
 
 
 #: The FwdConfig / BwdConfig fields a caller's config may choose other than the policy does
-#: (the walk and the tile hand-off: tests and probes force each); the rest follow from the call.
-FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES"})
+#: (the walk, the tile hand-off, the forward's ring depths and O store: tests and probes force
+#: each; a choice of depths the shared memory cannot hold fails to compile); the rest follow
+#: from the call.
+FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O"})
 
 
 def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, plan_blocks: tuple[int, int]) -> list[str]:

@@ -16,7 +16,6 @@ get), since CI compiles every configuration.
 
 from __future__ import annotations
 
-import dataclasses
 from itertools import product
 
 from jagflash.core.tuning import TLX_HEAD_DIMS, TLX_ONE_PASS_HEAD_DIMS, bwd_config, fwd_config
@@ -61,8 +60,10 @@ def fwd_space():
                 extras.append(("_bq", {"q_shared": True}))
         for suffix, kw in extras:
             call = {"group": 1, "q_shared": False, "scale": 1.0, **kw}
-            cfg = fwd_config(head_dim=dim, left=left, right=right, dynamic=dyn, zigzag=zz, total_kv=1, batch=1, **call)
-            cfg = dataclasses.replace(cfg, RING_TILES=ring)
+            # the policy's config on a batch of short K/V sequences (the ring) or of long ones
+            cfg = fwd_config(head_dim=dim, left=left, right=right, dynamic=dyn, zigzag=zz, **(SHORT_KV if ring else LONG_KV), **call)
+            if ring != cfg.RING_TILES:
+                raise RuntimeError(f"the forward policy no longer rings on {'short' if ring else 'long'} K/V: {cfg}")
             name = f"tlx_fwd_{deal}{suffix}{'_ring' if ring else ''} {dtype} d{dim}{' ' + mask if mask else ''}"
             out.setdefault((cfg, dtype), name)
     for kind, deal, dtype, dim, mask in SPARSE_SAMPLES:
@@ -183,13 +184,13 @@ KNOWN_SPILLS: dict[str, int] = {
     "tlx_fwd_dynamic_unfolded_ring fp16 d128": 48,
     "tlx_fwd_dynamic_bq_ring fp16 d128": 24,
     "tlx_fwd_static fp16 d128": 28,
-    "tlx_fwd_dynamic fp16 d128 causal": 56,
-    "tlx_fwd_dynamic_gqa fp16 d128 causal": 56,
-    "tlx_fwd_dynamic_unfolded fp16 d128 causal": 64,
+    "tlx_fwd_dynamic fp16 d128 causal": 44,
+    "tlx_fwd_dynamic_gqa fp16 d128 causal": 44,
+    "tlx_fwd_dynamic_unfolded fp16 d128 causal": 52,
     "tlx_fwd_dynamic_ring fp16 d128 causal": 52,
     "tlx_fwd_dynamic_gqa_ring fp16 d128 causal": 52,
     "tlx_fwd_dynamic_unfolded_ring fp16 d128 causal": 60,
-    "tlx_fwd_static fp16 d128 causal": 32,
+    "tlx_fwd_static fp16 d128 causal": 44,
     "tlx_fwd_dynamic fp16 d128 window": 68,
     "tlx_fwd_dynamic_ring fp16 d128 window": 60,
     "tlx_fwd_static fp16 d128 window": 68,
@@ -204,13 +205,13 @@ KNOWN_SPILLS: dict[str, int] = {
     "tlx_fwd_dynamic_unfolded_ring bf16 d128": 48,
     "tlx_fwd_dynamic_bq_ring bf16 d128": 24,
     "tlx_fwd_static bf16 d128": 32,
-    "tlx_fwd_dynamic bf16 d128 causal": 60,
-    "tlx_fwd_dynamic_gqa bf16 d128 causal": 60,
-    "tlx_fwd_dynamic_unfolded bf16 d128 causal": 68,
+    "tlx_fwd_dynamic bf16 d128 causal": 44,
+    "tlx_fwd_dynamic_gqa bf16 d128 causal": 44,
+    "tlx_fwd_dynamic_unfolded bf16 d128 causal": 52,
     "tlx_fwd_dynamic_ring bf16 d128 causal": 52,
     "tlx_fwd_dynamic_gqa_ring bf16 d128 causal": 52,
     "tlx_fwd_dynamic_unfolded_ring bf16 d128 causal": 60,
-    "tlx_fwd_static bf16 d128 causal": 36,
+    "tlx_fwd_static bf16 d128 causal": 48,
     "tlx_fwd_dynamic bf16 d128 window": 60,
     "tlx_fwd_dynamic_ring bf16 d128 window": 52,
     "tlx_fwd_static bf16 d128 window": 60,

@@ -12,7 +12,9 @@ walk_first``) and splits the work over three warp roles:
   main loop of ``jagflash.core.tlx.fwd_mainloop``; a warpgroup whose 64 rows all lie past the
   sequence's end issues no matmul there;
 - the epilogue (in the consumers) normalises, and writes O and the LSE with masked stores that
-  never cross the sequence boundary.
+  never cross the sequence boundary; with ``STAGE_O`` O goes through the warpgroup's own Q slot
+  (free once its last QK^T completes) instead of a layout conversion's 16 KB of scratch, the
+  room a third K/V slot needs at D 128 (``jagflash.core.tuning.default_fwd_depths``).
 
 Every q-tile visits the kv-blocks of ``jagflash.core.mask.kv_tile_range`` through the mask's
 block iterator (``block_walk`` / ``block_at``; with ``SPARSE`` the listed blocks of the tile's
@@ -144,7 +146,7 @@ def _fwd_kernel(
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     Q_SHARED: tl.constexpr, FOLD_SCALE: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, RING_TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_KV: tl.constexpr, Q_BUFS: tl.constexpr, SPARSE: tl.constexpr,
+    NUM_KV: tl.constexpr, Q_BUFS: tl.constexpr, SPARSE: tl.constexpr, STAGE_O: tl.constexpr,
 ):
     """O and LSE of the q-tiles of a Plan's forward pass; the constexprs are a
     :class:`jagflash.core.tuning.FwdConfig`'s. ``lists``: with ``SPARSE``, the forward lists
@@ -266,14 +268,26 @@ def _fwd_kernel(
                             tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
                     else:
                         acc, m_i, l_i, kv_cnt = attend(kv_cnt, q_buf, kv, bounds, listed, blocks, qk_scale2, cid, dtype, HALF, HEAD_DIM, BLOCK_N, NUM_KV, BOUNDED_LEFT, FOLD_SCALE, SPARSE)
-                        if busy:
+                        if busy and not STAGE_O:
                             tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
                         out, lse = finish_softmax(acc, m_i, l_i)
                         valid = rows < lq
                         offs_d = tl.arange(0, HEAD_DIM)
                         o_rows = (q_start + rows).to(tl.int64)
                         o_ptrs = O + o_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
-                        tl.store(o_ptrs, output(out, dtype), mask=valid[:, None])
+                        if STAGE_O:
+                            # O through this half's Q slot (its last QK^T has completed): written in
+                            # the MMA layout, read back in the store's, where converting the layout
+                            # in registers takes a 16 KB scratch buffer of shared memory; a tile
+                            # that visited no block stores zeros made in the store's layout
+                            if busy:
+                                tlx.local_store(q_buf, output(out, dtype))
+                                tl.store(o_ptrs, tlx.local_load(q_buf), mask=valid[:, None])
+                                tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
+                            else:
+                                tl.store(o_ptrs, tl.zeros([HALF, HEAD_DIM], dtype), mask=valid[:, None])
+                        else:
+                            tl.store(o_ptrs, output(out, dtype), mask=valid[:, None])
                         # LSE [Hq, Tq] (stride_lh = Tq, stride_ls = 1) or [B, Hq, L] (L, Hq: q_start = b L);
                         # int32 offsets: LSE has D times fewer elements than O, which fits in memory
                         tl.store(LSE + (h * stride_lh + q_start * stride_ls + rows), lse, mask=valid)
