@@ -21,7 +21,8 @@
 # (add ".gpu/commit" to each carry so the results name the commit: see JAGFLASH_GIT_COMMIT).
 # Budget: a full bench of every workload and peer takes ~8 minutes of a 10-minute call; the
 # 2026-11-30 run had ~4.5 and skipped 44 of its 184 rows (bench/results/2026-11-30-3d49d95).
-# Make the bundles first with ../shared/tools/gpu-bundle and ../shared/tools/fa4-bundle.
+# Make the bundles first with ../shared/tools/gpu-bundle and ../shared/tools/fa4-bundle, then
+# tools/slim-gpu-bundle.sh: the full TLX bundle and the tracked tree no longer fit one call's 64 MiB.
 #
 # Steps (default: ceilings tests demo bench, in this order): ceilings (versions + bf16 matmul and
 # copy ceilings), tlx-tests (the TLX kernels' sm90 tests alone, first), tests (pytest -m "gpu or sm90" on core and variants), demo
