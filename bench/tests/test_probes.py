@@ -51,6 +51,8 @@ def test_probe_answers_help_without_a_gpu(script: Path) -> None:
         ("tile_ring_ab", "BWD_WORKLOADS"),
         ("bwd_passes", "DEFAULT_WORKLOADS"),
         ("bwd_order_ab", "DEFAULT_WORKLOADS"),
+        ("fwd_timeline", "DEFAULT_WORKLOADS"),
+        ("empty_order_ab", "DEFAULT_WORKLOADS"),
     ],
 )
 def test_probe_batches_are_bench_workloads(probe: str, table: str) -> None:
