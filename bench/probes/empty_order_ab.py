@@ -11,8 +11,11 @@ them: the kernel's last microseconds are every program writing zeros (O 0 and LS
 14,320 such forward tiles took 0.215 ms alone). This probe reorders the built plan's table, the
 other tiles kept in their order, and times the kernel on each order in one process:
 
-- ``policy``: the table as built;
+- ``policy``: the table as built (the builder costs an empty tile as one block since session 29:
+  ``jagflash.core.plan.cost.MIN_SORT_COST``);
 - ``as-one``: empty tiles costed as one block (a stable sort: they join the last cost class);
+- ``zero-last``: empty tiles after all the others (of their sequence's run in a grouped table):
+  the builder's order before the floor;
 - ``spread``: empty tiles spaced evenly through the table;
 - ``first``: empty tiles first.
 
@@ -32,7 +35,7 @@ import torch
 
 #: The batches timed by default: block-sparse rows with many empty q-tiles and one with few.
 DEFAULT_WORKLOADS = ("bs-lognormal-d25", "bs-lognormal-d10", "bs-lognormal-local-global", "bs-dense8k-d25")
-ORDERS = ("policy", "as-one", "spread", "first", "policy")
+ORDERS = ("policy", "as-one", "zero-last", "spread", "first", "policy")
 
 
 def tile_costs(plan, pass_: str, mask, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, left: int, right: int) -> torch.Tensor:
@@ -61,32 +64,50 @@ def tile_costs(plan, pass_: str, mask, q_offsets: torch.Tensor, kv_offsets: torc
 
 
 def reorder(plan, pass_: str, costs: torch.Tensor, order: str):
-    """A copy of ``plan`` whose ``pass_`` rows are in ``order`` (the module's list)."""
+    """A copy of ``plan`` whose ``pass_`` rows are in ``order`` (the module's list). Rows move a
+    tile slot at a time (the ``heads`` rows of one tile, side by side: the kernels' head-major
+    walk reads the table so); a slot costs its largest row (the bench's masks are shared by
+    the heads, so a slot's rows cost the same: the builder's cost of the slot), empty at 0."""
     lay = plan.info.layout(pass_)
     n = costs.numel()
-    idx = torch.arange(n, device=costs.device)
-    empty = costs == 0
+    heads = lay.heads
+    slots = n // heads
+    slot_cost = costs.reshape(slots, heads).max(1).values
+    table = plan.section(pass_)[:n].reshape(slots, heads, 3)
+    idx = torch.arange(slots, device=costs.device)
+    empty = slot_cost == 0
     if order == "policy":
         perm = idx
     elif order == "as-one":
-        # the builder's order with the floor: cost, then slot (sequence, first row), then head
-        rows = plan.section(pass_)[:n].to(torch.int64)
+        # the builder's order with the floor: cost, then slot (sequence, first row)
+        first = table[:, 0].to(torch.int64)
         perm = idx
-        for key in (rows[:, 1], rows[:, 2], rows[:, 0], -torch.clamp(costs, min=1)):
+        for key in (first[:, 2], first[:, 0], -torch.clamp(slot_cost, min=1)):
             perm = perm[torch.sort(key[perm], stable=True).indices]
+    elif order == "zero-last":
+        # empty slots after the others: of the whole table (cost order), or of their own
+        # sequence's run (a grouped table)
+        seq = table[:, 0, 0].to(torch.int64)
+        if plan.info.schedule_of(pass_) in ("grouped", "dynamic-grouped"):
+            rank = torch.zeros(int(seq.max()) + 1, dtype=torch.int64, device=seq.device)
+            rank[seq.flip(0)] = torch.arange(slots - 1, -1, -1, device=seq.device)  # first occurrence
+            key = rank[seq] * 2 + empty.to(torch.int64)
+        else:
+            key = empty.to(torch.int64)
+        perm = torch.sort(key, stable=True).indices
     elif order == "first":
         perm = torch.cat([idx[empty], idx[~empty]])
     elif order == "spread":
         e, f = idx[empty], idx[~empty]
-        # empty tile k goes after round((k + 1) * F / (E + 1)) of the others
-        slots = torch.round((torch.arange(e.numel(), device=e.device) + 1) * f.numel() / (e.numel() + 1)).to(torch.int64)
-        key = torch.cat([torch.arange(f.numel(), device=f.device) * 2 + 1, slots * 2])
+        # empty slot k goes before the round((k + 1) * F / (E + 1))-th of the others
+        at = torch.round((torch.arange(e.numel(), device=e.device) + 1) * f.numel() / (e.numel() + 1)).to(torch.int64)
+        key = torch.cat([torch.arange(f.numel(), device=f.device) * 2 + 1, at * 2])
         perm = torch.cat([f, e])[torch.sort(key, stable=True).indices]
     else:
         raise ValueError(order)
     tiles = plan.tiles.clone()
     sec = tiles[lay.row0 : lay.row0 + lay.rows]
-    sec[:n] = plan.section(pass_)[:n][perm]
+    sec[:n] = table[perm].reshape(n, 3)
     return dataclasses.replace(plan, tiles=tiles)
 
 

@@ -167,7 +167,7 @@ def _plan_slots_kernel(
         q_cost = (k_hi - k_lo + bn - 1) // bn
         r_lo, _, _, r_hi = dkdv_q_range(start, lq, lk, left, right, bm, bn, BOUNDED_LEFT, BOUNDED_RIGHT)
         kv_cost = (r_hi - r_lo) // bm
-        cost = tl.where(kv_side, kv_cost, q_cost).to(tl.int64)
+        cost = tl.maximum(tl.where(kv_side, kv_cost, q_cost), 1).to(tl.int64)  # cost.MIN_SORT_COST
         if _pick(p, s0, s1, s2) == 2:  # grouped: the sequence's cost, then the tile's (_seq_cost)
             seq_cost = ((lq + bm - 1) // bm).to(tl.int64) * ((lk + bn - 1) // bn).to(tl.int64)
             seq_cost = tl.minimum(seq_cost, 2147483647 // ROOM - 1)

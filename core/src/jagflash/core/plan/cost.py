@@ -3,7 +3,9 @@
 A forward (or dQ) q-tile costs the kv-tiles it visits under the mask
 (:func:`jagflash.core.mask.kv_tile_ranges`); a dK/dV kv-tile costs the q-tiles it visits
 (:func:`jagflash.core.mask.dkdv_q_ranges`). Tiles of no row do not exist; a tile that sees
-nothing costs 0 and stays (it writes zeros and LSE -inf). The ``grouped`` schedule sorts by its
+nothing stays (it writes zeros and LSE -inf) and sorts as costing one partner tile: writing its
+output is work, and costed 0 such tiles would all end a cost-sorted table, every program
+writing zeros at once with nothing to overlap (bench/NOTES.md, session 29). The ``grouped`` schedule sorts by its
 sequence's cost (q-tiles x kv-tiles) first, then by the tile's, in one key below 2**31.
 
 With a block mask (``listed``: its bool grid, ``jagflash.core.block_mask.BlockMask.to_dense``)
@@ -23,7 +25,7 @@ from jagflash.core.jagged import slots_of
 from jagflash.core.mask import dkdv_q_ranges, kv_tile_ranges, listed_blocks
 from jagflash.core.plan.model import PassLayout
 
-__all__ = ["tile_costs"]
+__all__ = ["MIN_SORT_COST", "tile_costs"]
 
 
 def tile_costs(
@@ -45,6 +47,10 @@ def tile_costs(
     lo, _, _, hi = dkdv_q_ranges(start, lq, lk, block_m, block_n, left, right)
     return torch.div(hi - lo, block_m, rounding_mode="floor")
 
+
+#: The least cost a tile sorts by (its output is written even when it visits nothing: see the
+#: module's docstring); the Triton build (``jagflash.core.plan.build``) uses the same floor.
+MIN_SORT_COST = 1
 
 _TILE_COST_ROOM = 1 << 13  # grouped key: sequence cost * room + tile cost, below 2**31
 
@@ -78,6 +84,7 @@ def _section(
         seq_cost = _seq_cost(lq[seq], lk[seq], lay.block_m, lay.block_n)
     else:
         cost, seq_cost = _listed_costs(listed, side, seq, start, block, lq, lk, lay, left, right, sub)
+    cost = cost.clamp(min=MIN_SORT_COST)
     if sort == 2:  # grouped: the sequence's cost, q-tiles x kv-tiles, then the tile's
         cost = seq_cost * _TILE_COST_ROOM + cost.clamp(max=_TILE_COST_ROOM - 1)
     cost = torch.where(valid, cost, -1)
