@@ -5,15 +5,16 @@ should sit, timed on the TLX forward (and the one-pass backward's dK/dV table).
     python bench/probes/empty_order_ab.py --kernel bwd --workloads bs-dense8k-d25
 
 A tile that visits no block (a q-tile whose row of the block mask lists nothing in its band, a
-kv-tile no q-step sees) costs 0 in the plan's cost model, so a cost-sorted table ends with all of
-them: the kernel's last microseconds are every program writing zeros (O 0 and LSE -inf, or dK = dV
-= 0) at once, bound by the write bandwidth with nothing to overlap (bench/NOTES.md, session 28:
-14,320 such forward tiles took 0.215 ms alone). This probe reorders the built plan's table, the
-other tiles kept in their order, and times the kernel on each order in one process:
+kv-tile no q-step sees) only writes zeros (O 0 and LSE -inf, or dK = dV = 0). Costed 0, such tiles
+end a cost-sorted table (each head's span of it, under the head-major walk): every program
+writing zeros at once, bound by the write bandwidth with nothing to overlap (bench/NOTES.md,
+session 28: 14,320 such forward tiles took 0.215 ms alone). This probe reorders the built plan's
+table, the other tiles kept in their order, and times the kernel on each order in one process:
 
 - ``policy``: the table as built (the builder costs an empty tile as one block since session 29:
   ``jagflash.core.plan.cost.MIN_SORT_COST``);
-- ``as-one``: empty tiles costed as one block (a stable sort: they join the last cost class);
+- ``as-one``: empty tiles costed as one block (a stable sort: they join the last cost class; the
+  policy's order since that session, kept as a check that the two agree);
 - ``zero-last``: empty tiles after all the others (of their sequence's run in a grouped table):
   the builder's order before the floor;
 - ``spread``: empty tiles spaced evenly through the table;
@@ -68,6 +69,8 @@ def reorder(plan, pass_: str, costs: torch.Tensor, order: str):
     tile slot at a time (the ``heads`` rows of one tile, side by side: the kernels' head-major
     walk reads the table so); a slot costs its largest row (the bench's masks are shared by
     the heads, so a slot's rows cost the same: the builder's cost of the slot), empty at 0."""
+    from jagflash.core.plan.model import sort_kind
+
     lay = plan.info.layout(pass_)
     n = costs.numel()
     heads = lay.heads
@@ -88,7 +91,7 @@ def reorder(plan, pass_: str, costs: torch.Tensor, order: str):
         # empty slots after the others: of the whole table (cost order), or of their own
         # sequence's run (a grouped table)
         seq = table[:, 0, 0].to(torch.int64)
-        if plan.info.schedule_of(pass_) in ("grouped", "dynamic-grouped"):
+        if sort_kind(plan.info.schedule_of(pass_)) == 2:
             rank = torch.zeros(int(seq.max()) + 1, dtype=torch.int64, device=seq.device)
             rank[seq.flip(0)] = torch.arange(slots - 1, -1, -1, device=seq.device)  # first occurrence
             key = rank[seq] * 2 + empty.to(torch.int64)
@@ -121,6 +124,7 @@ def main() -> None:
     from jagflash.bench.sparsity import make_block_mask
     from jagflash.bench.timing import measure
     from jagflash.bench.workloads import get
+    from jagflash.core.plan.model import sort_kind
     from jagflash.core.tlx import bwd_sm90, fwd_sm90
 
     dev = torch.device("cuda")
@@ -144,7 +148,7 @@ def main() -> None:
             pass_ = "dkdv"
         costs = tile_costs(plan, pass_, m, qo, ko, left, right)
         empties = int((costs == 0).sum())
-        grouped = plan.info.schedule_of(pass_) in ("grouped", "dynamic-grouped")
+        grouped = sort_kind(plan.info.schedule_of(pass_)) == 2
         ref = None
         for order in ORDERS:
             if grouped and order == "as-one":  # a global cost sort would undo the sequences' grouping

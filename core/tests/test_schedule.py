@@ -352,9 +352,9 @@ def test_simulated_efficiency_on_skewed_batches(name: str, causal: bool, kv_head
 @pytest.mark.parametrize("cross", [False, True])
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_gpu_build_is_sync_free_and_matches_cpu(schedule: str, cross: bool) -> None:
-    """The Triton build (the GPU's) gives the torch build's table; ``cross``: more queries than
-    keys, so that the first q-tiles of each sequence see no key and the kv-tiles past a window
-    no query: tiles that visit nothing, which sort at the cost floor (``MIN_SORT_COST``)."""
+    """The Triton build (the GPU's) gives the torch build's table; ``cross``: twice as many
+    queries as keys and a left window, so that many forward and dQ q-tiles see no key: tiles
+    that visit nothing, which sort at the cost floor (``MIN_SORT_COST``)."""
     b = {
         "q_lens": list(SKEWED["spread"]), "heads_q": 16, "heads_kv": 4,
         "causal": True, "window": (96, 0) if cross else None, "offsets_dtype": torch.int32,

@@ -3,10 +3,11 @@
 A forward (or dQ) q-tile costs the kv-tiles it visits under the mask
 (:func:`jagflash.core.mask.kv_tile_ranges`); a dK/dV kv-tile costs the q-tiles it visits
 (:func:`jagflash.core.mask.dkdv_q_ranges`). Tiles of no row do not exist; a tile that sees
-nothing stays (it writes zeros and LSE -inf) and sorts as costing one partner tile: writing its
-output is work, and costed 0 such tiles would all end a cost-sorted table, every program
-writing zeros at once with nothing to overlap (bench/NOTES.md, session 29). The ``grouped`` schedule sorts by its
-sequence's cost (q-tiles x kv-tiles) first, then by the tile's, in one key below 2**31.
+nothing stays (it writes zeros and LSE -inf) and sorts as costing one partner tile
+(:data:`MIN_SORT_COST`): writing its output is work, and costed 0 such tiles would all end a
+cost-sorted table, every program writing zeros at once with nothing to overlap (bench/NOTES.md,
+session 29). The ``grouped`` schedule sorts by its sequence's cost (q-tiles x kv-tiles) first,
+then by the tile's, in one key below 2**31.
 
 With a block mask (``listed``: its bool grid, ``jagflash.core.block_mask.BlockMask.to_dense``)
 a tile costs the listed blocks of its band summed over the mask's heads
