@@ -132,20 +132,23 @@ def test_tlx_forward_tile_ring_on_and_off_match_reference(name, causal, ring_til
     check_against_reference(_forward(causal, schedule, RING_TILES=ring_tiles), _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
 
 
-@pytest.mark.parametrize(("num_kv", "q_bufs", "stage_o"), [(2, 2, True), (3, 1, True), (2, 2, False)])
+@pytest.mark.parametrize(
+    ("num_kv", "q_bufs", "stage_o", "tma_o"), [(2, 2, True, False), (3, 1, True, False), (2, 2, False, False), (2, 2, True, True), (3, 1, True, True)]
+)
 @pytest.mark.parametrize("ring_tiles", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_gt_lk", "lognormal"])
-def test_tlx_forward_ring_depths_and_o_store_match_reference(name, causal, ring_tiles, num_kv, q_bufs, stage_o) -> None:
+def test_tlx_forward_ring_depths_and_o_store_match_reference(name, causal, ring_tiles, num_kv, q_bufs, stage_o, tma_o) -> None:
     """The K/V ring's depth, the Q tiles in flight and O stored through the Q slot
-    (``STAGE_O``: the tiles with no block to visit store zeros of their own), each forced on a
-    batch that walks the tiles through the ring or not (by default causal batches without the
-    ring take three slots, one Q tile and ``STAGE_O``; the others two and two)."""
+    (``STAGE_O``: the tiles with no block to visit store zeros of their own; with ``TMA_O`` the
+    halves inside their sequence by TMA, the others by masked stores), each forced on a batch
+    that walks the tiles through the ring or not (by default causal batches without the ring
+    take three slots, one Q tile and ``STAGE_O``; the others two and two)."""
     q_lens, k_lens, hq, hkv = CASES[name]
     case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
     t = case.build("cuda", requires_grad=False)
     t.pop("dout")
-    run = _forward(causal, "dynamic", RING_TILES=ring_tiles, NUM_KV=num_kv, Q_BUFS=q_bufs, STAGE_O=stage_o)
+    run = _forward(causal, "dynamic", RING_TILES=ring_tiles, NUM_KV=num_kv, Q_BUFS=q_bufs, STAGE_O=stage_o, TMA_O=tma_o)
     check_against_reference(run, _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
 
 

@@ -243,6 +243,7 @@ class FwdConfig(_Constexprs):
     Q_BUFS: int = 2  # Q tiles in flight (the next tile's Q loads during this one)
     SPARSE: bool = False  # a q-tile walks its row of a block mask's lists (jagflash.core.mask.block_walk)
     STAGE_O: bool = False  # O stored through the tile's Q slot (no layout-conversion scratch)
+    TMA_O: bool = False  # with STAGE_O: a half tile inside its sequence leaves by one TMA store
 
 
 
@@ -323,7 +324,7 @@ def bwd_config(
 #: (the walk, the tile hand-off, the forward's ring depths and O store: tests and probes force
 #: each; a choice of depths the shared memory cannot hold fails to compile); the rest follow
 #: from the call.
-FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O"})
+FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O"})
 
 
 def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, plan_blocks: tuple[int, int]) -> list[str]:

@@ -126,7 +126,7 @@ def _fwd_signature(cfg, dtype: str) -> dict[str, str]:
     d = cfg.HEAD_DIM
     return {
         "desc_q": f"tensordesc<{dtype}[{cfg.BLOCK_M // 2},{d}]>", "desc_k": f"tensordesc<{dtype}[{cfg.BLOCK_N},{d}]>",
-        "desc_v": f"tensordesc<{dtype}[{cfg.BLOCK_N},{d}]>", "O": f"*{dtype}", "LSE": "*fp32", "q_offsets": "*i32",
+        "desc_v": f"tensordesc<{dtype}[{cfg.BLOCK_N},{d}]>", "desc_o": f"tensordesc<{dtype}[{cfg.BLOCK_M // 2},{d}]>", "O": f"*{dtype}", "LSE": "*fp32", "q_offsets": "*i32",
         "kv_offsets": "*i32", "TILES": "*i32", "COUNT": "*i64", "COUNTER": "*i32" if cfg.DYNAMIC else "*i64",
         "stride_ot": "i32:16", "stride_oh": "i32:16", "stride_lh": "i32", "stride_ls": "i32", "scale": "fp32",
         "left": "i32", "right": "i32", "heads": "i32",

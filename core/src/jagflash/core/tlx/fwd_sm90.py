@@ -141,15 +141,16 @@ def load_kv_blocks(desc_k, desc_v, kv, kv_cnt, listed, start, end, k_start, col,
 
 @triton.jit
 def _fwd_kernel(
-    desc_q, desc_k, desc_v, O, LSE, q_offsets, kv_offsets, TILES, COUNT, COUNTER,
+    desc_q, desc_k, desc_v, desc_o, O, LSE, q_offsets, kv_offsets, TILES, COUNT, COUNTER,
     stride_ot, stride_oh, stride_lh, stride_ls, scale, left, right, heads, lists,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     Q_SHARED: tl.constexpr, FOLD_SCALE: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, RING_TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_KV: tl.constexpr, Q_BUFS: tl.constexpr, SPARSE: tl.constexpr, STAGE_O: tl.constexpr,
+    NUM_KV: tl.constexpr, Q_BUFS: tl.constexpr, SPARSE: tl.constexpr, STAGE_O: tl.constexpr, TMA_O: tl.constexpr,
 ):
     """O and LSE of the q-tiles of a Plan's forward pass; the constexprs are a
-    :class:`jagflash.core.tuning.FwdConfig`'s. ``lists``: with ``SPARSE``, the forward lists
+    :class:`jagflash.core.tuning.FwdConfig`'s. ``desc_o``: a TMA descriptor over O's rows in
+    blocks of a consumer's half tile (``TMA_O``'s stores). ``lists``: with ``SPARSE``, the forward lists
     of ``jagflash.core.block_mask.BlockMask.kernel_lists`` (blocks of BLOCK_M x BLOCK_N), else
     None."""
     STEP: tl.constexpr = 1 if SPARSE else BLOCK_N
@@ -279,10 +280,18 @@ def _fwd_kernel(
                             # O through this half's Q slot (its last QK^T has completed): written in
                             # the MMA layout, read back in the store's, where converting the layout
                             # in registers takes a 16 KB scratch buffer of shared memory; a tile
-                            # that visited no block stores zeros made in the store's layout
+                            # that visited no block stores zeros made in the store's layout. With
+                            # TMA_O a half whose rows all lie in the sequence leaves by one TMA
+                            # store (the slot is free once the copy engine has read it), not by
+                            # the warpgroup's own stores
                             if busy:
                                 tlx.local_store(q_buf, output(out, dtype))
-                                tl.store(o_ptrs, tlx.local_load(q_buf), mask=valid[:, None])
+                                if TMA_O and (m0 + (cid + 1) * HALF <= lq):
+                                    tlx.fence("async_shared")
+                                    tlx.async_descriptor_store(desc_o, q_buf, [q_start + m0 + cid * HALF, h * HEAD_DIM])
+                                    tlx.async_descriptor_store_wait(0)
+                                else:
+                                    tl.store(o_ptrs, tlx.local_load(q_buf), mask=valid[:, None])
                                 tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
                             else:
                                 tl.store(o_ptrs, tl.zeros([HALF, HEAD_DIM], dtype), mask=valid[:, None])
@@ -393,7 +402,7 @@ def forward(
     programs = min(num_workers(q.device), lay.rows)
     _fwd_kernel[(programs,)](
         rows_descriptor(q, config.BLOCK_M // 2, dim), rows_descriptor(k, config.BLOCK_N, dim),
-        rows_descriptor(v, config.BLOCK_N, dim), out, lse, q_offsets, kv_offsets,
+        rows_descriptor(v, config.BLOCK_N, dim), rows_descriptor(out, config.BLOCK_M // 2, dim), out, lse, q_offsets, kv_offsets,
         plan.section("fwd"), plan.meta[PASSES.index("fwd"):], tile_counter(plan, "fwd"),
         out.stride(0), out.stride(1), *lse_strides, scale, left, right, lay.heads,
         None if blocks is None else blocks.kernel_lists()[0], **config.constexprs(), num_warps=4, num_stages=1,
