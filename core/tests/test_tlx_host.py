@@ -179,6 +179,73 @@ def test_scaled_cast_writes_every_element_scaled_in_the_output_dtype(dtype, n) -
     assert torch.equal(out, (src * 0.088).to(dtype))
 
 
+def test_the_one_pass_owns_short_sequences_where_it_can() -> None:
+    """Where the kernel may own sequences (``tuning.own_span``): the one pass on a dynamic-grouped
+    table at D 128, the sequences of up to OWN_KV_TILES kv-tiles; not at D 64, not for
+    broadcast-Q, not on other tables, not in the two passes. The policy owns there, with the tile
+    ring, once ``OWN_BY_DEFAULT`` is on. A config that owns where the kernel cannot is refused
+    with every reason."""
+    import dataclasses
+
+    call = {"group": 1, "left": -1, "right": -1, "dynamic": True, "zigzag": False, "total_kv": 1 << 20, "batch": 2}
+    spans = {
+        (dim, q_shared, fused, grouped): tuning.own_span(dim, 128, fused_dq=fused, q_shared=q_shared, grouped=grouped)
+        for dim in (64, 128) for q_shared in (False, True) for fused in (False, True) for grouped in (False, True)
+    }
+    assert spans.pop((128, False, True, True)) == tuning.OWN_KV_TILES * 128
+    assert not any(spans.values())
+    own = tuning.bwd_config(head_dim=128, q_shared=False, fused_dq=True, grouped=True, **call)
+    assert (tuning.OWN_KV_TILES * own.BLOCK_N if tuning.OWN_BY_DEFAULT else 0) == own.OWN_SPAN
+    assert own.RING_TILES == tuning.OWN_BY_DEFAULT
+    want = tuning.bwd_config(head_dim=64, q_shared=False, fused_dq=True, grouped=True, **call)
+    assert not want.OWN_SPAN
+    bad = dataclasses.replace(want, OWN_SPAN=100, RING_TILES=False)
+    reasons = " ".join(tuning.config_reasons(bad, want, (want.BLOCK_M, want.BLOCK_N)))
+    for why in ("tile ring", "column-half dQ", "multiple of BLOCK_N"):
+        assert why in reasons
+    two_pass = dataclasses.replace(bad, FUSED_DQ=False)
+    assert "needs the one pass" in " ".join(tuning.config_reasons(two_pass, two_pass, (want.BLOCK_M, want.BLOCK_N)))
+    assert not tuning.config_reasons(own, own, (own.BLOCK_M, own.BLOCK_N))
+
+
+def test_owned_rows_are_left_to_the_kernel_by_the_preprocess_and_the_cast() -> None:
+    """With ``owned`` (the sequences of 1 to ``own_span`` keys, whose dQ rows the dK/dV kernel
+    zeroes, sums and writes itself: ``tuning.own_span``) the preprocess zeroes every other row of
+    a NaN-poisoned accumulator and leaves the owned rows' NaN, with the same vectors, and the
+    cast writes every other row of a NaN-poisoned dQ and leaves the owned rows' NaN: lengths at,
+    under and over the span, a sequence with queries but no key (not owned: its rows are zeroed
+    and cast), one with keys but no query, rows of any width (many heads: several column
+    blocks). Broadcast-Q's shared rows have no owner: refused."""
+    gen = torch.Generator().manual_seed(5)
+    span = 256
+    q_lens = [5, 300, 0, 64, 257, 9, 40]
+    k_lens = [256, 300, 7, 0, 10, 257, 1]
+    for hq, dim in ((3, 16), (5, 256)):
+        qo = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+        ko = torch.tensor([0, *torch.tensor(k_lens).cumsum(0).tolist()], dtype=torch.int32)
+        tq = int(qo[-1])
+        out = torch.randn(tq, hq, dim, generator=gen)
+        dout = torch.randn(tq, hq, dim, generator=gen)
+        lse = torch.randn(hq, tq, generator=gen)
+        acc = torch.full((tq, hq * dim), float("nan"))
+        got = bwd_preprocess.backward_vectors(lse, qo, out=out, dout=dout, dq_acc=acc, owned=(ko, span))
+        want = bwd_preprocess.backward_vectors(lse, qo, out=out, dout=dout)
+        for g, w in zip(got, want, strict=True):
+            assert torch.equal(g, w)
+        mine = torch.cat([torch.full((lq,), 0 < lk <= span) for lq, lk in zip(q_lens, k_lens)])
+        assert mine.any()
+        assert not mine.all()
+        assert torch.isnan(acc[mine]).all()
+        assert torch.equal(acc[~mine], torch.zeros_like(acc[~mine]))
+        src = torch.randn(tq, hq * dim, generator=gen)
+        dq = torch.full((tq, hq, dim), float("nan"), dtype=torch.float16)
+        assert bwd_preprocess.scaled_cast(src, 0.5, dq, (qo, ko, span)) is dq
+        assert torch.isnan(dq[mine]).all()
+        assert torch.equal(dq[~mine], (src[~mine] * 0.5).to(torch.float16).view(-1, hq, dim))
+    with pytest.raises(ValueError, match="broadcast-Q"):
+        bwd_preprocess.backward_vectors(lse, qo, out=out, dout=dout, dq_acc=acc, acc_shared=True, owned=(ko, span))
+
+
 def test_scaled_cast_refuses_what_its_flat_copy_cannot_take() -> None:
     """Every reason at once: the source's dtype, the element counts, each side's layout."""
     src = torch.zeros(8, 4)

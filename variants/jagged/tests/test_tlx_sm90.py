@@ -277,6 +277,50 @@ def test_tlx_fused_backward_matches_reference(name, causal, head_dim) -> None:
     assert_close_all(["dq", "dk", "dv"], list(got), exact, low, SPEC.atol[torch.bfloat16])
 
 
+@pytest.mark.parametrize("span", [128, 384, 2048])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_lt_lk", "cross_lq_gt_lk", "lognormal"])
+def test_tlx_backward_owned_sequences_match_reference(name, causal, span) -> None:
+    """``OWN_SPAN`` forced (``jagflash.core.tuning.own_span``): a program takes every kv-tile of
+    a sequence of at most ``span`` keys, zeroes its dQ rows, sums them and writes dQ itself,
+    while the preprocess and the cast take the other sequences' rows; spans that own some
+    sequences of the batch and not others (one kv-tile; three; all), on a dynamic-grouped plan.
+    dQ, dK, dV against the reference; dK and dV bitwise those of the same config unowned, dQ to
+    rounding. dQ's memory is NaN-poisoned first (the caching allocator hands the one-pass
+    backward's dQ the block a NaN tensor of its size just freed), so an owned row the kernel
+    failed to write fails."""
+    import dataclasses
+
+    from jagflash.core.plan.build import make_plan
+    from jagflash.core.tlx import bwd_sm90
+    from jagflash.core.tolerance import assert_close_all
+
+    q_lens, k_lens, hq, hkv = CASES[name]
+    case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
+    t = case.build("cuda", requires_grad=False)
+    q, k, v, qo, ko, dout = (t[n] for n in ("q", "k", "v", "q_offsets", "kv_offsets", "dout"))
+    ref_out, lse32, exact, low = _reference_grads(t, causal)
+    left, right = mask_bounds(causal)
+    plan = make_plan(
+        qo, ko, total_q=q.shape[0], total_kv=k.shape[0], heads_q=hq, heads_kv=hkv, window=(left, right),
+        block_m=128, block_n=128, dkdv_blocks=(64, 128), backward=True, schedule="dynamic",
+        backward_schedule="dynamic-grouped",
+    )
+    want = dataclasses.replace(bwd_sm90.dkdv_config(plan, q, k, left=left, right=right, q_shared=False, fused_dq=True), RING_TILES=True)
+    kw = {"left": left, "right": right, "scale": 128**-0.5, "plan": plan}
+    grads = {}
+    for own in (span, 0):
+        poison = torch.full_like(q, float("nan"))
+        del poison
+        grads[own] = bwd_sm90.backward(
+            dout, q, k, v, ref_out.to(q.dtype), lse32, qo, ko, config=dataclasses.replace(want, OWN_SPAN=own), **kw,
+        )
+    assert_close_all(["dq", "dk", "dv"], list(grads[span]), exact, low, SPEC.atol[torch.bfloat16])
+    assert torch.equal(grads[span][1], grads[0][1])
+    assert torch.equal(grads[span][2], grads[0][2])
+    torch.testing.assert_close(grads[span][0], grads[0][0], rtol=0, atol=2e-2)
+
+
 @pytest.mark.parametrize("bounds", [(-1, -1), (-1, 0), (100, 0)], ids=["none", "causal", "window"])
 def test_tlx_backward_walk_changes_no_dkdv_bit(bounds) -> None:
     """The walk, the deal and the tile hand-off only reorder the kv-tiles or move where their

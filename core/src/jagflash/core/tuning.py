@@ -296,35 +296,65 @@ class BwdConfig(_Constexprs):
     PAD: int = VEC_PAD  # rows the packed per-query vectors of each sequence are padded to
     SPARSE: bool = False  # a kv-tile walks its row of a block mask's transposed lists
     RING_TILES: bool = False  # decoded kv-tiles through shared memory (bwd_config)
+    OWN_SPAN: int = 0  # one program sums a sequence's dQ if it has at most this many keys (own_span)
 
 
 
 @functools.lru_cache(maxsize=256)
 def bwd_config(
     *, head_dim: int, group: int, left: int, right: int, q_shared: bool, fused_dq: bool,
-    dynamic: bool, zigzag: bool, total_kv: int, batch: int, sparse: bool = False,
+    dynamic: bool, zigzag: bool, total_kv: int, batch: int, sparse: bool = False, grouped: bool = False,
 ) -> BwdConfig:
     """The :class:`BwdConfig` of a backward call (``fused_dq``: the one-pass backward;
-    ``sparse``: with a block mask's transposed lists). The dK/dV kernel hands kv-tiles through
-    the tile ring (``RING_TILES``) where the forward does: a block-sparse call (the producer
+    ``sparse``: with a block mask's transposed lists; ``grouped``: on a ``"dynamic-grouped"``
+    table, :func:`own_span`, with :data:`OWN_BY_DEFAULT`). The dK/dV kernel hands kv-tiles
+    through the tile ring (``RING_TILES``) where it owns sequences and where the forward does: a block-sparse call (the producer
     walks each list row once for all three roles, one tile ahead) and a batch of short K/V
     sequences (:func:`default_ring_tiles`; measured 11 % faster on jagged-tiny and 1-2 % slower
     on long non-causal batches: bench/NOTES.md, session 25). Every backward asks: kept per
     arguments (a config is frozen)."""
     block_m, block_n = tlx_sm90_blocks(head_dim)["dkdv"]
+    own = own_span(head_dim, block_n, fused_dq=fused_dq, q_shared=q_shared, grouped=grouped) if OWN_BY_DEFAULT else 0
     return BwdConfig(
         HEAD_DIM=head_dim, GROUP=group, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
         Q_SHARED=q_shared, FUSED_DQ=fused_dq, HEAD_MAJOR=default_head_major(left, right, dynamic),
         DYNAMIC=dynamic, ZIGZAG=zigzag, BLOCK_M=block_m, BLOCK_N=block_n, DQ_COLS=dq_cols(head_dim),
-        SPARSE=sparse, RING_TILES=sparse or default_ring_tiles(total_kv, batch, block_n),
+        SPARSE=sparse, RING_TILES=sparse or own > 0 or default_ring_tiles(total_kv, batch, block_n), OWN_SPAN=own,
     )
+
+
+#: The most kv-tiles of a sequence whose dQ one program of the one-pass backward sums
+#: (:func:`own_span`): on the simulated dynamic deal of bench/NOTES.md (session 29) owning the
+#: sequences of at most 16 kv-tiles cost the lognormal batches no balance, owning all of them
+#: +11 % on a causal one and x2.1 on 4 x 8192.
+OWN_KV_TILES = 16
+#: Whether :func:`bwd_config` owns sequences where :func:`own_span` allows: not until the
+#: owned kernel has run on a GPU (written in session 30 without one; its GPU tests force it:
+#: bench/NOTES.md).
+OWN_BY_DEFAULT = False
+
+
+def own_span(head_dim: int, block_n: int, *, fused_dq: bool, q_shared: bool, grouped: bool) -> int:
+    """``OWN_SPAN`` of a dK/dV launch: the most keys a sequence may have for one program to take
+    all its kv-tiles of a K/V head (the table's row of its first kv-tile; the rows of the others
+    are skipped) and sum its dQ rows itself: it zeroes them in the fp32 accumulator, adds every
+    kv-tile's share, waits for its own reduce-adds and writes dQ, while the rows are still in
+    L2; the preprocess and the cast pass skip them. 0 (none) but in the one pass
+    (``fused_dq``) on a ``"dynamic-grouped"`` table (``grouped``: a sequence's tiles together
+    in sequence-cost order, so a sequence's first kv-tile comes where its group's cost sorts)
+    with column-half dQ tiles (D 128: each consumer warpgroup alone adds into its half of the
+    columns, so it needs to wait only for its own stores), and not for broadcast-Q (every
+    sequence adds into the shared rows). Needs the tile ring (``RING_TILES``: the producer hands
+    out a sequence's kv-tiles in turn)."""
+    own = fused_dq and grouped and not q_shared and dq_cols(head_dim) < head_dim
+    return OWN_KV_TILES * block_n if own else 0
 
 
 #: The FwdConfig / BwdConfig fields a caller's config may choose other than the policy does
 #: (the walk, the tile hand-off, the forward's ring depths and O store: tests and probes force
 #: each; a choice of depths the shared memory cannot hold fails to compile); the rest follow
 #: from the call.
-FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O"})
+FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O", "OWN_SPAN"})
 
 
 def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, plan_blocks: tuple[int, int]) -> list[str]:
@@ -338,6 +368,16 @@ def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, p
     ]
     if plan_blocks != (config.BLOCK_M, config.BLOCK_N):
         reasons.append(f"the plan's tiles are {plan_blocks[0]}x{plan_blocks[1]}, the config's {config.BLOCK_M}x{config.BLOCK_N}")
+    if getattr(config, "OWN_SPAN", 0):
+        reasons += [
+            f"OWN_SPAN={config.OWN_SPAN} {why}" for why, bad in (
+                ("needs the one pass (FUSED_DQ)", not config.FUSED_DQ),
+                ("needs the tile ring (RING_TILES)", not config.RING_TILES),
+                ("is not for broadcast-Q (Q_SHARED)", config.Q_SHARED),
+                (f"needs column-half dQ tiles (DQ_COLS {config.DQ_COLS} < HEAD_DIM {config.HEAD_DIM})", config.DQ_COLS >= config.HEAD_DIM),
+                (f"is not a multiple of BLOCK_N {config.BLOCK_N}", config.OWN_SPAN % config.BLOCK_N != 0),
+            ) if bad
+        ]
     return reasons
 
 

@@ -37,18 +37,25 @@ from jagflash.core.tlx.bwd_preprocess import backward_vectors, scaled_cast
 from jagflash.core.tlx.bwd_tiles import (
     ALL_STEPS,
     DKDV_TILE_FIELDS,
+    OWN_FIRST,
+    OWN_LAST,
     dkdv_tile,
     dkdv_tile_range,
     load_kv_tile,
     load_q_step,
     load_q_steps,
+    next_dkdv_tile,
+    own_walk,
     publish_dkdv_tile,
+    tile_own,
     tile_walk,
 )
 from jagflash.core.tlx.descriptors import num_workers, rows_descriptor, vectors_descriptor
 from jagflash.core.tlx.pipeline import (
     ID_RING,
     alloc_walk_ring,
+    own_rows_cast,
+    own_rows_zero,
     ring_release,
     walk_first,
     walk_next,
@@ -73,10 +80,11 @@ from jagflash.core.tuning import (
 def _dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, DK, DV, desc_lse2, desc_delta, VEC_TILE, q_offsets, kv_offsets, TILES, COUNT,
     COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, scale, left, right, desc_dq, heads, lists,
-    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+    DQ_ACC, DQ, stride_acc, stride_dqt, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     Q_SHARED: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_COLS: tl.constexpr,
     NUM_Q: tl.constexpr, DQ_STAGES: tl.constexpr, PAD: tl.constexpr, SPARSE: tl.constexpr, RING_TILES: tl.constexpr,
+    OWN_SPAN: tl.constexpr,
 ):
     """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
     the GQA group, and with ``FUSED_DQ`` each tile's share of dQ, reduce-added into an fp32
@@ -91,8 +99,13 @@ def _dkdv_kernel(
     listed q-block is ``SUB`` steps), else None. With ``RING_TILES`` the producer alone walks
     the table and hands the consumers each decoded kv-tile through a record ring
     (``jagflash.core.tlx.bwd_tiles``: with ``SPARSE`` also each head's walk positions), one tile
-    ahead; a kv-tile that no step visits loads nothing and gets zeros. The constexprs are a
-    :class:`jagflash.core.tuning.BwdConfig`'s."""
+    ahead; a kv-tile that no step visits loads nothing and gets zeros. With ``OWN_SPAN``
+    (``jagflash.core.tuning.own_span``) a program takes all kv-tiles of a sequence of at most
+    OWN_SPAN keys (a K/V head's, from the table row of its first) and sums its dQ rows itself:
+    ``DQ_ACC`` (the accumulator behind ``desc_dq``, rows ``stride_acc`` apart) zeroed there
+    before the first, ``DQ`` (dQ ``[Tq, Hq, D]``, rows ``stride_dqt`` apart) written from it
+    after the last (``jagflash.core.tlx.pipeline.own_rows_zero`` / ``own_rows_cast``). The
+    constexprs are a :class:`jagflash.core.tuning.BwdConfig`'s."""
     HALF: tl.constexpr = BLOCK_N // 2
     STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
     SUB: tl.constexpr = BLOCK_N // BLOCK_M
@@ -121,7 +134,7 @@ def _dkdv_kernel(
     # The tile ring: with RING_TILES the producer walks the table alone and passes each decoded
     # kv-tile to the consumers (jagflash.core.tlx.bwd_tiles); otherwise, on a dynamic plan, the
     # table index.
-    FIELDS: tl.constexpr = DKDV_TILE_FIELDS + (4 * GROUP if SPARSE else 0)
+    FIELDS: tl.constexpr = DKDV_TILE_FIELDS + (4 * GROUP if SPARSE else 0) + (1 if OWN_SPAN > 0 else 0)
     ring = alloc_walk_ring(FIELDS if RING_TILES else 1)
     descs = (desc_q, desc_do, desc_lse2, desc_delta)
     qring = (q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties)
@@ -136,21 +149,24 @@ def _dkdv_kernel(
                 # free), its K/V once tile i - 1 is done, then the next tile claimed, decoded and
                 # published (the claim's and the decode's latencies overlap tile i's first
                 # steps, not its loads), then tile i's other steps.
+                # (With OWN_SPAN an owned sequence's kv-tiles come one after the other from the
+                # row of its first: next_dkdv_tile; ``i`` stays the walk's index meanwhile.)
                 i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC, False)
-                publish_dkdv_tile(ring, 0, i, count, TILES, q_offsets, kv_offsets, VEC_TILE, heads, lists, left, right, HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, PAD)
+                i, r, ok, b, hk, n0 = own_walk(i, r, pid, nprog, COUNTER, ring, TILES, count, heads, kv_offsets, HEAD_MAJOR, DYNAMIC, ZIGZAG, OWN_SPAN)
+                publish_dkdv_tile(ring, 0, ok, b, hk, n0, q_offsets, kv_offsets, VEC_TILE, lists, left, right, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, PAD, OWN_SPAN)
                 pub = 1  # records published
                 while i < count:
-                    state, _, hk, n0, _, _, k_start, _, _ = dkdv_tile(ring, pub - 1, FIELDS, False)
+                    state, b, hk, n0, _, _, k_start, _, _ = dkdv_tile(ring, pub - 1, FIELDS, False)
+                    own = tile_own(ring, pub - 1, FIELDS, OWN_SPAN)
                     if state > 1:
                         q_cnt = load_q_steps(descs, qring, q_cnt, ring, pub - 1, lists, 0, NUM_Q, left, right, FIELDS, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_Q, ELEM, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, Q_SHARED, SPARSE)
                         load_kv_tile(desc_k, desc_v, k_tiles, v_tiles, kv_fulls, kv_empties, tile_cnt, k_start + n0, hk * HEAD_DIM, HALF, HEAD_DIM, ELEM)
-                    i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
-                    publish_dkdv_tile(ring, pub, i_next, count, TILES, q_offsets, kv_offsets, VEC_TILE, heads, lists, left, right, HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, PAD)
+                    i, r, ok, b, hk, n0 = next_dkdv_tile(i, r, own, b, hk, n0, pid, nprog, COUNTER, ring, TILES, count, heads, kv_offsets, HEAD_MAJOR, DYNAMIC, ZIGZAG, BLOCK_N, OWN_SPAN)
+                    publish_dkdv_tile(ring, pub, ok, b, hk, n0, q_offsets, kv_offsets, VEC_TILE, lists, left, right, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, PAD, OWN_SPAN)
                     pub += 1
                     if state > 1:
                         q_cnt = load_q_steps(descs, qring, q_cnt, ring, pub - 2, lists, NUM_Q, ALL_STEPS, left, right, FIELDS, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_Q, ELEM, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, Q_SHARED, SPARSE)
                         tile_cnt += 1
-                    i = i_next
             else:
                 i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC)
                 while i < count:
@@ -182,8 +198,10 @@ def _dkdv_kernel(
             tile_cnt = 0
             i, r, more = walk_start(pid, COUNTER, ring, count, DYNAMIC, RING_TILES)  # (RING_TILES: i counts records)
             while more:
+                own = 0
                 if RING_TILES:
                     state, b, hk, n0, q_start, lq, k_start, lk, _ = dkdv_tile(ring, i, FIELDS, True)
+                    own = tile_own(ring, i, FIELDS, OWN_SPAN)
                     more = state >= 0
                     live = state > 0
                     busy = state > 1  # else no step visits the tile: no K/V loaded, dK = dV = 0
@@ -193,6 +211,11 @@ def _dkdv_kernel(
                     live = ok & (n0 < lk)
                     busy = True  # (K/V always loads: the per-consumer walk as it was measured)
                 if live:
+                    own_col = hk * (GROUP * HEAD_DIM) + cid * DQ_COLS  # (OWN_SPAN: D 128, a column half a head)
+                    if OWN_SPAN > 0:  # noqa: SIM102 (a compile-time branch around a run-time one)
+                        if (own & OWN_FIRST) != 0:
+                            for g in range(GROUP):
+                                own_rows_zero(DQ_ACC, stride_acc, q_start, lq, own_col + g * HEAD_DIM, cid, DQ_COLS)
                     kv_rows = n0 + cid * HALF + tl.arange(0, HALF)
                     if busy:
                         tlx.barrier_wait(kv_fulls[cid], tile_cnt & 1)
@@ -223,6 +246,10 @@ def _dkdv_kernel(
                     out_rows = (k_start + kv_rows).to(tl.int64)
                     tl.store(DK + out_rows[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :], output(dk * scale, dtype), mask=valid[:, None])
                     tl.store(DV + out_rows[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :], output(dv, dtype), mask=valid[:, None])
+                    if OWN_SPAN > 0:  # noqa: SIM102
+                        if (own & OWN_LAST) != 0:
+                            for g in range(GROUP):
+                                own_rows_cast(DQ_ACC, stride_acc, DQ, stride_dqt, q_start, lq, own_col + g * HEAD_DIM, scale, cid, DQ_COLS, dtype)
                 elif RING_TILES:
                     ring_release(ring[2], i % ID_RING)
                 i, r, more = walk_on(i, r, more, pid, nprog, COUNTER, ring, count, DYNAMIC, ZIGZAG, RING_TILES)
@@ -262,7 +289,7 @@ def dkdv_config(plan, q, k, *, left: int, right: int, q_shared: bool, fused_dq: 
     return bwd_config(
         head_dim=q.shape[-1], group=q.shape[1] // k.shape[1], left=left, right=right, q_shared=q_shared,
         fused_dq=fused_dq, dynamic=dynamic, zigzag=zigzag, total_kv=plan.info.total_kv, batch=plan.info.batch,
-        sparse=blocks is not None,
+        sparse=blocks is not None, grouped=plan.info.schedule_of("dkdv") == "dynamic-grouped",
     )
 
 
@@ -277,18 +304,25 @@ def plan_and_config(q, k, q_offsets, kv_offsets, *, left: int, right: int, deter
     return plan, dkdv_config(plan, q, k, left=left, right=right, q_shared=q_shared, fused_dq=not deterministic, blocks=blocks)
 
 
-def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc, left, right, scale, q_shared, config, who, mask):
-    """One launch of :func:`_dkdv_kernel`; ``vectors``: ``backward_vectors``'s; ``dq_acc`` (fp32
-    ``[rows, Hq * D]``) fuses dQ in. ``config``: a :class:`BwdConfig` the caller forces, or
-    ``None`` for :func:`jagflash.core.tuning.bwd_config`'s (checked against the call).
-    ``mask``: a ``jagflash.core.block_mask.BlockMask`` or None."""
-    dim = q.shape[-1]
+def _checked_config(plan, q, k, left, right, q_shared, fused_dq, config, who, mask) -> BwdConfig:
+    """``config`` (a :class:`BwdConfig` the caller forces), or ``None`` for the policy's
+    (:func:`dkdv_config`), checked against the call: a ``ValueError`` lists every misfit."""
     lay = plan.info.layout("dkdv")
-    want = dkdv_config(plan, q, k, left=left, right=right, q_shared=q_shared, fused_dq=dq_acc is not None, blocks=mask)
+    want = dkdv_config(plan, q, k, left=left, right=right, q_shared=q_shared, fused_dq=fused_dq, blocks=mask)
     config = config or want
     reasons = config_reasons(config, want, (lay.block_m, lay.block_n))
     if reasons:
         raise ValueError(f"tlx {who}: the config does not fit this call: " + "; ".join(reasons))
+    return config
+
+
+def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc, dq, left, right, scale, q_shared, config, mask):
+    """One launch of :func:`_dkdv_kernel`; ``vectors``: ``backward_vectors``'s; ``dq_acc`` (fp32
+    ``[rows, Hq * D]``) fuses dQ in, ``dq`` (``[rows, Hq, D]``, contiguous) the dQ that owned
+    sequences' rows are written to (``config.OWN_SPAN``). ``config``: :func:`_checked_config`'s.
+    ``mask``: a ``jagflash.core.block_mask.BlockMask`` or None."""
+    dim = q.shape[-1]
+    lay = plan.info.layout("dkdv")
     if dq_acc is None:
         desc_dq = rows_descriptor(q, config.BLOCK_M, dim)  # unused
     else:
@@ -305,7 +339,9 @@ def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc,
         dk, dv, *(vectors_descriptor(x, config.BLOCK_M) for x in vectors[:2]), vectors[2], q_offsets, kv_offsets,
         plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):], tile_counter(plan, "dkdv"),
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), scale, left, right, desc_dq, lay.heads,
-        None if mask is None else mask.kernel_lists()[1], **config.constexprs(), num_warps=4, num_stages=1,
+        None if mask is None else mask.kernel_lists()[1], dk if dq_acc is None else dq_acc, dk if dq is None else dq,
+        0 if dq_acc is None else dq_acc.stride(0), 0 if dq is None else dq.stride(0), **config.constexprs(), num_warps=4,
+        num_stages=1,
     )
 
 
@@ -343,8 +379,9 @@ def backward_dkdv(
         return dk, dv
     if tq == 0:  # no queries anywhere: no gradient (and no descriptor over 0 rows)
         return dk.zero_(), dv.zero_()
+    config = _checked_config(plan, q, k, left, right, q_shared, False, config, "dK/dV pass", blocks)
     vectors = backward_vectors(lse, q_offsets, delta=delta)
-    _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, None, left, right, scale, q_shared, config, "dK/dV pass", blocks)
+    _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, None, None, left, right, scale, q_shared, config, blocks)
     return dk, dv
 
 
@@ -389,15 +426,21 @@ def backward(
     # zeros into the next sequence's rows (TMA clips the rows past the last). Zeroed, so rows
     # that no tile reaches get dQ = 0: by the preprocess, which reads every query row's O and dO
     # anyway (backward_vectors' dq_acc), so no separate fill pass.
+    # With config.OWN_SPAN the kernel zeroes, sums and writes the rows of the sequences it owns
+    # (tuning.own_span): the preprocess and the cast skip them.
+    dq = torch.empty_like(q)
+    owned = None
     if k.shape[0] and lay.rows and tq:
+        config = _checked_config(plan, q, k, left, right, q_shared, True, config, "one-pass backward", blocks)
         acc = torch.empty((lq, hq * dim), dtype=torch.float32, device=q.device)
-        vectors = backward_vectors(lse, q_offsets, out=out, dout=dout, dq_acc=acc, acc_shared=q_shared)
-        _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, acc, left, right, scale, q_shared, config, "one-pass backward", blocks)
+        owned = (kv_offsets, config.OWN_SPAN) if config.OWN_SPAN else None
+        vectors = backward_vectors(lse, q_offsets, out=out, dout=dout, dq_acc=acc, acc_shared=q_shared, owned=owned)
+        _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, acc, dq, left, right, scale, q_shared, config, blocks)
     else:
         acc = torch.zeros((lq, hq * dim), dtype=torch.float32, device=q.device)
         dk.zero_()
         dv.zero_()
-    return scaled_cast(acc, scale, torch.empty_like(q)), dk, dv
+    return scaled_cast(acc, scale, dq, None if owned is None else (q_offsets, *owned)), dk, dv
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

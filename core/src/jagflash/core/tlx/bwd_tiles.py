@@ -6,7 +6,12 @@ A record of the ring holds :data:`DKDV_TILE_FIELDS` ints, ``(state, b, hk, n0, q
 k_start, lk, vec0)``: ``state`` -1 past the walk's end, 0 a table row with no kv-tile, 1 a
 kv-tile that no q-step visits (its dK and dV are zeros: no K/V and no Q load), 2 one that some
 step does; ``vec0`` the first row of the sequence's packed vectors
-(``jagflash.core.tlx.bwd_preprocess``). With ``SPARSE`` it also holds, for each of the GROUP
+(``jagflash.core.tlx.bwd_preprocess``). With ``OWN_SPAN`` (``jagflash.core.tuning.own_span``)
+a record ends with one more int, ``own`` (:func:`tile_own`): 0, or for a kv-tile of a sequence
+the program owns :data:`OWN` plus :data:`OWN_FIRST` on its first kv-tile (the consumers zero
+the sequence's dQ rows before it) and :data:`OWN_LAST` on its last (they write its dQ after
+it). The producer publishes an owned sequence's kv-tiles one after the other from the table row
+of its first (:func:`own_walk` skips the rows of the others). With ``SPARSE`` it also holds, for each of the GROUP
 query heads, the four ``block_walk`` positions of the kv-tile's row of the transposed lists, so
 that no consumer runs the list's dependent loads (its count, then searches through its
 indices); without it the positions are the tile's q-range (:func:`dkdv_tile_range`), a few
@@ -21,11 +26,23 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from jagflash.core.mask import block_at, block_walk, dkdv_q_range, tile_list
-from jagflash.core.seqlen import plan_row, q_row, seq_starts
-from jagflash.core.tlx.pipeline import ID_RING, record_publish, record_read, record_wait, ring_slot
+from jagflash.core.seqlen import owned_seq, plan_row, q_row, seq_starts
+from jagflash.core.tlx.pipeline import (
+    ID_RING,
+    record_publish,
+    record_read,
+    record_wait,
+    ring_slot,
+    walk_next,
+)
 
-#: Ints of a record of the dK/dV tile ring before the per-head positions (``SPARSE``: 4 a head).
+#: Ints of a record of the dK/dV tile ring before the per-head positions (``SPARSE``: 4 a head;
+#: then ``own`` with ``OWN_SPAN``).
 DKDV_TILE_FIELDS = tl.constexpr(9)
+#: The bits of a record's ``own``: a kv-tile of an owned sequence, its first, its last.
+OWN = tl.constexpr(1)
+OWN_FIRST = tl.constexpr(2)
+OWN_LAST = tl.constexpr(4)
 #: A ``load_q_steps`` bound past any tile's steps (the rest of a tile).
 ALL_STEPS = tl.constexpr(1 << 30)
 
@@ -46,13 +63,44 @@ def dkdv_tile_range(n0, lq, lk, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.
 
 
 @triton.jit
-def publish_dkdv_tile(ring, counter, i, count, TILES, q_offsets, kv_offsets, VEC_TILE, heads, lists, left, right,
-                      HEAD_MAJOR: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, FUSED_DQ: tl.constexpr,
-                      SPARSE: tl.constexpr, PAD: tl.constexpr):
-    """Producer side of the tile ring: decode the table row at index ``i`` (past the table: the
-    walk's end) and publish it as record ``counter`` (the module's layout)."""
+def own_walk(i, r, pid, nprog, COUNTER, ring, TILES, count, heads, kv_offsets, HEAD_MAJOR: tl.constexpr,
+             DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr, OWN_SPAN: tl.constexpr):
+    """Producer side: the table row at walk index ``i`` (round ``r``) decoded, ``(i, r, ok, b, hk,
+    n0)``; with ``OWN_SPAN`` the walk goes on past the rows of owned sequences' kv-tiles other
+    than their first (their program takes them with the first: :func:`next_dkdv_tile`)."""
     ok, b, hk, n0 = plan_row(i, TILES, count, heads, HEAD_MAJOR)
+    if OWN_SPAN > 0:
+        skip = ok & (n0 > 0) & owned_seq(kv_offsets, b, ok, OWN_SPAN)
+        while skip:
+            i, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
+            ok, b, hk, n0 = plan_row(i, TILES, count, heads, HEAD_MAJOR)
+            skip = ok & (n0 > 0) & owned_seq(kv_offsets, b, ok, OWN_SPAN)
+    return i, r, ok, b, hk, n0
+
+
+@triton.jit
+def next_dkdv_tile(i, r, own, b, hk, n0, pid, nprog, COUNTER, ring, TILES, count, heads, kv_offsets,
+                   HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr, BLOCK_N: tl.constexpr,
+                   OWN_SPAN: tl.constexpr):
+    """Producer side: the kv-tile after the one of record fields ``own``, ``b``, ``hk``, ``n0``
+    (walk index ``i``, round ``r``): an owned sequence's next kv-tile until its last, else the
+    walk's next row (:func:`own_walk`). Returns ``(i, r, ok, b, hk, n0)``."""
+    if (own & (OWN | OWN_LAST)) == OWN:
+        ok = own > 0
+        n0 = n0 + BLOCK_N
+    else:
+        i, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
+        i, r, ok, b, hk, n0 = own_walk(i, r, pid, nprog, COUNTER, ring, TILES, count, heads, kv_offsets, HEAD_MAJOR, DYNAMIC, ZIGZAG, OWN_SPAN)
+    return i, r, ok, b, hk, n0
+
+
+@triton.jit
+def publish_dkdv_tile(ring, counter, ok, b, hk, n0, q_offsets, kv_offsets, VEC_TILE, lists, left, right,
+                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, FUSED_DQ: tl.constexpr,
+                      SPARSE: tl.constexpr, PAD: tl.constexpr, OWN_SPAN: tl.constexpr):
+    """Producer side of the tile ring: publish the kv-tile at ``n0`` of sequence ``b``, K/V head
+    ``hk`` (``ok`` False: past the walk's end) as record ``counter`` (the module's layout)."""
     q_start, lq, k_start, lk = seq_starts(q_offsets, kv_offsets, b)
     live = ok & (n0 < lk)
     lo, full_lo, full_hi, hi = dkdv_tile_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ)
@@ -68,6 +116,9 @@ def publish_dkdv_tile(ring, counter, i, count, TILES, q_offsets, kv_offsets, VEC
             walks = walks + p
     else:
         steps = hi - lo
+    if OWN_SPAN > 0:
+        own = OWN + tl.where(n0 == 0, OWN_FIRST, 0) + tl.where(n0 + BLOCK_N >= lk, OWN_LAST, 0)
+        walks = walks + (tl.where(live & (lk <= OWN_SPAN), own, 0),)  # noqa: RUF005
     state = tl.where(live, tl.where(steps > 0, 2, 1), tl.where(ok, 0, -1)).to(tl.int32)
     record_publish(ring[0], ring[1], ring[2], counter, (state, b, hk, n0, q_start, lq, k_start, lk, vec0) + walks, ID_RING)  # noqa: RUF005 (Triton's frontend concatenates tuples; no unpacking)
 
@@ -81,6 +132,16 @@ def dkdv_tile(ring, counter, FIELDS: tl.constexpr, TAKE: tl.constexpr):
         return record_wait(ring[0], ring[1], counter, FIELDS, ID_RING, DKDV_TILE_FIELDS)
     else:
         return record_read(ring[0], counter, FIELDS, ID_RING, 0, DKDV_TILE_FIELDS)
+
+
+@triton.jit
+def tile_own(ring, counter, FIELDS: tl.constexpr, OWN_SPAN: tl.constexpr):
+    """The ``own`` bits of record ``counter`` (its last int; 0 without ``OWN_SPAN``), read
+    without waiting (the record is already taken or published)."""
+    if OWN_SPAN > 0:
+        return record_read(ring[0], counter, FIELDS, ID_RING, FIELDS - 1, 1)[0]
+    else:
+        return 0
 
 
 @triton.jit

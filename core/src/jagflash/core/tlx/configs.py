@@ -7,7 +7,8 @@ by the policy (``tuning.fwd_config`` / ``tuning.bwd_config``), with duplicates d
 a non-positive scale and GQA are added on the deals their calls get (the forward and the one-pass
 backward on dynamic plans, GQA with a window too, the two passes' dK/dV on batch order; the one pass of a dense batch
 without a mask also runs on batch order), on a batch of long K/V sequences; the dK/dV kernel's
-tile ring on short ones adds a few samples (:data:`RING_SAMPLES`). A forward on a batch-order plan
+tile ring on short ones adds a few samples (:data:`RING_SAMPLES`), and so does the one pass that
+owns short sequences' dQ rows on a dynamic-grouped plan (:data:`OWN_SAMPLES`). A forward on a batch-order plan
 differs from the static deal's by one flag (``ZIGZAG``) and is not compiled separately.
 Block-sparse (``SPARSE``) kernels add a few samples of the product, not all of it
 (:data:`SPARSE_SAMPLES`: each dtype, head dim and mask kind appears, on the deals their calls
@@ -16,9 +17,16 @@ get), since CI compiles every configuration.
 
 from __future__ import annotations
 
+import dataclasses
 from itertools import product
 
-from jagflash.core.tuning import TLX_HEAD_DIMS, TLX_ONE_PASS_HEAD_DIMS, bwd_config, fwd_config
+from jagflash.core.tuning import (
+    TLX_HEAD_DIMS,
+    TLX_ONE_PASS_HEAD_DIMS,
+    bwd_config,
+    fwd_config,
+    own_span,
+)
 
 #: ``(left, right)`` of each mask kind: none, causal, a two-sided window.
 MASKS = {"": (-1, -1), "causal": (-1, 0), "window": (64, 0)}
@@ -40,6 +48,13 @@ RING_SAMPLES = (
     ("bwd", "dynamic", "bf16", 128, ""), ("bwd", "dynamic", "fp16", 128, "causal"),
     ("bwd", "dynamic", "bf16", 64, "window"), ("dkdv", "none", "fp16", 128, ""), ("dkdv", "none", "bf16", 64, "causal"),
 )
+#: ``(kernel, deal, dtype, head dim, mask)`` of the one pass on a dynamic-grouped table, which owns
+#: its short sequences' dQ rows (``tuning.own_span``; with the tile ring), compiled as samples;
+#: ``OWN_SPARSE``: the block-sparse one of them.
+OWN_SAMPLES = (
+    ("bwd", "dynamic", "bf16", 128, ""), ("bwd", "dynamic", "fp16", 128, "causal"), ("bwd", "dynamic", "bf16", 128, "window"),
+)
+OWN_SPARSE = ("bwd", "dynamic", "bf16", 128, "causal")
 #: ``bwd_config``'s batch arguments for a batch of long K/V sequences and for one of short ones.
 LONG_KV = {"total_kv": 1 << 30, "batch": 1}
 SHORT_KV = {"total_kv": 1, "batch": 1}
@@ -99,12 +114,17 @@ def bwd_space():
             out.setdefault((cfg, dtype), name)
     samples = [(s, "_sparse", {"sparse": True, **LONG_KV}) for s in SPARSE_SAMPLES if s[0] != "fwd"]
     samples += [(s, "_ring", SHORT_KV) for s in RING_SAMPLES]
+    samples += [(s, "_own", {"grouped": True, **LONG_KV}) for s in OWN_SAMPLES]
+    samples += [(OWN_SPARSE, "_own_sparse", {"grouped": True, "sparse": True, **LONG_KV})]
     for (kind, deal, dtype, dim, mask), suffix, kw in samples:
         (left, right), (dyn, zz) = MASKS[mask], DEALS[deal]
         cfg = bwd_config(
             head_dim=dim, group=1, left=left, right=right, q_shared=False, fused_dq=kind == "bwd", dynamic=dyn,
             zigzag=zz, **kw,
         )
+        if suffix.startswith("_own"):  # (what own_span allows, whether or not the policy owns yet)
+            span = own_span(dim, cfg.BLOCK_N, fused_dq=cfg.FUSED_DQ, q_shared=False, grouped=True)
+            cfg = dataclasses.replace(cfg, OWN_SPAN=span, RING_TILES=True)
         out.setdefault((cfg, dtype), f"tlx_{kind}_{deal}{suffix} {dtype} d{dim}{' ' + mask if mask else ''}")
     return [(name, cfg, dtype) for (cfg, dtype), name in out.items()]
 
@@ -144,7 +164,8 @@ def _bwd_signature(cfg, dtype: str) -> dict[str, str]:
         "stride_dkh": "i32:16", "stride_dvt": "i32:16", "stride_dvh": "i32:16", "scale": "fp32", "left": "i32",
         "right": "i32",
         "desc_dq": f"tensordesc<fp32[{bm},{cfg.DQ_COLS}]>" if cfg.FUSED_DQ else f"tensordesc<{dtype}[{bm},{d}]>",
-        "heads": "i32",
+        "heads": "i32", "DQ_ACC": "*fp32" if cfg.FUSED_DQ else f"*{dtype}", "DQ": f"*{dtype}", "stride_acc": "i32:16",
+        "stride_dqt": "i32:16",
     }
 
 
@@ -260,4 +281,11 @@ KNOWN_SPILLS: dict[str, int] = {
     "tlx_dkdv_none_sparse bf16 d128 causal": 224,
     "tlx_bwd_dynamic_ring fp16 d128 causal": 72,
     "tlx_dkdv_none_ring fp16 d128": 56,
+    # The one pass owning short sequences' dQ rows (session 30; with the tile ring): the rows'
+    # zero and cast loops outside the main loops, none in them but with a window, whose masked
+    # steps reload 3 values an iteration (as the ring's window configurations without owning).
+    "tlx_bwd_dynamic_own bf16 d128": 4,
+    "tlx_bwd_dynamic_own fp16 d128 causal": 76,
+    "tlx_bwd_dynamic_own bf16 d128 window": 120,
+    "tlx_bwd_dynamic_own_sparse bf16 d128 causal": 12,
 }

@@ -20,7 +20,10 @@ Named barriers (ids 0-3 are Triton's own, one per partition and the whole block)
 dQ write-back. The one-pass backward adds each kv-tile's share of dQ into an fp32 accumulator
 with TMA reduce-adds (:func:`dq_reduce_add`). Tile rows past a sequence's end add exact zeros
 (their dS is 0), so they need no mask either; a box's start along the contiguous dimension
-must be 16-byte aligned, though (see there).
+must be 16-byte aligned, though (see there). A consumer warpgroup that owns a sequence's dQ
+columns (``jagflash.core.tuning.own_span``) zeroes them before its first add
+(:func:`own_rows_zero`) and writes dQ from them after its last (:func:`own_rows_cast`): the
+exact zeros another sequence's tail adds into them change nothing, before, between or after.
 
 Importing this module needs the TLX plugin (``triton-utlx``); nothing imports it unless the TLX
 backend is selected.
@@ -32,12 +35,17 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
+from jagflash.core.dtypes import output
 from jagflash.core.tile_scheduler import sched_first, sched_next
 
 #: Named barriers of the consumer warpgroups' turn to issue (one each) and of their joint sync.
 TURN_0 = tl.constexpr(9)
 TURN_1 = tl.constexpr(10)
 CONSUMERS = tl.constexpr(11)
+#: Named barriers of one consumer warpgroup's owned dQ rows (one each: DQ_ROWS + CID).
+DQ_ROWS = tl.constexpr(12)
+#: Rows of an owned sequence's dQ a consumer warpgroup zeroes or writes at once.
+OWN_ROWS = tl.constexpr(64)
 #: Depth of a dynamic walk's tile-index ring: the producer claims a tile one ahead of the one it
 #: loads for, and the Q / K/V buffers keep it at most one more tile ahead of the consumers.
 ID_RING = tl.constexpr(2)
@@ -180,6 +188,50 @@ def dq_reduce_add(desc, stages, first, NUM: tl.constexpr, counter, value, row, c
     tlx.local_store(stage, value)
     tlx.fence("async_shared")
     tlx.async_descriptor_store(desc, stage, [row, col], store_reduce="add")
+
+
+@triton.jit
+def own_rows_zero(ACC, stride_acc, q_start, lq, col, CID: tl.constexpr, COLS: tl.constexpr):
+    """Consumer warpgroup CID: zero the fp32 accumulator's columns ``[col, col + COLS)`` of the
+    rows ``[q_start, q_start + lq)`` with plain stores, then order them before its later TMA
+    reduce-adds (``fence.proxy.async.global`` by every thread, then the warpgroup meets at named
+    barrier DQ_ROWS + CID, so the elected thread issues its adds after every thread's zeros)."""
+    col = tl.multiple_of(col, COLS)
+    for m in range(0, lq, OWN_ROWS):
+        zero = opaque_zero(m)  # (the offsets made here, not hoisted and held across the kernel)
+        offs = m + tl.arange(0, OWN_ROWS) + zero
+        at = ACC + ((q_start + offs).to(tl.int64)[:, None] * stride_acc + col + tl.arange(0, COLS)[None, :])
+        tl.store(at, tl.zeros([OWN_ROWS, COLS], tl.float32), mask=(offs < lq)[:, None])
+    tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.b32 $0, 0;", "=r,r", [lq], dtype=tl.int32, is_pure=False, pack=1)
+    tlx.named_barrier_wait(DQ_ROWS + CID, 128)
+
+
+@triton.jit
+def own_rows_cast(ACC, stride_acc, DQ, stride_dqt, q_start, lq, col, scale, CID: tl.constexpr,
+                  COLS: tl.constexpr, DTYPE: tl.constexpr):
+    """Consumer warpgroup CID, after its last reduce-add into the rows it owns: dQ's columns
+    ``[col, col + COLS)`` of rows ``[q_start, q_start + lq)`` (dQ ``[Tq, Hq, D]`` seen as rows of
+    ``Hq * D``, ``stride_dqt`` apart, as the accumulator's) = ``scale`` x the accumulator's, in
+    DTYPE. First every add is complete:
+    ``cp.async.bulk.wait_group 0`` (only the elected thread that issued them waits for
+    anything; the ring's waits only wait until a store has read its stage), the async proxy's
+    writes ordered before the generic proxy's reads (``fence.proxy.async.global``), the
+    warpgroup met at named barrier DQ_ROWS + CID; the reads go to L2 (``.cg``: no line this SM
+    cached before the adds)."""
+    tl.inline_asm_elementwise(
+        "cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.b32 $0, 0;", "=r,r", [lq], dtype=tl.int32,
+        is_pure=False, pack=1,
+    )
+    tlx.named_barrier_wait(DQ_ROWS + CID, 128)
+    col = tl.multiple_of(col, COLS)
+    for m in range(0, lq, OWN_ROWS):
+        zero = opaque_zero(m)
+        offs = m + tl.arange(0, OWN_ROWS) + zero
+        rows = (q_start + offs).to(tl.int64)[:, None]
+        cols = tl.arange(0, COLS)[None, :]
+        keep = (offs < lq)[:, None]
+        x = tl.load(ACC + (rows * stride_acc + col + cols), mask=keep, other=0.0, cache_modifier=".cg")
+        tl.store(DQ + (rows * stride_dqt + col + cols), output(x * scale, DTYPE), mask=keep)
 
 
 @triton.jit
