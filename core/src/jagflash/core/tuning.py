@@ -28,6 +28,8 @@ __all__ = [
     "DEFAULT_BACKWARD_SCHEDULE",
     "DEFAULT_SCHEDULE",
     "FREE_FIELDS",
+    "OWN_BY_DEFAULT",
+    "OWN_KV_TILES",
     "PORTABLE_HEAD_DIMS",
     "TLX_BLOCK_SIZES",
     "TLX_HEAD_DIMS",
@@ -50,6 +52,7 @@ __all__ = [
     "grouped_backward",
     "kernel_flags",
     "launch_options",
+    "own_span",
     "plan_blocks",
     "resolve_schedules",
     "tlx_sm90_blocks",
@@ -351,9 +354,10 @@ def own_span(head_dim: int, block_n: int, *, fused_dq: bool, q_shared: bool, gro
 
 
 #: The FwdConfig / BwdConfig fields a caller's config may choose other than the policy does
-#: (the walk, the tile hand-off, the forward's ring depths and O store: tests and probes force
-#: each; a choice of depths the shared memory cannot hold fails to compile); the rest follow
-#: from the call.
+#: (the walk, the tile hand-off, the forward's ring depths and O store, the backward's owned
+#: sequences: tests and probes force each; a choice of depths the shared memory cannot hold
+#: fails to compile, an owned span the kernel cannot sum is refused); the rest follow from the
+#: call.
 FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O", "OWN_SPAN"})
 
 
