@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["fwd_tile", "load_rows", "owned_seq", "plan_row", "q_row", "seq_starts", "store_rows", "upper_bound"]
+__all__ = ["fwd_tile", "load_rows", "owned_seq", "owns_keys", "plan_row", "q_row", "seq_starts", "store_rows", "upper_bound"]
 
 @triton.jit
 def upper_bound(ends, n, x, steps):
@@ -102,12 +102,17 @@ def fwd_tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR: tl.const
 
 
 @triton.jit
+def owns_keys(lk, OWN_SPAN: tl.constexpr):
+    """Whether the one-pass backward's dK/dV kernel sums the dQ rows of a sequence of ``lk`` keys
+    itself (``jagflash.core.tuning.own_span``): it has 1 to OWN_SPAN keys."""
+    return (lk > 0) & (lk <= OWN_SPAN)
+
+
+@triton.jit
 def owned_seq(kv_offsets, b, valid, OWN_SPAN: tl.constexpr):
-    """Whether the one-pass backward's dK/dV kernel sums sequence ``b``'s dQ rows itself
-    (``jagflash.core.tuning.own_span``): it has 1 to OWN_SPAN keys (``valid``: ``b`` names a
-    sequence; else False)."""
+    """:func:`owns_keys` of sequence ``b`` (``valid``: ``b`` names a sequence; else False)."""
     lk = tl.load(kv_offsets + b + 1, mask=valid, other=0) - tl.load(kv_offsets + b, mask=valid, other=0)
-    return valid & (lk > 0) & (lk <= OWN_SPAN)
+    return valid & owns_keys(lk, OWN_SPAN)
 
 
 @triton.jit

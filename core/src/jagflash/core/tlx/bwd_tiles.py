@@ -26,7 +26,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from jagflash.core.mask import block_at, block_walk, dkdv_q_range, tile_list
-from jagflash.core.seqlen import owned_seq, plan_row, q_row, seq_starts
+from jagflash.core.seqlen import owned_seq, owns_keys, plan_row, q_row, seq_starts
 from jagflash.core.tlx.pipeline import (
     ID_RING,
     record_publish,
@@ -118,7 +118,7 @@ def publish_dkdv_tile(ring, counter, ok, b, hk, n0, q_offsets, kv_offsets, VEC_T
         steps = hi - lo
     if OWN_SPAN > 0:
         own = OWN + tl.where(n0 == 0, OWN_FIRST, 0) + tl.where(n0 + BLOCK_N >= lk, OWN_LAST, 0)
-        walks = walks + (tl.where(live & (lk <= OWN_SPAN), own, 0),)  # noqa: RUF005
+        walks = walks + (tl.where(live & owns_keys(lk, OWN_SPAN), own, 0),)  # noqa: RUF005
     state = tl.where(live, tl.where(steps > 0, 2, 1), tl.where(ok, 0, -1)).to(tl.int32)
     record_publish(ring[0], ring[1], ring[2], counter, (state, b, hk, n0, q_start, lq, k_start, lk, vec0) + walks, ID_RING)  # noqa: RUF005 (Triton's frontend concatenates tuples; no unpacking)
 
