@@ -112,15 +112,8 @@ def _variants_ab(name, b, m, plan, want, variants, left, right, dim, pairs, bloc
     from jagflash.core.tlx import fwd_sm90
 
     q, k, v, qo, ko = b.q, b.k, b.v, b.q_offsets, b.kv_offsets
-    specs = [s for s in variants.split(";") if s]
-    runs = [("policy", want)]
-    for spec in specs:
-        fields = {f.split("=")[0]: int(f.split("=")[1]) for f in spec.split(",")}
-        fields = {k_: bool(v_) if isinstance(getattr(want, k_), bool) else v_ for k_, v_ in fields.items()}
-        runs.append((spec, dataclasses.replace(want, **fields)))
-    runs.append(("policy", want))
     ref = None
-    for label, config in runs:
+    for label, config in _runs(want, variants):
         fwd = functools.partial(
             fwd_sm90.forward, q, k, v, qo, ko, b.max_q, left=left, right=right, scale=dim**-0.5, plan=plan,
             config=config, blocks=m,
@@ -129,7 +122,7 @@ def _variants_ab(name, b, m, plan, want, variants, left, right, dim, pairs, bloc
         ref = ref or got
         same = all(torch.equal(x, y) for x, y in zip(got, ref))
         ms = measure(fwd, dev).p50
-        print(f"{name},{label.replace(',', ' ')},{int(want.RING_TILES)},{ms:.4f},{4 * dim * pairs / ms * 1e-9:.1f},"
+        print(f"{name},{label},{int(want.RING_TILES)},{ms:.4f},{4 * dim * pairs / ms * 1e-9:.1f},"
               + ",".join(map(str, blocks)), flush=True)
         if not same:
             print(f"# {name}: {label}: outputs differ from the policy config's", file=sys.stderr, flush=True)
