@@ -373,7 +373,9 @@ def test_tlx_forward_tile_ring_on_and_off_bitwise(causal) -> None:
     """The sparse forward hands the consumers decoded tiles and their list positions through the
     tile ring by default; forced off, each consumer walks the list row itself. The same
     arithmetic either way: bitwise equal outputs, on a mask with empty rows (tiles that load no
-    Q) at a density that leaves most rows one or two blocks."""
+    Q) at a density that leaves most rows one or two blocks. So does O stored through the Q slot
+    (``STAGE_O``), by TMA (``TMA_O``: computed halves; at 2 the empty tiles' halves too, from a
+    zero tile) with the ring on, into NaN-poisoned outputs."""
     from jagflash.core.tlx import fwd_sm90
 
     case = JaggedCase(LENGTHS, LENGTHS, hq=4, hkv=2, head_dim=128, dtype=torch.bfloat16, causal=causal, seed=6)
@@ -393,8 +395,14 @@ def test_tlx_forward_tile_ring_on_and_off_bitwise(causal) -> None:
         )
         for ring in (True, False)
     ]
-    assert torch.equal(outs[0][0], outs[1][0])
-    assert torch.equal(outs[0][1], outs[1][1])
+    for stage in ({"STAGE_O": True}, {"STAGE_O": True, "TMA_O": 1}, {"STAGE_O": True, "TMA_O": 2}):
+        outs.append(fwd_sm90.forward(
+            q, k, v, qo, ko, max(LENGTHS), left=left, right=right, scale=128**-0.5, plan=plan, blocks=m,
+            config=dataclasses.replace(want, RING_TILES=True, **stage),
+        ))
+    for out, lse in outs[1:]:
+        assert torch.equal(outs[0][0], out)
+        assert torch.equal(outs[0][1], lse)
 
 
 @pytest.mark.sm90

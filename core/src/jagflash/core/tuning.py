@@ -210,6 +210,21 @@ def default_fwd_depths(head_dim: int, left: int, right: int, ring: bool, sparse:
     return 2, 2, False
 
 
+#: Shared memory one block may hold on sm90 (227 KB): the compile check's limit.
+SM90_MAX_SHARED = 232448
+#: What a TLX forward holds in shared memory beside its tiles, at most: barriers and the tile
+#: ring's records (under 1 KB at every config compiled: ``jagflash.core.compile_check``).
+FWD_SHARED_EXTRA = 2048
+
+
+def fwd_tile_bytes(config: FwdConfig, elem: int = 2) -> int:
+    """Shared memory of a TLX forward's tiles: Q halves, K and V slots, ``TMA_O=2``'s two zero
+    halves, and without ``STAGE_O`` the 16-bit O half a consumer's layout conversion goes through."""
+    half = config.BLOCK_M // 2 * config.HEAD_DIM * elem
+    halves = 2 * config.Q_BUFS + (2 if config.TMA_O >= 2 else 0) + (0 if config.STAGE_O else 1)
+    return halves * half + 2 * config.NUM_KV * config.BLOCK_N * config.HEAD_DIM * elem
+
+
 class _Constexprs:
     """What a frozen launch config gives its kernel: its fields by name."""
 
@@ -246,7 +261,8 @@ class FwdConfig(_Constexprs):
     Q_BUFS: int = 2  # Q tiles in flight (the next tile's Q loads during this one)
     SPARSE: bool = False  # a q-tile walks its row of a block mask's lists (jagflash.core.mask.block_walk)
     STAGE_O: bool = False  # O stored through the tile's Q slot (no layout-conversion scratch)
-    TMA_O: bool = False  # with STAGE_O: a half tile inside its sequence leaves by one TMA store
+    TMA_O: int = 0  # with STAGE_O, a half tile inside its sequence leaves by one TMA store: 1 a computed
+    # half (from its Q slot), 2 also a half that visits no block (from a zero tile of its own)
 
 
 
@@ -372,6 +388,18 @@ def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, p
     ]
     if plan_blocks != (config.BLOCK_M, config.BLOCK_N):
         reasons.append(f"the plan's tiles are {plan_blocks[0]}x{plan_blocks[1]}, the config's {config.BLOCK_M}x{config.BLOCK_N}")
+    if getattr(config, "TMA_O", 0):
+        reasons += [
+            f"TMA_O={config.TMA_O} {why}" for why, bad in (
+                ("stores O from the Q slot: it needs STAGE_O", not config.STAGE_O),
+                ("is 1 (computed halves) or 2 (and the halves that visit no block)", config.TMA_O not in (1, 2)),
+                (
+                    f"with NUM_KV={config.NUM_KV} and Q_BUFS={config.Q_BUFS} needs {fwd_tile_bytes(config)} B of shared "
+                    f"memory for its tiles, over {SM90_MAX_SHARED - FWD_SHARED_EXTRA}",
+                    fwd_tile_bytes(config) > SM90_MAX_SHARED - FWD_SHARED_EXTRA,
+                ),
+            ) if bad
+        ]
     if getattr(config, "OWN_SPAN", 0):
         reasons += [
             f"OWN_SPAN={config.OWN_SPAN} {why}" for why, bad in (

@@ -14,7 +14,10 @@ walk_first``) and splits the work over three warp roles:
 - the epilogue (in the consumers) normalises, and writes O and the LSE with masked stores that
   never cross the sequence boundary; with ``STAGE_O`` O goes through the warpgroup's own Q slot
   (free once its last QK^T completes) instead of a layout conversion's 16 KB of scratch, the
-  room a third K/V slot needs at D 128 (``jagflash.core.tuning.default_fwd_depths``).
+  room a third K/V slot needs at D 128 (``jagflash.core.tuning.default_fwd_depths``); with
+  ``TMA_O`` a half whose rows all lie in its sequence leaves by one TMA store instead (1: a
+  computed half, from its Q slot; 2: also a half that visits no block, from a zero tile the
+  warpgroup fills once, whose stores it waits for only at its end).
 
 Every q-tile visits the kv-blocks of ``jagflash.core.mask.kv_tile_range`` through the mask's
 block iterator (``block_walk`` / ``block_at``; with ``SPARSE`` the listed blocks of the tile's
@@ -170,6 +173,8 @@ def _fwd_kernel(
     k_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
     v_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
+    if TMA_O >= 2:
+        zero_tiles = tlx.local_alloc((HALF, HEAD_DIM), dtype, 2)  # a consumer's O of a tile that visits no block
     # The tile ring: with RING_TILES the producer walks the table alone and passes each decoded
     # tile (TILE_FIELDS ints, SPARSE_TILE_FIELDS with a block list) to the consumers; otherwise,
     # on a dynamic plan, the table index.
@@ -234,6 +239,9 @@ def _fwd_kernel(
             if cid == 1:
                 tlx.named_barrier_arrive(TURN_0, 256)  # let warpgroup 0 issue first
             qk_scale2 = scale * LOG2E
+            if TMA_O >= 2:
+                tlx.local_store(zero_tiles[cid], tl.zeros([HALF, HEAD_DIM], dtype))
+                tlx.fence("async_shared")  # the copy engine reads what this warpgroup wrote
             count = tl.load(COUNT).to(tl.int32)
             kv = (k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties)
             kv_cnt = 0
@@ -286,13 +294,16 @@ def _fwd_kernel(
                             # the warpgroup's own stores
                             if busy:
                                 tlx.local_store(q_buf, output(out, dtype))
-                                if TMA_O and (m0 + (cid + 1) * HALF <= lq):
+                                if TMA_O >= 1 and (m0 + (cid + 1) * HALF <= lq):
                                     tlx.fence("async_shared")
                                     tlx.async_descriptor_store(desc_o, q_buf, [q_start + m0 + cid * HALF, h * HEAD_DIM])
                                     tlx.async_descriptor_store_wait(0)
                                 else:
                                     tl.store(o_ptrs, tlx.local_load(q_buf), mask=valid[:, None])
                                 tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
+                            elif TMA_O >= 2 and (m0 + (cid + 1) * HALF <= lq):
+                                # the zero tile is never written again: no wait but the one at the end
+                                tlx.async_descriptor_store(desc_o, zero_tiles[cid], [q_start + m0 + cid * HALF, h * HEAD_DIM])
                             else:
                                 tl.store(o_ptrs, tl.zeros([HALF, HEAD_DIM], dtype), mask=valid[:, None])
                         else:
@@ -303,6 +314,8 @@ def _fwd_kernel(
                     if busy:
                         tile_cnt += 1
                 i, r, more = walk_on(i, r, more, pid, nprog, COUNTER, ring, count, DYNAMIC, ZIGZAG, RING_TILES)
+            if TMA_O >= 2:
+                tlx.async_descriptor_store_wait(0)  # the zero tile's last stores have read it
 
 
 def plan_and_config(q, k, q_offsets, kv_offsets, max_seqlen_q, *, left, right, scale, plan=None, q_shared=False,
