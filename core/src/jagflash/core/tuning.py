@@ -262,7 +262,8 @@ class FwdConfig(_Constexprs):
     SPARSE: bool = False  # a q-tile walks its row of a block mask's lists (jagflash.core.mask.block_walk)
     STAGE_O: bool = False  # O stored through the tile's Q slot (no layout-conversion scratch)
     TMA_O: int = 0  # with STAGE_O, a half tile inside its sequence leaves by one TMA store: 1 a computed
-    # half (from its Q slot), 2 also a half that visits no block (from a zero tile of its own)
+    # half (from its Q slot), 2 also a half that visits no block (from a zero tile of its own), 3
+    # also its Q slot handed back at the next tile's start (the store reads it meanwhile)
 
 
 
@@ -392,7 +393,11 @@ def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, p
         reasons += [
             f"TMA_O={config.TMA_O} {why}" for why, bad in (
                 ("stores O from the Q slot: it needs STAGE_O", not config.STAGE_O),
-                ("is 1 (computed halves) or 2 (and the halves that visit no block)", config.TMA_O not in (1, 2)),
+                ("is 1 (computed halves), 2 (and the halves that visit no block) or 3 (and the Q slot handed back late)", config.TMA_O not in (1, 2, 3)),
+                (
+                    f"hands a Q slot back at the next tile's start: it needs Q_BUFS >= 2 (not {config.Q_BUFS})",
+                    config.TMA_O >= 3 and config.Q_BUFS < 2,
+                ),
                 (
                     f"with NUM_KV={config.NUM_KV} and Q_BUFS={config.Q_BUFS} needs {fwd_tile_bytes(config)} B of shared "
                     f"memory for its tiles, over {SM90_MAX_SHARED - FWD_SHARED_EXTRA}",
