@@ -30,7 +30,8 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 
-from jagflash.core.tuning import SM90_MAX_SHARED
+#: Largest shared memory one block can take on sm_90 (227 KiB).
+SM90_MAX_SHARED = 232448
 
 
 @dataclass

@@ -210,21 +210,6 @@ def default_fwd_depths(head_dim: int, left: int, right: int, ring: bool, sparse:
     return 2, 2, False
 
 
-#: Shared memory one block may hold on sm90 (227 KB): the compile check's limit.
-SM90_MAX_SHARED = 232448
-#: What a TLX forward holds in shared memory beside its tiles, at most: barriers and the tile
-#: ring's records (under 1 KB at every config compiled: ``jagflash.core.compile_check``).
-FWD_SHARED_EXTRA = 2048
-
-
-def fwd_tile_bytes(config: FwdConfig, elem: int = 2) -> int:
-    """Shared memory of a TLX forward's tiles: Q halves, K and V slots, ``TMA_O=2``'s two zero
-    halves, and without ``STAGE_O`` the 16-bit O half a consumer's layout conversion goes through."""
-    half = config.BLOCK_M // 2 * config.HEAD_DIM * elem
-    halves = 2 * config.Q_BUFS + (2 if config.TMA_O >= 2 else 0) + (0 if config.STAGE_O else 1)
-    return halves * half + 2 * config.NUM_KV * config.BLOCK_N * config.HEAD_DIM * elem
-
-
 class _Constexprs:
     """What a frozen launch config gives its kernel: its fields by name."""
 
@@ -261,9 +246,7 @@ class FwdConfig(_Constexprs):
     Q_BUFS: int = 2  # Q tiles in flight (the next tile's Q loads during this one)
     SPARSE: bool = False  # a q-tile walks its row of a block mask's lists (jagflash.core.mask.block_walk)
     STAGE_O: bool = False  # O stored through the tile's Q slot (no layout-conversion scratch)
-    TMA_O: int = 0  # with STAGE_O, a half tile inside its sequence leaves by one TMA store: 1 a computed
-    # half (from its Q slot), 2 also a half that visits no block (from a zero tile of its own), 3
-    # also its Q slot handed back at the next tile's start (the store reads it meanwhile)
+    TMA_O: bool = False  # with STAGE_O: a half tile inside its sequence leaves by one TMA store
 
 
 
@@ -344,14 +327,14 @@ def bwd_config(
 
 
 #: The most kv-tiles of a sequence whose dQ one program of the one-pass backward sums
-#: (:func:`own_span`): on the simulated dynamic deal of bench/NOTES.md (session 29) owning the
-#: sequences of at most 16 kv-tiles cost the lognormal batches no balance, owning all of them
-#: +11 % on a causal one and x2.1 on 4 x 8192.
-OWN_KV_TILES = 16
-#: Whether :func:`bwd_config` owns sequences where :func:`own_span` allows: not until the
-#: owned kernel has run on a GPU (written in session 30 without one; its GPU tests force it:
-#: bench/NOTES.md).
-OWN_BY_DEFAULT = False
+#: (:func:`own_span`). Measured (bench/NOTES.md, session 31, H100): owning sequences of 1-2
+#: kv-tiles takes jagged-tiny's backward 15 % faster and the heavy-tailed batch's 2-5 %, the
+#: lognormal batches (dense causal, block-sparse) level; owning up to 8 kv-tiles makes those 3-6 %
+#: slower, up to 16 the block-sparse one 15 % slower (a program sums a long sequence alone).
+OWN_KV_TILES = 2
+#: Whether :func:`bwd_config` owns sequences where :func:`own_span` allows (the switch the
+#: owned kernel's GPU tests and probes were measured against).
+OWN_BY_DEFAULT = True
 
 
 def own_span(head_dim: int, block_n: int, *, fused_dq: bool, q_shared: bool, grouped: bool) -> int:
@@ -389,22 +372,8 @@ def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, p
     ]
     if plan_blocks != (config.BLOCK_M, config.BLOCK_N):
         reasons.append(f"the plan's tiles are {plan_blocks[0]}x{plan_blocks[1]}, the config's {config.BLOCK_M}x{config.BLOCK_N}")
-    if getattr(config, "TMA_O", 0):
-        reasons += [
-            f"TMA_O={config.TMA_O} {why}" for why, bad in (
-                ("stores O from the Q slot: it needs STAGE_O", not config.STAGE_O),
-                ("is 1 (computed halves), 2 (and the halves that visit no block) or 3 (and the Q slot handed back late)", config.TMA_O not in (1, 2, 3)),
-                (
-                    f"hands a Q slot back at the next tile's start: it needs Q_BUFS >= 2 (not {config.Q_BUFS})",
-                    config.TMA_O >= 3 and config.Q_BUFS < 2,
-                ),
-                (
-                    f"with NUM_KV={config.NUM_KV} and Q_BUFS={config.Q_BUFS} needs {fwd_tile_bytes(config)} B of shared "
-                    f"memory for its tiles, over {SM90_MAX_SHARED - FWD_SHARED_EXTRA}",
-                    fwd_tile_bytes(config) > SM90_MAX_SHARED - FWD_SHARED_EXTRA,
-                ),
-            ) if bad
-        ]
+    if getattr(config, "TMA_O", False) and not config.STAGE_O:
+        reasons.append("TMA_O stores O from the Q slot: it needs STAGE_O")
     if getattr(config, "OWN_SPAN", 0):
         reasons += [
             f"OWN_SPAN={config.OWN_SPAN} {why}" for why, bad in (

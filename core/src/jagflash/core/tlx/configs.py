@@ -122,7 +122,7 @@ def bwd_space():
             head_dim=dim, group=1, left=left, right=right, q_shared=False, fused_dq=kind == "bwd", dynamic=dyn,
             zigzag=zz, **kw,
         )
-        if suffix.startswith("_own"):  # (what own_span allows, whether or not the policy owns yet)
+        if suffix.startswith("_own"):  # (what own_span allows: the policy owns on dynamic-grouped tables)
             span = own_span(dim, cfg.BLOCK_N, fused_dq=cfg.FUSED_DQ, q_shared=False, grouped=True)
             cfg = dataclasses.replace(cfg, OWN_SPAN=span, RING_TILES=True)
         out.setdefault((cfg, dtype), f"tlx_{kind}_{deal}{suffix} {dtype} d{dim}{' ' + mask if mask else ''}")

@@ -14,11 +14,7 @@ walk_first``) and splits the work over three warp roles:
 - the epilogue (in the consumers) normalises, and writes O and the LSE with masked stores that
   never cross the sequence boundary; with ``STAGE_O`` O goes through the warpgroup's own Q slot
   (free once its last QK^T completes) instead of a layout conversion's 16 KB of scratch, the
-  room a third K/V slot needs at D 128 (``jagflash.core.tuning.default_fwd_depths``); with
-  ``TMA_O`` a half whose rows all lie in its sequence leaves by one TMA store instead (1: a
-  computed half, from its Q slot; 2: also a half that visits no block, from a zero tile the
-  warpgroup fills once, whose stores it waits for only at its end; 3: also the Q slot handed back
-  at the next tile's start, not as soon as the store has read it).
+  room a third K/V slot needs at D 128 (``jagflash.core.tuning.default_fwd_depths``).
 
 Every q-tile visits the kv-blocks of ``jagflash.core.mask.kv_tile_range`` through the mask's
 block iterator (``block_walk`` / ``block_at``; with ``SPARSE`` the listed blocks of the tile's
@@ -174,8 +170,6 @@ def _fwd_kernel(
     k_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
     v_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
-    if TMA_O >= 2:
-        zero_tiles = tlx.local_alloc((HALF, HEAD_DIM), dtype, 2)  # a consumer's O of a tile that visits no block
     # The tile ring: with RING_TILES the producer walks the table alone and passes each decoded
     # tile (TILE_FIELDS ints, SPARSE_TILE_FIELDS with a block list) to the consumers; otherwise,
     # on a dynamic plan, the table index.
@@ -240,14 +234,10 @@ def _fwd_kernel(
             if cid == 1:
                 tlx.named_barrier_arrive(TURN_0, 256)  # let warpgroup 0 issue first
             qk_scale2 = scale * LOG2E
-            if TMA_O >= 2:
-                tlx.local_store(zero_tiles[cid], tl.zeros([HALF, HEAD_DIM], dtype))
-                tlx.fence("async_shared")  # the copy engine reads what this warpgroup wrote
             count = tl.load(COUNT).to(tl.int32)
             kv = (k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties)
             kv_cnt = 0
             tile_cnt = 0
-            held = -1  # TMA_O 3: the Q slot whose O store may still be reading it (-1: none)
             i, r, more = walk_start(pid, COUNTER, ring, count, DYNAMIC, RING_TILES)  # (RING_TILES: i counts records)
             while more:
                 if RING_TILES:
@@ -272,11 +262,6 @@ def _fwd_kernel(
                     qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
                     if busy:
                         tlx.barrier_wait(q_fulls[2 * qb + cid], q_phase)
-                    if TMA_O >= 3:  # noqa: SIM102 (a compile-time branch around a run-time one)
-                        if held >= 0:  # the last tile's O store has long read its slot: hand it back
-                            tlx.async_descriptor_store_wait(0)
-                            tlx.barrier_arrive(q_empties[held], 1)
-                            held = -1
                     q_buf = q_tiles[2 * qb + cid]
                     if m0 + cid * HALF >= lq:  # an idle half (only the second can be)
                         kv_cnt = pass_kv_blocks(kv_cnt, blocks[0], blocks[3], kv, cid, STEP, NUM_KV)
@@ -301,20 +286,13 @@ def _fwd_kernel(
                             # the warpgroup's own stores
                             if busy:
                                 tlx.local_store(q_buf, output(out, dtype))
-                                if TMA_O >= 1 and (m0 + (cid + 1) * HALF <= lq):
+                                if TMA_O and (m0 + (cid + 1) * HALF <= lq):
                                     tlx.fence("async_shared")
                                     tlx.async_descriptor_store(desc_o, q_buf, [q_start + m0 + cid * HALF, h * HEAD_DIM])
-                                    if TMA_O >= 3:
-                                        held = 2 * qb + cid  # released at the next tile's start
-                                    else:
-                                        tlx.async_descriptor_store_wait(0)
-                                        tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
+                                    tlx.async_descriptor_store_wait(0)
                                 else:
                                     tl.store(o_ptrs, tlx.local_load(q_buf), mask=valid[:, None])
-                                    tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
-                            elif TMA_O >= 2 and (m0 + (cid + 1) * HALF <= lq):
-                                # the zero tile is never written again: no wait but the one at the end
-                                tlx.async_descriptor_store(desc_o, zero_tiles[cid], [q_start + m0 + cid * HALF, h * HEAD_DIM])
+                                tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
                             else:
                                 tl.store(o_ptrs, tl.zeros([HALF, HEAD_DIM], dtype), mask=valid[:, None])
                         else:
@@ -325,11 +303,6 @@ def _fwd_kernel(
                     if busy:
                         tile_cnt += 1
                 i, r, more = walk_on(i, r, more, pid, nprog, COUNTER, ring, count, DYNAMIC, ZIGZAG, RING_TILES)
-            if TMA_O >= 2:
-                tlx.async_descriptor_store_wait(0)  # the zero tile's last stores (and O's) have read it
-            if TMA_O >= 3:  # noqa: SIM102
-                if held >= 0:
-                    tlx.barrier_arrive(q_empties[held], 1)
 
 
 def plan_and_config(q, k, q_offsets, kv_offsets, max_seqlen_q, *, left, right, scale, plan=None, q_shared=False,
