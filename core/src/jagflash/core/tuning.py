@@ -328,7 +328,7 @@ def bwd_config(
 
 #: The most kv-tiles of a sequence whose dQ one program of the one-pass backward sums
 #: (:func:`own_span`). Measured (bench/NOTES.md, session 31, H100): owning sequences of 1-2
-#: kv-tiles takes jagged-tiny's backward 15 % faster and the heavy-tailed batch's 2-5 %, the
+#: kv-tiles takes jagged-tiny's backward 15 % faster and the heavy-tailed batch's 1-3 %, the
 #: lognormal batches (dense causal, block-sparse) level; owning up to 8 kv-tiles makes those 3-6 %
 #: slower, up to 16 the block-sparse one 15 % slower (a program sums a long sequence alone).
 OWN_KV_TILES = 2
