@@ -36,7 +36,8 @@
 # plan build time, then the portable kernels under schedules none / static / dynamic / grouped), probe (python $PROBE, a script of
 # bench/probes/), ncu (Nsight Compute, --clock-control none, on
 # one launch of bench/probes/probe_ncu.py's kernel: NCU_ARGS its arguments, NCU_KERNEL the kernel-name regex
-# (default: _fwd_kernel with NCU_ARGS="--kernel fwd", else _dkdv_kernel), NCU_TIMEOUT_S (240); writes
+# (default: _fwd_kernel with NCU_ARGS="--kernel fwd", else _dkdv_kernel), NCU_TIMEOUT_S (240), NCU_CACHE (1: the run's
+# Triton cache kept, cubins only, under $OUT/triton-cache, for bench/probes/ncu_lines.py); writes
 # ncu-report.ncu-rep, ncu-details.txt, ncu-sass.csv and prints the stall summary), graph-bench (the
 # bench on GRAPH_WORKLOADS (bq-*) and GRAPH_PROVIDERS (jagflash-tlx, FA4 and FA2 expand-Q) with
 # --cuda-graphs --graph-below-ms GRAPH_BELOW_MS (5.0: an eager estimate of a host-bound call is its host time): rows under that replayed in a CUDA graph,
@@ -273,8 +274,9 @@ if has_step ncu; then  # Nsight Compute on one launch of bench/probes/probe_ncu.
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     NCU_REPS=$(echo "${NCU_ARGS:-}" | sed -n 's/.*--reps \([0-9]*\).*/\1/p'); NCU_REPS=${NCU_REPS:-3}
     case " ${NCU_ARGS:-} " in *" --kernel fwd "*) NCU_KERNEL=${NCU_KERNEL:-_fwd_kernel} ;; esac
+    NCU_ENV=""; [ "${NCU_CACHE:-0}" = 1 ] && NCU_ENV="TRITON_CACHE_DIR='$OUT/triton-cache'"
     run_step ncu "$(cap "${NCU_TIMEOUT_S:-240}" "$bench_reserve")" bash -c "
-        '$NCU' --clock-control none --kernel-name regex:'${NCU_KERNEL:-_dkdv_kernel}' \
+        $NCU_ENV '$NCU' --clock-control none --kernel-name regex:'${NCU_KERNEL:-_dkdv_kernel}' \
             --launch-skip $((NCU_REPS - 1)) --launch-count 1 --import-source no \
             --section SpeedOfLight --section WarpStateStats --section SourceCounters \
             --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
@@ -283,7 +285,8 @@ if has_step ncu; then  # Nsight Compute on one launch of bench/probes/probe_ncu.
         '$NCU' --import '$OUT/ncu-report.ncu-rep' --page source --csv --print-source sass > '$OUT/ncu-sass.csv' 2>&1;
         head -c 20000 '$OUT/ncu-details.txt';
         '$PY' bench/probes/probe_ncu.py --summarize '$OUT/ncu-sass.csv';
-        rm -f '$OUT/ncu-report.ncu-rep'"  # (its exports stay; the report itself may outgrow what comes back)
+        rm -f '$OUT/ncu-report.ncu-rep';
+        if [ -d '$OUT/triton-cache' ]; then find '$OUT/triton-cache' -type f ! -name '*.cubin' -delete; fi"  # (its exports stay; the report itself may outgrow what comes back)
 fi
 if has_step graph-bench; then  # the small rows again, replayed in CUDA graphs (what a serving loop sees)
     gb=$(cap "${GRAPH_BENCH_TIMEOUT_S:-150}" "$bench_reserve")

@@ -333,6 +333,18 @@ def test_forward_refuses_tma_o_without_stage_o() -> None:
     assert not tuning.config_reasons(dataclasses.replace(want, STAGE_O=True, TMA_O=True), want, (128, 128))
 
 
+def test_forward_refuses_zero_empty_without_the_ring() -> None:
+    """``ZERO_EMPTY`` is the tile ring's producer skipping tiles: refused without the ring, both
+    reasons listed together with another field's."""
+    import dataclasses
+
+    want = tuning.fwd_config(head_dim=128, group=1, left=-1, right=0, q_shared=False, scale=0.125, dynamic=True, zigzag=False, total_kv=1, batch=1, sparse=True)
+    reasons = " ".join(tuning.config_reasons(dataclasses.replace(want, RING_TILES=False, ZERO_EMPTY=True, TMA_O=True), want, (128, 128)))
+    assert "needs RING_TILES" in reasons
+    assert "needs STAGE_O" in reasons
+    assert not tuning.config_reasons(dataclasses.replace(want, RING_TILES=True, ZERO_EMPTY=True), want, (128, 128))
+
+
 def test_default_walk_is_the_slot_walk_only_on_a_static_plan_with_a_mask() -> None:
     """Measured (bench/NOTES.md, sessions 6 and 7): the head walk wins unmasked and on a dynamic
     plan; with a mask a static plan's zigzag deal needs the slot walk's cost order."""

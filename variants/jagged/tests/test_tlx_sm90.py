@@ -153,6 +153,19 @@ def test_tlx_forward_ring_depths_and_o_store_match_reference(name, causal, ring_
 
 
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_gt_lk"])
+def test_tlx_forward_zero_empty_matches_reference(name, causal) -> None:
+    """With the tile ring, the producer itself writes O 0 and LSE -inf for the tiles whose rows
+    see no key (``ZERO_EMPTY``: causal cross lengths leave whole tiles so, sequences without
+    keys too) and hands the consumers only the others."""
+    q_lens, k_lens, hq, hkv = CASES[name]
+    case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
+    t = case.build("cuda", requires_grad=False)
+    t.pop("dout")
+    check_against_reference(_forward(causal, "dynamic", RING_TILES=True, ZERO_EMPTY=True), _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
+
+
+@pytest.mark.parametrize("causal", [False, True])
 def test_tlx_forward_idle_halves_match_reference(causal) -> None:
     """A consumer whose 64 rows of a q-tile all lie past the sequence's end issues no matmul:
     lengths on each side of 64 and 128 give tiles with one idle half and tiles with none."""

@@ -77,30 +77,58 @@ SPARSE_TILE_FIELDS = tl.constexpr(12)
 
 
 @triton.jit
+def store_no_keys(O, LSE, q_start, m0, lq, h, stride_ot, stride_oh, stride_lh, stride_ls,
+                  ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
+    """O 0 and LSE -inf on the rows ``[m0, m0 + ROWS)`` of a sequence (those under ``lq``): the
+    output of rows that see no key. Written a few rows at a time (16 bytes a thread and store),
+    so that it runs in the producer's registers."""
+    CHUNK: tl.constexpr = 1024 // HEAD_DIM
+    cols = tl.arange(0, HEAD_DIM)
+    for r0 in tl.range(0, ROWS, CHUNK):
+        rows = m0 + r0 + tl.arange(0, CHUNK)
+        ptrs = O + (q_start + rows).to(tl.int64)[:, None] * stride_ot + h * stride_oh + cols[None, :]
+        tl.store(ptrs, tl.zeros([CHUNK, HEAD_DIM], DTYPE), mask=(rows < lq)[:, None])
+    rows = m0 + tl.arange(0, ROWS)
+    tl.store(LSE + (h * stride_lh + q_start * stride_ls + rows), tl.full([ROWS], float("-inf"), tl.float32), mask=rows < lq)
+
+
+@triton.jit
 def publish_tile(ring, counter, i, count, TILES, q_offsets, kv_offsets, heads, lists, left, right,
+                 O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
                  HEAD_MAJOR: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr):
+                 BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
+                 ZERO_EMPTY: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
     """Producer side of the forward's tile ring: decode the tile at table index ``i`` and publish
     it as record ``counter`` (:data:`TILE_FIELDS`; with ``SPARSE`` the list row is walked here,
     its dependent loads paid once for the three roles), or the walk's end (state -1) when ``i``
-    is past the table."""
+    is past the table. With ``ZERO_EMPTY`` a tile with nothing for the consumers is not
+    published: one that visits no kv-block gets its O 0 and LSE -inf here (``store_no_keys``),
+    one that is not live nothing. Returns whether a record was published."""
+    sent = True
     if i < count:
         live, h, m0, q_start, lq, k_start, lk, b = fwd_tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
-        if SPARSE:
-            p0 = count * 0
-            p1, p2, p3 = p0, p0, p0
+        p0 = count * 0
+        p1, p2, p3 = p0, p0, p0
+        if SPARSE or ZERO_EMPTY:  # noqa: SIM102 (a compile-time branch around a run-time one)
             if live:
                 lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                 p0, p1, p2, p3 = block_walk(lo, full_lo, full_hi, hi, tile_list(lists, b, h, m0 // BLOCK_M, SPARSE), BLOCK_N, SPARSE, 1, True)
-            record_publish(ring[0], ring[1], ring[2], counter, (live.to(tl.int32), h, m0, q_start, lq, k_start, lk, b, p0, p1, p2, p3), ID_RING)
-        else:
-            record_publish(ring[0], ring[1], ring[2], counter, (live.to(tl.int32), h, m0, q_start, lq, k_start, lk), ID_RING)
+        if ZERO_EMPTY:
+            sent = live & (p3 > p0)
+            if live & (p3 <= p0):
+                store_no_keys(O, LSE, q_start, m0, lq, h, stride_ot, stride_oh, stride_lh, stride_ls, BLOCK_M, HEAD_DIM, DTYPE)
+        if sent:
+            if SPARSE:
+                record_publish(ring[0], ring[1], ring[2], counter, (live.to(tl.int32), h, m0, q_start, lq, k_start, lk, b, p0, p1, p2, p3), ID_RING)
+            else:
+                record_publish(ring[0], ring[1], ring[2], counter, (live.to(tl.int32), h, m0, q_start, lq, k_start, lk), ID_RING)
     else:
         z = count * 0
         if SPARSE:
             record_publish(ring[0], ring[1], ring[2], counter, (z - 1, z, z, z, z, z, z, z, z, z, z, z), ID_RING)
         else:
             record_publish(ring[0], ring[1], ring[2], counter, (z - 1, z, z, z, z, z, z), ID_RING)
+    return sent
 
 
 @triton.jit
@@ -147,6 +175,7 @@ def _fwd_kernel(
     Q_SHARED: tl.constexpr, FOLD_SCALE: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, RING_TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_KV: tl.constexpr, Q_BUFS: tl.constexpr, SPARSE: tl.constexpr, STAGE_O: tl.constexpr, TMA_O: tl.constexpr,
+    ZERO_EMPTY: tl.constexpr,
 ):
     """O and LSE of the q-tiles of a Plan's forward pass; the constexprs are a
     :class:`jagflash.core.tuning.FwdConfig`'s. ``desc_o``: a TMA descriptor over O's rows in
@@ -191,7 +220,12 @@ def _fwd_kernel(
                 # i - 1 and i, rather than delaying tile i's loads or waiting behind its K/V
                 # slots), then loads tile i's other blocks.
                 i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC, False)
-                publish_tile(ring, 0, i, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE)
+                sent = publish_tile(ring, 0, i, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
+                                    HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype)
+                while not sent:  # (ZERO_EMPTY: the tiles the consumers need not see, done here)
+                    i, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
+                    sent = publish_tile(ring, 0, i, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
+                                        HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype)
                 pub_cnt = 1  # records published
                 while i < count:
                     state, h, m0, q_start, lq, k_start, lk, b, blocks = tile_record(ring, pub_cnt - 1, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, False)
@@ -203,7 +237,12 @@ def _fwd_kernel(
                         listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)  # (its indices: the count is not read again)
                         kv_cnt = load_kv_blocks(desc_k, desc_v, kv, kv_cnt, listed, blocks[0], blocks[0] + STEP, k_start, (h // GROUP) * HEAD_DIM, BLOCK_N, HEAD_DIM, ELEM, NUM_KV, SPARSE)
                     i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
-                    publish_tile(ring, pub_cnt, i_next, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE)
+                    sent = publish_tile(ring, pub_cnt, i_next, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
+                                        HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype)
+                    while not sent:
+                        i_next, r = walk_next(i_next, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
+                        sent = publish_tile(ring, pub_cnt, i_next, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
+                                            HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype)
                     pub_cnt += 1
                     if loads:
                         # tile i's fields again from its record (still in its slot), not carried
