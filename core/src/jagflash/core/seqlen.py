@@ -37,6 +37,18 @@ def row_ptrs(base, r0, rows, stride, offs_d):
 
 
 @triton.jit
+def store_zero_rows(base, r0, first, end, stride, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
+    """Zeros on the rows ``[first, first + ROWS)`` under ``end`` (tile-local indices, row ``j`` at
+    :func:`row_ptrs`' ``base + (r0 + j) * stride``, head dim contiguous), a few rows at a time
+    (16 bytes a thread and store at 128 threads), so that a producer warpgroup's 24 registers do."""
+    CHUNK: tl.constexpr = 1024 // HEAD_DIM
+    cols = tl.arange(0, HEAD_DIM)
+    for c0 in tl.range(0, ROWS, CHUNK):
+        rows = first + c0 + tl.arange(0, CHUNK)
+        tl.store(row_ptrs(base, r0 + first + c0, r0 + rows, stride, cols), tl.zeros([CHUNK, HEAD_DIM], DTYPE), mask=(rows < end)[:, None])
+
+
+@triton.jit
 def load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, CHECK_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
     """Load a ``[rows, BLOCK_D]`` tile, zero past ``n_rows`` (if CHECK_ROWS) and past HEAD_DIM."""
     if CHECK_ROWS:

@@ -302,6 +302,7 @@ class BwdConfig(_Constexprs):
     SPARSE: bool = False  # a kv-tile walks its row of a block mask's transposed lists
     RING_TILES: bool = False  # decoded kv-tiles through shared memory (bwd_config)
     OWN_SPAN: int = 0  # one program sums a sequence's dQ if it has at most this many keys (own_span)
+    ZERO_EMPTY: bool = False  # with RING_TILES: the producer writes the dK, dV zeros of kv-tiles no step visits
 
 
 

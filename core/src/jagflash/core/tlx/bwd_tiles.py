@@ -26,7 +26,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from jagflash.core.mask import block_at, block_walk, dkdv_q_range, tile_list
-from jagflash.core.seqlen import owned_seq, owns_keys, plan_row, q_row, seq_starts
+from jagflash.core.seqlen import owned_seq, owns_keys, plan_row, q_row, seq_starts, store_zero_rows
 from jagflash.core.tlx.pipeline import (
     ID_RING,
     record_publish,
@@ -95,12 +95,17 @@ def next_dkdv_tile(i, r, own, b, hk, n0, pid, nprog, COUNTER, ring, TILES, count
 
 
 @triton.jit
-def publish_dkdv_tile(ring, counter, ok, b, hk, n0, q_offsets, kv_offsets, VEC_TILE, lists, left, right,
+def publish_dkdv_tile(ring, counter, ok, b, hk, n0, q_offsets, kv_offsets, VEC_TILE, lists, left, right, outs,
                       GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, FUSED_DQ: tl.constexpr,
-                      SPARSE: tl.constexpr, PAD: tl.constexpr, OWN_SPAN: tl.constexpr):
+                      SPARSE: tl.constexpr, PAD: tl.constexpr, OWN_SPAN: tl.constexpr,
+                      ZERO_EMPTY: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
     """Producer side of the tile ring: publish the kv-tile at ``n0`` of sequence ``b``, K/V head
-    ``hk`` (``ok`` False: past the walk's end) as record ``counter`` (the module's layout)."""
+    ``hk`` (``ok`` False: past the walk's end) as record ``counter`` (the module's layout).
+    With ``ZERO_EMPTY`` a kv-tile no step visits (and no owner waits for) is not published: its
+    dK and dV zeros are written here (``outs`` = ``(DK, DV, stride_dkt, stride_dkh, stride_dvt,
+    stride_dvh)``), and a table row with no kv-tile is skipped. Returns whether a record was
+    published."""
     q_start, lq, k_start, lk = seq_starts(q_offsets, kv_offsets, b)
     live = ok & (n0 < lk)
     lo, full_lo, full_hi, hi = dkdv_tile_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ)
@@ -116,11 +121,22 @@ def publish_dkdv_tile(ring, counter, ok, b, hk, n0, q_offsets, kv_offsets, VEC_T
             walks = walks + p
     else:
         steps = hi - lo
+    owned = live & (lk < 0)  # (False; an owned sequence's every kv-tile is published: its owner zeroes and casts)
     if OWN_SPAN > 0:
+        owned = live & owns_keys(lk, OWN_SPAN)
         own = OWN + tl.where(n0 == 0, OWN_FIRST, 0) + tl.where(n0 + BLOCK_N >= lk, OWN_LAST, 0)
-        walks = walks + (tl.where(live & owns_keys(lk, OWN_SPAN), own, 0),)  # noqa: RUF005
+        walks = walks + (tl.where(owned, own, 0),)  # noqa: RUF005
     state = tl.where(live, tl.where(steps > 0, 2, 1), tl.where(ok, 0, -1)).to(tl.int32)
-    record_publish(ring[0], ring[1], ring[2], counter, (state, b, hk, n0, q_start, lq, k_start, lk, vec0) + walks, ID_RING)  # noqa: RUF005 (Triton's frontend concatenates tuples; no unpacking)
+    sent = True
+    if ZERO_EMPTY:
+        sent = (state == 2) | (state < 0) | owned
+        if (state == 1) & ~owned:
+            DK, DV, stride_dkt, stride_dkh, stride_dvt, stride_dvh = outs
+            store_zero_rows(DK + hk * stride_dkh, k_start, n0, lk, stride_dkt, BLOCK_N, HEAD_DIM, DTYPE)
+            store_zero_rows(DV + hk * stride_dvh, k_start, n0, lk, stride_dvt, BLOCK_N, HEAD_DIM, DTYPE)
+    if sent:
+        record_publish(ring[0], ring[1], ring[2], counter, (state, b, hk, n0, q_start, lq, k_start, lk, vec0) + walks, ID_RING)  # noqa: RUF005 (Triton's frontend concatenates tuples; no unpacking)
+    return sent
 
 
 @triton.jit

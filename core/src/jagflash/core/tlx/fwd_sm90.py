@@ -40,7 +40,7 @@ from jagflash.core.mask import band_bounds, block_at, block_walk, kv_tile_range,
 from jagflash.core.ops import alloc
 from jagflash.core.plan.build import make_plan
 from jagflash.core.plan.model import PASSES
-from jagflash.core.seqlen import fwd_tile, q_row, row_ptrs
+from jagflash.core.seqlen import fwd_tile, q_row, store_zero_rows
 from jagflash.core.softmax import LOG2E, finish_softmax
 from jagflash.core.tile_scheduler import deal_flags, tile_counter
 from jagflash.core.tlx.descriptors import num_workers, rows_descriptor
@@ -80,14 +80,8 @@ SPARSE_TILE_FIELDS = tl.constexpr(12)
 def store_no_keys(O, LSE, q_start, m0, lq, h, stride_ot, stride_oh, stride_lh, stride_ls,
                   ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
     """O 0 and LSE -inf on the rows ``[m0, m0 + ROWS)`` of a sequence (those under ``lq``): the
-    output of rows that see no key. Written a few rows at a time (16 bytes a thread and store),
-    so that it runs in the producer's registers."""
-    CHUNK: tl.constexpr = 1024 // HEAD_DIM
-    cols = tl.arange(0, HEAD_DIM)
-    for r0 in tl.range(0, ROWS, CHUNK):
-        rows = m0 + r0 + tl.arange(0, CHUNK)
-        ptrs = row_ptrs(O + h * stride_oh, q_start + m0 + r0, q_start + rows, stride_ot, cols)
-        tl.store(ptrs, tl.zeros([CHUNK, HEAD_DIM], DTYPE), mask=(rows < lq)[:, None])
+    output of rows that see no key, written in the producer's registers."""
+    store_zero_rows(O + h * stride_oh, q_start, m0, lq, stride_ot, ROWS, HEAD_DIM, DTYPE)
     rows = m0 + tl.arange(0, ROWS)
     tl.store(LSE + (h * stride_lh + q_start * stride_ls + rows), tl.full([ROWS], float("-inf"), tl.float32), mask=rows < lq)
 
