@@ -43,7 +43,9 @@ def store_zero_rows(base, r0, first, end, stride, ROWS: tl.constexpr, HEAD_DIM: 
     (16 bytes a thread and store at 128 threads), so that a producer warpgroup's 24 registers do."""
     CHUNK: tl.constexpr = 1024 // HEAD_DIM
     cols = tl.arange(0, HEAD_DIM)
-    for c0 in tl.range(0, ROWS, CHUNK):
+    # a run-time trip count (the rows under ``end``): a constant one is unrolled, and its hoisted
+    # pointers outgrow a producer's registers
+    for c0 in range(0, tl.minimum(end - first, ROWS), CHUNK):
         rows = first + c0 + tl.arange(0, CHUNK)
         tl.store(row_ptrs(base, r0 + first + c0, r0 + rows, stride, cols), tl.zeros([CHUNK, HEAD_DIM], DTYPE), mask=(rows < end)[:, None])
 
