@@ -564,17 +564,3 @@ def test_three_kv_slots_only_on_causal_forwards_that_walk_without_the_ring() -> 
     assert depths(left=256) == (2, 2, False)
     assert depths(right=-1) == (2, 2, False)
 
-
-def test_producer_writes_empty_tiles_only_with_a_block_mask() -> None:
-    """``ZERO_EMPTY`` (the ring's producer writes the rows of tiles that visit no block) is the
-    policy of a block-sparse forward, whose masks leave many tiles empty; a forward without a mask
-    keeps its consumers' zeros, ring or not."""
-    def zero_empty(sparse, long_kv):
-        return tuning.fwd_config(
-            head_dim=128, group=1, left=-1, right=0, q_shared=False, scale=1.0, dynamic=True, zigzag=False,
-            total_kv=1 << 30 if long_kv else 1, batch=1, sparse=sparse,
-        ).ZERO_EMPTY
-
-    assert zero_empty(sparse=True, long_kv=True)
-    assert not zero_empty(sparse=False, long_kv=False)  # the ring, no mask
-    assert not zero_empty(sparse=False, long_kv=True)

@@ -259,9 +259,9 @@ def fwd_config(
     """The :class:`FwdConfig` of a forward call (``sparse``: with a block mask's lists). A
     block-sparse call always hands tiles through the tile ring: its producer walks each list row
     (dependent loads: the row's count, then searches through its indices) once, for itself and
-    both consumers (bench/NOTES.md, session 17). There the producer also writes the rows of tiles that
-    visit no listed block itself (``ZERO_EMPTY``: bench/NOTES.md, session 32). Every
-    forward asks: kept per arguments (a config is frozen)."""
+    both consumers (bench/NOTES.md, session 17). ``ZERO_EMPTY`` (the producer writes the rows of tiles
+    that visit no block itself) stays off until it is measured (bench/NOTES.md, session 32).
+    Every forward asks: kept per arguments (a config is frozen)."""
     block_m, block_n = tlx_sm90_blocks(head_dim)["fwd"]
     ring = sparse or default_ring_tiles(total_kv, batch, block_n)
     num_kv, q_bufs, stage_o = default_fwd_depths(head_dim, left, right, ring, sparse, q_shared)
@@ -269,7 +269,7 @@ def fwd_config(
         HEAD_DIM=head_dim, GROUP=group, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
         Q_SHARED=q_shared, FOLD_SCALE=scale > 0, HEAD_MAJOR=default_head_major(left, right, dynamic),
         DYNAMIC=dynamic, ZIGZAG=zigzag, RING_TILES=ring, BLOCK_M=block_m, BLOCK_N=block_n,
-        NUM_KV=num_kv, Q_BUFS=q_bufs, SPARSE=sparse, STAGE_O=stage_o, ZERO_EMPTY=sparse,
+        NUM_KV=num_kv, Q_BUFS=q_bufs, SPARSE=sparse, STAGE_O=stage_o,
     )
 
 

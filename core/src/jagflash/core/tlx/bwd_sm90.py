@@ -99,7 +99,8 @@ def _dkdv_kernel(
     listed q-block is ``SUB`` steps), else None. With ``RING_TILES`` the producer alone walks
     the table and hands the consumers each decoded kv-tile through a record ring
     (``jagflash.core.tlx.bwd_tiles``: with ``SPARSE`` also each head's walk positions), one tile
-    ahead; a kv-tile that no step visits loads nothing and gets zeros. With ``OWN_SPAN``
+    ahead; a kv-tile that no step visits loads nothing and gets zeros (with ``ZERO_EMPTY`` written
+    by the producer, which then does not hand it on, unless an owner waits for it). With ``OWN_SPAN``
     (``jagflash.core.tuning.own_span``) a program takes all kv-tiles of a sequence of at most
     OWN_SPAN keys (a K/V head's, from the table row of its first) and sums its dQ rows itself:
     ``DQ_ACC`` (the accumulator behind ``desc_dq``, rows ``stride_acc`` apart) zeroed there

@@ -271,8 +271,7 @@ KNOWN_SPILLS: dict[str, int] = {
     # consumers' walk through pipeline.walk_on (session 25) added 8 B outside the loops of four
     # forward ring configurations (the record counter; the loops' code unchanged)
     "tlx_fwd_dynamic_sparse fp16 d128": 300,
-    # ZERO_EMPTY (session 32): the producer's zero stores of empty tiles, 16 B more outside the loops
-    "tlx_fwd_dynamic_sparse bf16 d128 causal": 108,
+    "tlx_fwd_dynamic_sparse bf16 d128 causal": 92,
     # With the tile ring in the backward (session 25; block-sparse, and the ring samples of short
     # K/V): none in the one pass's loops, one reload an iteration in the masked steps of the two
     # passes' dK/dV with a window.

@@ -24,8 +24,9 @@ sequence and its four walk positions, so that the consumers run none of the list
 loads), one tile ahead: it decodes and publishes the next tile right after it has loaded this
 tile's Q and first kv-block, so that the decode does not wait behind this tile's K/V slots; a
 tile that visits no kv-block (an empty list row, a window that misses the keys) loads no Q and
-its rows get O 0 and LSE -inf. Otherwise, on a dynamic plan, the producer hands the consumers
-the table index. TMA reads past a sequence's end are harmless (``jagflash.core.tlx.descriptors``).
+its rows get O 0 and LSE -inf (from the consumers, or with ``ZERO_EMPTY`` from the producer,
+which then does not hand them the tile). Otherwise, on a dynamic plan, the producer hands the
+consumers the table index. TMA reads past a sequence's end are harmless (``jagflash.core.tlx.descriptors``).
 """
 
 from __future__ import annotations
