@@ -14,13 +14,14 @@ against the disassembly and refuses on a mismatch.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import re
 import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from probe_ncu import number, read_export  # (this directory: run as a script)
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 _INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;?\s*$")
@@ -60,28 +61,9 @@ def line_table(cubin: Path) -> dict[int, tuple[str, list[tuple[str, int]]]]:
     return table
 
 
-def _number(text: str) -> float:
-    try:
-        return float(text.replace(",", ""))
-    except ValueError:
-        return 0.0
-
-
 def _opcode(text: str) -> str:
     words = [w for w in text.replace("{", " ").split() if not w.startswith("@")]
     return words[0].split(".")[0] if words else ""
-
-
-def load_samples(path: Path) -> tuple[list[str], list[list[str]], int, int]:
-    rows = list(csv.reader(path.open(newline="")))
-    head = next((i for i, r in enumerate(rows) if any("Source" in c for c in r)), None)
-    if head is None:
-        raise SystemExit(f"ncu_lines: no header with 'Source' in {path}")
-    header = rows[head]
-    body = [r for r in rows[head + 1 :] if len(r) == len(header)]
-    src = next(i for i, c in enumerate(header) if "Source" in c)
-    addr = next((i for i, c in enumerate(header) if c.strip() == "Address"), -1)
-    return header, body, src, addr
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,9 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=40)
     args = parser.parse_args(argv)
     table = line_table(args.cubin)
-    header, body, src, addr = load_samples(args.csv)
-    stall_cols = [i for i, c in enumerate(header) if re.search(r"stall|Sampling", c, re.I)]
-    allcol = next((i for i in stall_cols if re.search(r"All Samples|Sampling \(All", header[i])), stall_cols[0])
+    header, body, src, allcol, stall_cols = read_export(str(args.csv))
+    addr = next((i for i, c in enumerate(header) if c.strip() == "Address"), -1)
     reasons = [i for i in stall_cols if i != allcol and "Not Issued" not in header[i] and "Sampling" not in header[i]]
     execs = next((i for i, c in enumerate(header) if c.strip() == "Instructions Executed"), None)
     base = min(int(r[addr], 16) for r in body) if addr >= 0 else 0
@@ -117,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         lines = sources[path]
         return lines[line - 1].strip()[:70] if 0 < line <= len(lines) else ""
 
-    total = sum(_number(r[allcol]) for r in body) or 1.0
+    total = sum(number(r[allcol]) for r in body) or 1.0
     by_top: dict[tuple, list[float]] = defaultdict(lambda: [0.0] * (len(reasons) + 2))
     by_two: dict[tuple, float] = defaultdict(float)
     for o, r in zip(offsets, body):
@@ -125,12 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         own = [f for f in frames if f[0].endswith(args.kernel_file)]
         top = own[-1] if own else (frames[0] if frames else ("?", 0))  # the kernel's innermost own line
         acc = by_top[top]
-        acc[0] += _number(r[allcol])
-        acc[1] += _number(r[execs]) if execs is not None else 0.0
+        acc[0] += number(r[allcol])
+        acc[1] += number(r[execs]) if execs is not None else 0.0
         for k, i in enumerate(reasons):
-            acc[k + 2] += _number(r[i])
+            acc[k + 2] += number(r[i])
         below = frames[frames.index(top) + 1] if top in frames and frames.index(top) + 1 < len(frames) else top
-        by_two[(top, below)] += _number(r[allcol])
+        by_two[(top, below)] += number(r[allcol])
     print(f"ncu_lines: {len(body)} instructions, {total:.0f} samples; by {args.kernel_file} line (innermost frame of it)")
     names = [re.sub(r"^.*?stall_?|\s*\(.*$", "", header[i], flags=re.I) or header[i] for i in reasons]
     tot_r = [sum(v[k + 2] for v in by_top.values()) for k in range(len(reasons))]

@@ -87,22 +87,26 @@ def _run(args: argparse.Namespace) -> None:
     print(f"probe_ncu: {args.kernel} on {args.batch}{' causal' if args.causal else ''}, {args.reps} runs")
 
 
-def _number(text: str) -> float:
+def number(text: str) -> float:
     try:
         return float(text.replace(",", ""))
     except ValueError:
         return 0.0
 
 
-def _summarize(path: str, top: int) -> int:
+class ExportError(ValueError):
+    """An ncu source export without the rows or columns a summary needs."""
+
+
+def read_export(path: str) -> tuple[list[str], list[list[str]], int, int, list[int]]:
+    """An ncu source-page export (``--page source --csv --print-source sass``): ``(header, rows,
+    source column, all-samples column, every stall-reason column)``; ncu versions name the
+    sampling columns differently, so they are found by their headers."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     head = next((i for i, r in enumerate(rows) if any("Source" in c for c in r)), None)
     if head is None:
-        print(f"probe_ncu: no header with 'Source' in {path}; its first lines:")
-        for r in rows[:10]:
-            print("  ", r)
-        return 1
+        raise ExportError(f"no header with 'Source' in {path}; its first lines: {rows[:10]}")
     header, body = rows[head], [r for r in rows[head + 1 :] if len(r) == len(rows[head])]
     src = next(i for i, c in enumerate(header) if "Source" in c)
     stall_cols = [i for i, c in enumerate(header) if re.search(r"stall|Sampling", c, re.I)]
@@ -110,22 +114,30 @@ def _summarize(path: str, top: int) -> int:
     if allcol is None and stall_cols:
         allcol = stall_cols[0]
     if allcol is None:
-        print("probe_ncu: no stall-sampling column; columns:", header)
+        raise ExportError(f"no stall-sampling column; columns: {header}")
+    return header, body, src, allcol, stall_cols
+
+
+def _summarize(path: str, top: int) -> int:
+    try:
+        header, body, src, allcol, stall_cols = read_export(path)
+    except ExportError as e:
+        print(f"probe_ncu: {e}")
         return 1
-    total = sum(_number(r[allcol]) for r in body) or 1.0
+    total = sum(number(r[allcol]) for r in body) or 1.0
     print(f"probe_ncu: {len(body)} SASS lines, {total:.0f} samples in '{header[allcol]}'")
     print(f"\n-- top {top} instructions by samples")
-    for r in sorted(body, key=lambda r: -_number(r[allcol]))[:top]:
-        print(f"{_number(r[allcol]):8.0f} {100 * _number(r[allcol]) / total:5.1f}%  {r[src].strip()[:110]}")
+    for r in sorted(body, key=lambda r: -number(r[allcol]))[:top]:
+        print(f"{number(r[allcol]):8.0f} {100 * number(r[allcol]) / total:5.1f}%  {r[src].strip()[:110]}")
     by_op: Counter[str] = Counter()
     for r in body:
         op = r[src].strip().lstrip("@!PU0123456789T ").split(" ")[0]
-        by_op[op.split(".")[0]] += _number(r[allcol])
+        by_op[op.split(".")[0]] += number(r[allcol])
     print("\n-- samples by opcode")
     for op, n in by_op.most_common(20):
         print(f"{n:8.0f} {100 * n / total:5.1f}%  {op}")
     print("\n-- stall-reason columns (totals)")
-    totals = {i: sum(_number(r[i]) for r in body) for i in stall_cols}
+    totals = {i: sum(number(r[i]) for r in body) for i in stall_cols}
     for i in stall_cols:
         if totals[i]:
             print(f"{totals[i]:10.0f}  {header[i]}")
@@ -135,9 +147,9 @@ def _summarize(path: str, top: int) -> int:
     reasons = [i for i in stall_cols if i != allcol and "Not Issued" not in header[i] and "Sampling" not in header[i]]
     for i in sorted(reasons, key=lambda i: -totals[i])[:5]:
         print(f"\n-- top 5 instructions for {header[i]} ({totals[i]:.0f})")
-        for r in sorted(body, key=lambda r: -_number(r[i]))[:5]:
-            ran = f" x{_number(r[execs]):.0f}" if execs is not None else ""
-            print(f"{_number(r[i]):8.0f}{ran:>12s}  {r[src].strip()[:100]}")
+        for r in sorted(body, key=lambda r: -number(r[i]))[:5]:
+            ran = f" x{number(r[execs]):.0f}" if execs is not None else ""
+            print(f"{number(r[i]):8.0f}{ran:>12s}  {r[src].strip()[:100]}")
     return 0
 
 
