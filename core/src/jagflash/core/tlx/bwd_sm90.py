@@ -46,7 +46,7 @@ from jagflash.core.tlx.bwd_tiles import (
     load_q_steps,
     next_dkdv_tile,
     own_walk,
-    publish_dkdv_tile,
+    publish_dkdv_walk,
     tile_own,
     tile_walk,
 )
@@ -155,10 +155,8 @@ def _dkdv_kernel(
                 i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC, False)
                 outs = (DK, DV, stride_dkt, stride_dkh, stride_dvt, stride_dvh)  # (ZERO_EMPTY's zeros)
                 i, r, ok, b, hk, n0 = own_walk(i, r, pid, nprog, COUNTER, ring, TILES, count, heads, kv_offsets, HEAD_MAJOR, DYNAMIC, ZIGZAG, OWN_SPAN)
-                sent = publish_dkdv_tile(ring, 0, ok, b, hk, n0, q_offsets, kv_offsets, VEC_TILE, lists, left, right, outs, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, PAD, OWN_SPAN, ZERO_EMPTY, HEAD_DIM, dtype)
-                while not sent:  # (ZERO_EMPTY: the kv-tiles the consumers need not see, done here)
-                    i, r, ok, b, hk, n0 = next_dkdv_tile(i, r, 0, b, hk, n0, pid, nprog, COUNTER, ring, TILES, count, heads, kv_offsets, HEAD_MAJOR, DYNAMIC, ZIGZAG, BLOCK_N, OWN_SPAN)
-                    sent = publish_dkdv_tile(ring, 0, ok, b, hk, n0, q_offsets, kv_offsets, VEC_TILE, lists, left, right, outs, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, PAD, OWN_SPAN, ZERO_EMPTY, HEAD_DIM, dtype)
+                i, r = publish_dkdv_walk(ring, 0, i, r, ok, b, hk, n0, pid, nprog, COUNTER, TILES, count, heads, q_offsets, kv_offsets, VEC_TILE, lists, left, right, outs,
+                                         HEAD_MAJOR, DYNAMIC, ZIGZAG, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, PAD, OWN_SPAN, ZERO_EMPTY, HEAD_DIM, dtype)
                 pub = 1  # records published
                 while i < count:
                     state, b, hk, n0, _, _, k_start, _, _ = dkdv_tile(ring, pub - 1, FIELDS, False)
@@ -167,10 +165,8 @@ def _dkdv_kernel(
                         q_cnt = load_q_steps(descs, qring, q_cnt, ring, pub - 1, lists, 0, NUM_Q, left, right, FIELDS, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_Q, ELEM, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, Q_SHARED, SPARSE)
                         load_kv_tile(desc_k, desc_v, k_tiles, v_tiles, kv_fulls, kv_empties, tile_cnt, k_start + n0, hk * HEAD_DIM, HALF, HEAD_DIM, ELEM)
                     i, r, ok, b, hk, n0 = next_dkdv_tile(i, r, own, b, hk, n0, pid, nprog, COUNTER, ring, TILES, count, heads, kv_offsets, HEAD_MAJOR, DYNAMIC, ZIGZAG, BLOCK_N, OWN_SPAN)
-                    sent = publish_dkdv_tile(ring, pub, ok, b, hk, n0, q_offsets, kv_offsets, VEC_TILE, lists, left, right, outs, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, PAD, OWN_SPAN, ZERO_EMPTY, HEAD_DIM, dtype)
-                    while not sent:
-                        i, r, ok, b, hk, n0 = next_dkdv_tile(i, r, 0, b, hk, n0, pid, nprog, COUNTER, ring, TILES, count, heads, kv_offsets, HEAD_MAJOR, DYNAMIC, ZIGZAG, BLOCK_N, OWN_SPAN)
-                        sent = publish_dkdv_tile(ring, pub, ok, b, hk, n0, q_offsets, kv_offsets, VEC_TILE, lists, left, right, outs, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, PAD, OWN_SPAN, ZERO_EMPTY, HEAD_DIM, dtype)
+                    i, r = publish_dkdv_walk(ring, pub, i, r, ok, b, hk, n0, pid, nprog, COUNTER, TILES, count, heads, q_offsets, kv_offsets, VEC_TILE, lists, left, right, outs,
+                                             HEAD_MAJOR, DYNAMIC, ZIGZAG, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, PAD, OWN_SPAN, ZERO_EMPTY, HEAD_DIM, dtype)
                     pub += 1
                     if state > 1:
                         q_cnt = load_q_steps(descs, qring, q_cnt, ring, pub - 2, lists, NUM_Q, ALL_STEPS, left, right, FIELDS, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_Q, ELEM, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, Q_SHARED, SPARSE)

@@ -140,6 +140,26 @@ def publish_dkdv_tile(ring, counter, ok, b, hk, n0, q_offsets, kv_offsets, VEC_T
 
 
 @triton.jit
+def publish_dkdv_walk(ring, counter, i, r, ok, b, hk, n0, pid, nprog, COUNTER, TILES, count, heads, q_offsets, kv_offsets,
+                      VEC_TILE, lists, left, right, outs, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr,
+                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, FUSED_DQ: tl.constexpr,
+                      SPARSE: tl.constexpr, PAD: tl.constexpr, OWN_SPAN: tl.constexpr,
+                      ZERO_EMPTY: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
+    """:func:`publish_dkdv_tile` of the decoded row ``(ok, b, hk, n0)`` at walk index ``i`` (round
+    ``r``) as record ``counter``; with ``ZERO_EMPTY`` the walk goes on past the kv-tiles it does
+    not publish (never an owned one), until one is. Returns ``(i, r)`` of the published record."""
+    sent = publish_dkdv_tile(ring, counter, ok, b, hk, n0, q_offsets, kv_offsets, VEC_TILE, lists, left, right, outs, GROUP, BLOCK_M, BLOCK_N,
+                             BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, PAD, OWN_SPAN, ZERO_EMPTY, HEAD_DIM, DTYPE)
+    if ZERO_EMPTY:
+        while not sent:
+            i, r, ok, b, hk, n0 = next_dkdv_tile(i, r, 0, b, hk, n0, pid, nprog, COUNTER, ring, TILES, count, heads, kv_offsets, HEAD_MAJOR, DYNAMIC, ZIGZAG, BLOCK_N, OWN_SPAN)
+            sent = publish_dkdv_tile(ring, counter, ok, b, hk, n0, q_offsets, kv_offsets, VEC_TILE, lists, left, right, outs, GROUP, BLOCK_M, BLOCK_N,
+                                     BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE, PAD, OWN_SPAN, ZERO_EMPTY, HEAD_DIM, DTYPE)
+    return i, r
+
+
+@triton.jit
 def dkdv_tile(ring, counter, FIELDS: tl.constexpr, TAKE: tl.constexpr):
     """The tile fields ``(state, b, hk, n0, q_start, lq, k_start, lk, vec0)`` of record
     ``counter`` of a ring of FIELDS-int records. ``TAKE``: the consumers' wait for it (the slot

@@ -127,6 +127,26 @@ def publish_tile(ring, counter, i, count, TILES, q_offsets, kv_offsets, heads, l
 
 
 @triton.jit
+def publish_walk(ring, counter, i, r, pid, nprog, COUNTER, count, TILES, q_offsets, kv_offsets, heads, lists, left, right,
+                 O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
+                 HEAD_MAJOR: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
+                 ZERO_EMPTY: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr,
+                 DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr):
+    """:func:`publish_tile` of walk index ``i`` (round ``r``) as record ``counter``; with
+    ``ZERO_EMPTY`` the walk goes on past the tiles it does not publish, until one is (or the
+    walk's end). Returns ``(i, r)`` of the published record."""
+    sent = publish_tile(ring, counter, i, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
+                        HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, DTYPE)
+    if ZERO_EMPTY:
+        while not sent:
+            i, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
+            sent = publish_tile(ring, counter, i, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
+                                HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, DTYPE)
+    return i, r
+
+
+@triton.jit
 def tile_record(ring, counter, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr, TAKE: tl.constexpr):
     """Record ``counter`` of the forward's tile ring: ``(state, h, m0, q_start, lq, k_start, lk, b,
@@ -215,12 +235,8 @@ def _fwd_kernel(
                 # i - 1 and i, rather than delaying tile i's loads or waiting behind its K/V
                 # slots), then loads tile i's other blocks.
                 i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC, False)
-                sent = publish_tile(ring, 0, i, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
-                                    HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype)
-                while not sent:  # (ZERO_EMPTY: the tiles the consumers need not see, done here)
-                    i, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
-                    sent = publish_tile(ring, 0, i, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
-                                        HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype)
+                i, r = publish_walk(ring, 0, i, r, pid, nprog, COUNTER, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
+                                    HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype, DYNAMIC, ZIGZAG)
                 pub_cnt = 1  # records published
                 while i < count:
                     state, h, m0, q_start, lq, k_start, lk, b, blocks = tile_record(ring, pub_cnt - 1, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, False)
@@ -232,12 +248,8 @@ def _fwd_kernel(
                         listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)  # (its indices: the count is not read again)
                         kv_cnt = load_kv_blocks(desc_k, desc_v, kv, kv_cnt, listed, blocks[0], blocks[0] + STEP, k_start, (h // GROUP) * HEAD_DIM, BLOCK_N, HEAD_DIM, ELEM, NUM_KV, SPARSE)
                     i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
-                    sent = publish_tile(ring, pub_cnt, i_next, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
-                                        HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype)
-                    while not sent:
-                        i_next, r = walk_next(i_next, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
-                        sent = publish_tile(ring, pub_cnt, i_next, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
-                                            HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype)
+                    i_next, r = publish_walk(ring, pub_cnt, i_next, r, pid, nprog, COUNTER, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
+                                             HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype, DYNAMIC, ZIGZAG)
                     pub_cnt += 1
                     if loads:
                         # tile i's fields again from its record (still in its slot), not carried
