@@ -415,7 +415,9 @@ def test_tlx_backward_tile_ring_on_and_off(causal) -> None:
     the one pass's dQ (reduce-added in a run-dependent order) to rounding. Per-head masks over
     GQA (two query heads a K/V head: two heads' positions in each record), at a density that
     leaves kv-tiles no step visits (no K/V load, zeros). So are they with those zeros written by
-    the ring's producer (``ZERO_EMPTY``), the consumers never handed those kv-tiles."""
+    the ring's producer (``ZERO_EMPTY``), the consumers never handed those kv-tiles. (Without the
+    ring the one pass owns no sequence: ``OWN_SPAN`` 0; an owner adds the same steps to the same
+    dK and dV.)"""
     from jagflash.core.tlx import bwd_sm90, fwd_sm90
 
     case = JaggedCase(LENGTHS, LENGTHS, hq=4, hkv=2, head_dim=128, dtype=torch.bfloat16, causal=causal, seed=7)
@@ -433,7 +435,7 @@ def test_tlx_backward_tile_ring_on_and_off(causal) -> None:
         plan, want = bwd_sm90.plan_and_config(q, k, qo, ko, left=left, right=right, deterministic=deterministic, blocks=m)
         assert want.RING_TILES
         runs = []
-        for fields in ({"RING_TILES": True}, {"RING_TILES": False}, {"RING_TILES": True, "ZERO_EMPTY": not want.ZERO_EMPTY}):
+        for fields in ({"RING_TILES": True}, {"RING_TILES": False, "OWN_SPAN": 0}, {"RING_TILES": True, "ZERO_EMPTY": not want.ZERO_EMPTY}):
             config = dataclasses.replace(want, **fields)
             if deterministic:
                 runs.append((None, *bwd_sm90.backward_dkdv(dout, q, k, v, lse, delta, qo, ko, plan=plan, config=config, **kw)))
