@@ -333,16 +333,19 @@ def test_forward_refuses_tma_o_without_stage_o() -> None:
     assert not tuning.config_reasons(dataclasses.replace(want, STAGE_O=True, TMA_O=True), want, (128, 128))
 
 
-def test_forward_refuses_zero_empty_without_the_ring() -> None:
-    """``ZERO_EMPTY`` is the tile ring's producer skipping tiles: refused without the ring, both
-    reasons listed together with another field's."""
+def test_forward_refuses_ring_fields_without_the_ring() -> None:
+    """``ZERO_EMPTY`` (the tile ring's producer skipping tiles) and ``HOLD_RECORD`` (its
+    consumers keeping a record) are refused without the ring, every reason listed together with
+    another field's."""
     import dataclasses
 
     want = tuning.fwd_config(head_dim=128, group=1, left=-1, right=0, q_shared=False, scale=0.125, dynamic=True, zigzag=False, total_kv=1, batch=1, sparse=True)
-    reasons = " ".join(tuning.config_reasons(dataclasses.replace(want, RING_TILES=False, ZERO_EMPTY=True, TMA_O=True), want, (128, 128)))
-    assert "needs RING_TILES" in reasons
-    assert "needs STAGE_O" in reasons
-    assert not tuning.config_reasons(dataclasses.replace(want, RING_TILES=True, ZERO_EMPTY=True), want, (128, 128))
+    bad = dataclasses.replace(want, RING_TILES=False, ZERO_EMPTY=True, HOLD_RECORD=True, TMA_O=True)
+    reasons = tuning.config_reasons(bad, want, (128, 128))
+    assert any("ZERO_EMPTY" in r and "needs RING_TILES" in r for r in reasons)
+    assert any("HOLD_RECORD" in r and "needs RING_TILES" in r for r in reasons)
+    assert any("needs STAGE_O" in r for r in reasons)
+    assert not tuning.config_reasons(dataclasses.replace(want, RING_TILES=True, ZERO_EMPTY=True, HOLD_RECORD=True), want, (128, 128))
 
 
 def test_default_walk_is_the_slot_walk_only_on_a_static_plan_with_a_mask() -> None:

@@ -165,6 +165,21 @@ def test_tlx_forward_zero_empty_matches_reference(name, causal) -> None:
     check_against_reference(_forward(causal, "dynamic", RING_TILES=True, ZERO_EMPTY=True), _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
 
 
+@pytest.mark.parametrize("q_bufs", [1, 2])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["odd_lengths", "lognormal"])
+def test_tlx_forward_hold_record_matches_reference(name, causal, q_bufs) -> None:
+    """With the tile ring, the consumers keep each tile's record (a three-deep record ring) and
+    read its fields again after the main loop (``HOLD_RECORD``), with one Q tile in flight or two
+    (the producer publishes the next record while the consumers may still hold the one before)."""
+    q_lens, k_lens, hq, hkv = CASES[name]
+    case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
+    t = case.build("cuda", requires_grad=False)
+    t.pop("dout")
+    run = _forward(causal, "dynamic", RING_TILES=True, HOLD_RECORD=True, Q_BUFS=q_bufs, NUM_KV=3 if q_bufs == 1 else 2)
+    check_against_reference(run, _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_tlx_forward_idle_halves_match_reference(causal) -> None:
     """A consumer whose 64 rows of a q-tile all lie past the sequence's end issues no matmul:

@@ -248,6 +248,7 @@ class FwdConfig(_Constexprs):
     STAGE_O: bool = False  # O stored through the tile's Q slot (no layout-conversion scratch)
     TMA_O: bool = False  # with STAGE_O: a half tile inside its sequence leaves by one TMA store
     ZERO_EMPTY: bool = False  # with RING_TILES: the producer writes the rows of tiles that visit no kv-block
+    HOLD_RECORD: bool = False  # with RING_TILES: consumers keep a tile's record slot and re-read its fields
 
 
 
@@ -361,7 +362,7 @@ def own_span(head_dim: int, block_n: int, *, fused_dq: bool, q_shared: bool, gro
 #: sequences: tests and probes force each; a choice of depths the shared memory cannot hold
 #: fails to compile, an owned span the kernel cannot sum is refused); the rest follow from the
 #: call.
-FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O", "ZERO_EMPTY", "OWN_SPAN"})
+FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O", "ZERO_EMPTY", "HOLD_RECORD", "OWN_SPAN"})
 
 
 def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, plan_blocks: tuple[int, int]) -> list[str]:
@@ -379,6 +380,8 @@ def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, p
         reasons.append("TMA_O stores O from the Q slot: it needs STAGE_O")
     if getattr(config, "ZERO_EMPTY", False) and not config.RING_TILES:
         reasons.append("ZERO_EMPTY is the tile ring's producer's: it needs RING_TILES")
+    if getattr(config, "HOLD_RECORD", False) and not config.RING_TILES:
+        reasons.append("HOLD_RECORD keeps the tile ring's record: it needs RING_TILES")
     if getattr(config, "OWN_SPAN", 0):
         reasons += [
             f"OWN_SPAN={config.OWN_SPAN} {why}" for why, bad in (

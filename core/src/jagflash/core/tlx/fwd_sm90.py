@@ -53,7 +53,9 @@ from jagflash.core.tlx.pipeline import (
     record_publish,
     record_read,
     record_take,
+    record_wait,
     ring_load,
+    ring_release,
     ring_slot,
     tma_load,
     walk_first,
@@ -92,8 +94,8 @@ def publish_tile(ring, counter, i, count, TILES, q_offsets, kv_offsets, heads, l
                  O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
                  HEAD_MAJOR: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
-                 ZERO_EMPTY: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
-    """Producer side of the forward's tile ring: decode the tile at table index ``i`` and publish
+                 ZERO_EMPTY: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr, RECS: tl.constexpr):
+    """Producer side of the forward's tile ring (RECS records deep): decode the tile at table index ``i`` and publish
     it as record ``counter`` (:data:`TILE_FIELDS`; with ``SPARSE`` the list row is walked here,
     its dependent loads paid once for the three roles), or the walk's end (state -1) when ``i``
     is past the table. With ``ZERO_EMPTY`` a tile with nothing for the consumers is not
@@ -114,15 +116,15 @@ def publish_tile(ring, counter, i, count, TILES, q_offsets, kv_offsets, heads, l
                 store_no_keys(O, LSE, q_start, m0, lq, h, stride_ot, stride_oh, stride_lh, stride_ls, BLOCK_M, HEAD_DIM, DTYPE)
         if sent:
             if SPARSE:
-                record_publish(ring[0], ring[1], ring[2], counter, (live.to(tl.int32), h, m0, q_start, lq, k_start, lk, b, p0, p1, p2, p3), ID_RING)
+                record_publish(ring[0], ring[1], ring[2], counter, (live.to(tl.int32), h, m0, q_start, lq, k_start, lk, b, p0, p1, p2, p3), RECS)
             else:
-                record_publish(ring[0], ring[1], ring[2], counter, (live.to(tl.int32), h, m0, q_start, lq, k_start, lk), ID_RING)
+                record_publish(ring[0], ring[1], ring[2], counter, (live.to(tl.int32), h, m0, q_start, lq, k_start, lk), RECS)
     else:
         z = count * 0
         if SPARSE:
-            record_publish(ring[0], ring[1], ring[2], counter, (z - 1, z, z, z, z, z, z, z, z, z, z, z), ID_RING)
+            record_publish(ring[0], ring[1], ring[2], counter, (z - 1, z, z, z, z, z, z, z, z, z, z, z), RECS)
         else:
-            record_publish(ring[0], ring[1], ring[2], counter, (z - 1, z, z, z, z, z, z), ID_RING)
+            record_publish(ring[0], ring[1], ring[2], counter, (z - 1, z, z, z, z, z, z), RECS)
     return sent
 
 
@@ -132,32 +134,37 @@ def publish_walk(ring, counter, i, r, pid, nprog, COUNTER, count, TILES, q_offse
                  HEAD_MAJOR: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
                  ZERO_EMPTY: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr,
-                 DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr):
+                 DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr, RECS: tl.constexpr):
     """:func:`publish_tile` of walk index ``i`` (round ``r``) as record ``counter``; with
     ``ZERO_EMPTY`` the walk goes on past the tiles it does not publish, until one is (or the
     walk's end). Returns ``(i, r)`` of the published record."""
     sent = publish_tile(ring, counter, i, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
-                        HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, DTYPE)
+                        HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, DTYPE, RECS)
     if ZERO_EMPTY:
         while not sent:
             i, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
             sent = publish_tile(ring, counter, i, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
-                                HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, DTYPE)
+                                HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, DTYPE, RECS)
     return i, r
 
 
 @triton.jit
 def tile_record(ring, counter, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr, TAKE: tl.constexpr):
-    """Record ``counter`` of the forward's tile ring: ``(state, h, m0, q_start, lq, k_start, lk, b,
-    blocks)``, ``blocks`` the tile's ``block_walk`` positions (sent with ``SPARSE``; without it
-    the tile's kv range, from its lengths, and ``b`` 0). ``TAKE``: the consumers' take (wait for
-    the record, release its slot); else the producer's read-back of a record it published."""
+                BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr, TAKE: tl.constexpr,
+                RECS: tl.constexpr, HOLD: tl.constexpr = False):
+    """Record ``counter`` of the forward's tile ring (RECS records deep): ``(state, h, m0, q_start,
+    lq, k_start, lk, b, blocks)``, ``blocks`` the tile's ``block_walk`` positions (sent with
+    ``SPARSE``; without it the tile's kv range, from its lengths, and ``b`` 0). ``TAKE``: the
+    consumers' take (wait for the record; its slot released, or with ``HOLD`` kept until the
+    consumer releases it); else a read of a record in a slot still held: the producer's read-back
+    of a record it published, or a holding consumer's second read."""
     FIELDS: tl.constexpr = SPARSE_TILE_FIELDS if SPARSE else TILE_FIELDS
-    if TAKE:
-        rec = record_take(ring[0], ring[1], ring[2], counter, FIELDS, ID_RING)
+    if TAKE and HOLD:
+        rec = record_wait(ring[0], ring[1], counter, FIELDS, RECS)
+    elif TAKE:
+        rec = record_take(ring[0], ring[1], ring[2], counter, FIELDS, RECS)
     else:
-        rec = record_read(ring[0], counter, FIELDS, ID_RING)
+        rec = record_read(ring[0], counter, FIELDS, RECS)
     state, h, m0, q_start, lq, k_start, lk = rec[0], rec[1], rec[2], rec[3], rec[4], rec[5], rec[6]
     if SPARSE:
         b, p0, p1, p2, p3 = rec[7], rec[8], rec[9], rec[10], rec[11]
@@ -190,7 +197,7 @@ def _fwd_kernel(
     Q_SHARED: tl.constexpr, FOLD_SCALE: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, RING_TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_KV: tl.constexpr, Q_BUFS: tl.constexpr, SPARSE: tl.constexpr, STAGE_O: tl.constexpr, TMA_O: tl.constexpr,
-    ZERO_EMPTY: tl.constexpr,
+    ZERO_EMPTY: tl.constexpr, HOLD_RECORD: tl.constexpr,
 ):
     """O and LSE of the q-tiles of a Plan's forward pass; the constexprs are a
     :class:`jagflash.core.tuning.FwdConfig`'s. ``desc_o``: a TMA descriptor over O's rows in
@@ -217,8 +224,11 @@ def _fwd_kernel(
     # The tile ring: with RING_TILES the producer walks the table alone and passes each decoded
     # tile (TILE_FIELDS ints, SPARSE_TILE_FIELDS with a block list) to the consumers; otherwise,
     # on a dynamic plan, the table index.
+    # With HOLD_RECORD the consumers keep a tile's record until its end, so the producer, which
+    # publishes the next tile while loading this one, needs a third slot.
+    RECS: tl.constexpr = 3 if HOLD_RECORD else ID_RING
     if RING_TILES:
-        ring = alloc_walk_ring(SPARSE_TILE_FIELDS if SPARSE else TILE_FIELDS)
+        ring = alloc_walk_ring(SPARSE_TILE_FIELDS if SPARSE else TILE_FIELDS, RECS)
     else:
         ring = alloc_walk_ring(1)
 
@@ -236,10 +246,10 @@ def _fwd_kernel(
                 # slots), then loads tile i's other blocks.
                 i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC, False)
                 i, r = publish_walk(ring, 0, i, r, pid, nprog, COUNTER, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
-                                    HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype, DYNAMIC, ZIGZAG)
+                                    HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype, DYNAMIC, ZIGZAG, RECS)
                 pub_cnt = 1  # records published
                 while i < count:
-                    state, h, m0, q_start, lq, k_start, lk, b, blocks = tile_record(ring, pub_cnt - 1, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, False)
+                    state, h, m0, q_start, lq, k_start, lk, b, blocks = tile_record(ring, pub_cnt - 1, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, False, RECS)
                     loads = (state > 0) & (blocks[3] > blocks[0])  # a tile that visits no block loads no Q
                     if loads:
                         qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
@@ -249,12 +259,12 @@ def _fwd_kernel(
                         kv_cnt = load_kv_blocks(desc_k, desc_v, kv, kv_cnt, listed, blocks[0], blocks[0] + STEP, k_start, (h // GROUP) * HEAD_DIM, BLOCK_N, HEAD_DIM, ELEM, NUM_KV, SPARSE)
                     i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
                     i_next, r = publish_walk(ring, pub_cnt, i_next, r, pid, nprog, COUNTER, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
-                                             HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype, DYNAMIC, ZIGZAG)
+                                             HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype, DYNAMIC, ZIGZAG, RECS)
                     pub_cnt += 1
                     if loads:
                         # tile i's fields again from its record (still in its slot), not carried
                         # across the decode in the producer's 24 registers
-                        state, h, m0, q_start, lq, k_start, lk, b, blocks = tile_record(ring, pub_cnt - 2, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, False)
+                        state, h, m0, q_start, lq, k_start, lk, b, blocks = tile_record(ring, pub_cnt - 2, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, False, RECS)
                         listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)
                         kv_cnt = load_kv_blocks(desc_k, desc_v, kv, kv_cnt, listed, blocks[0] + STEP, blocks[3], k_start, (h // GROUP) * HEAD_DIM, BLOCK_N, HEAD_DIM, ELEM, NUM_KV, SPARSE)
                         tile_cnt += 1
@@ -289,7 +299,7 @@ def _fwd_kernel(
                 if RING_TILES:
                     # taken at the top of the round, so the record is not carried round the loop
                     # (12 more live registers beside the main loop's: spills at D 128)
-                    state, h, m0, q_start, lq, k_start, lk, b, sent = tile_record(ring, i, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, True)
+                    state, h, m0, q_start, lq, k_start, lk, b, sent = tile_record(ring, i, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, True, RECS, HOLD_RECORD)
                     more = state >= 0
                     live = state > 0
                 else:
@@ -315,6 +325,15 @@ def _fwd_kernel(
                             tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
                     else:
                         acc, m_i, l_i, kv_cnt = attend(kv_cnt, q_buf, kv, bounds, listed, blocks, qk_scale2, cid, dtype, HALF, HEAD_DIM, BLOCK_N, NUM_KV, BOUNDED_LEFT, FOLD_SCALE, SPARSE)
+                        if HOLD_RECORD:
+                            # the tile's fields again from its record, still in its slot: carried
+                            # across attend's loop in registers they spilled, and their reloads
+                            # (local memory, beside 210 KB of shared memory) missed L1 at each
+                            # tile's end (bench/NOTES.md, session 33)
+                            state, h, m0, q_start, lq, k_start, lk, b, sent = tile_record(ring, i, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, False, RECS)
+                            busy = sent[3] > sent[0]
+                            rows = m0 + cid * HALF + tl.arange(0, HALF)
+                            qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
                         if busy and not STAGE_O:
                             tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
                         out, lse = finish_softmax(acc, m_i, l_i)
@@ -348,6 +367,9 @@ def _fwd_kernel(
                         tl.store(LSE + (h * stride_lh + q_start * stride_ls + rows), lse, mask=valid)
                     if busy:
                         tile_cnt += 1
+                if HOLD_RECORD:
+                    more = record_read(ring[0], i, SPARSE_TILE_FIELDS if SPARSE else TILE_FIELDS, RECS, 0, 1)[0] >= 0
+                    ring_release(ring[2], i % RECS)
                 i, r, more = walk_on(i, r, more, pid, nprog, COUNTER, ring, count, DYNAMIC, ZIGZAG, RING_TILES)
 
 

@@ -235,13 +235,14 @@ def own_rows_cast(ACC, stride_acc, DQ, stride_dqt, q_start, lq, col, scale, CID:
 
 
 @triton.jit
-def alloc_walk_ring(FIELDS: tl.constexpr):
-    """The record ring of a kernel's walk (:func:`walk_first`): ID_RING slots of FIELDS one-int
-    buffers each and their full / empty barriers (one producer arrival fills a slot, one arrival
-    of each consumer warpgroup empties it): ``(fields, fulls, empties)``."""
-    fields = tlx.local_alloc((1,), tl.int32, ID_RING * FIELDS)
-    fulls = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=1)
-    empties = tlx.alloc_barriers(num_barriers=ID_RING, arrive_count=2)
+def alloc_walk_ring(FIELDS: tl.constexpr, NUM: tl.constexpr = ID_RING):
+    """The record ring of a kernel's walk (:func:`walk_first`): NUM slots (ID_RING unless a
+    kernel's consumers hold their record longer) of FIELDS one-int buffers each and their full /
+    empty barriers (one producer arrival fills a slot, one arrival of each consumer warpgroup
+    empties it): ``(fields, fulls, empties)``."""
+    fields = tlx.local_alloc((1,), tl.int32, NUM * FIELDS)
+    fulls = tlx.alloc_barriers(num_barriers=NUM, arrive_count=1)
+    empties = tlx.alloc_barriers(num_barriers=NUM, arrive_count=2)
     return fields, fulls, empties
 
 
