@@ -15,7 +15,6 @@ Rows: ``workload, mask, ring, ms_p50, tiles, empty_tiles, listed_blocks, us_per_
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 
 import torch
@@ -32,6 +31,7 @@ def main() -> None:
     from jagflash.bench.workloads import get
     from jagflash.core.block_mask import BlockMask
     from jagflash.core.tlx import fwd_sm90
+    from jagflash.core.tuning import forced_ring
 
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -55,7 +55,7 @@ def main() -> None:
             for ring in (True, False):
                 fwd = functools.partial(
                     fwd_sm90.forward, q, k, v, qo, ko, b.max_q, left=left, right=right, scale=dim**-0.5, plan=plan,
-                    config=dataclasses.replace(want, RING_TILES=ring), blocks=m,
+                    config=forced_ring(want, ring), blocks=m,
                 )
                 fwd()
                 ms = measure(fwd, dev).p50

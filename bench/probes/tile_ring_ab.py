@@ -62,6 +62,7 @@ def main() -> None:
     from jagflash.bench.timing import measure
     from jagflash.bench.workloads import get
     from jagflash.core.tlx import fwd_sm90
+    from jagflash.core.tuning import forced_ring
 
     dev = torch.device("cuda")
     print("workload,ring,policy,ms_p50,tflops,listed_blocks,tiles,empty_tiles")
@@ -93,7 +94,7 @@ def main() -> None:
         for ring in (True, False):
             fwd = functools.partial(
                 fwd_sm90.forward, q, k, v, qo, ko, b.max_q, left=left, right=right, scale=dim**-0.5, plan=plan,
-                config=dataclasses.replace(want, RING_TILES=ring), blocks=m,
+                config=forced_ring(want, ring), blocks=m,
             )
             outs[ring] = fwd()
             ms = measure(fwd, dev).p50
@@ -131,9 +132,12 @@ def _variants_ab(name, b, m, plan, want, variants, left, right, dim, pairs, bloc
 
 def _runs(want, variants):
     """``(label, config)`` of the policy's config, each of ``variants`` (``;``-separated
-    ``FIELD=INT,...`` over it), then the policy's again; without variants the ring on and off."""
+    ``FIELD=INT,...`` over it), then the policy's again; without variants the ring on and off
+    (the fields that ride on it following it: ``tuning.forced_ring``)."""
+    from jagflash.core.tuning import forced_ring
+
     if not variants:
-        return [(f"ring={int(r)}", dataclasses.replace(want, RING_TILES=r)) for r in (True, False)]
+        return [(f"ring={int(r)}", forced_ring(want, r)) for r in (True, False)]
     runs = [("policy", want)]
     for spec in (s_ for s_ in variants.split(";") if s_):
         fields = {f.split("=")[0]: int(f.split("=")[1]) for f in spec.split(",")}

@@ -316,7 +316,8 @@ def test_forward_refuses_a_config_that_does_not_fit_the_call() -> None:
     q = torch.zeros(4, 1, 128, dtype=torch.float16)
     offs = torch.tensor([0, 4], dtype=torch.int32)
     want = tuning.fwd_config(head_dim=128, group=1, left=-1, right=-1, q_shared=False, scale=0.125, dynamic=True, zigzag=False, total_kv=4, batch=1)
-    bad = dataclasses.replace(want, HEAD_DIM=64, BOUNDED_RIGHT=True, RING_TILES=not want.RING_TILES)
+    # (the ring turned off with the record it would hold: HOLD_RECORD alone needs the ring)
+    bad = dataclasses.replace(want, HEAD_DIM=64, BOUNDED_RIGHT=True, RING_TILES=not want.RING_TILES, HOLD_RECORD=False)
     with pytest.raises(ValueError, match="HEAD_DIM=64, the call needs 128") as err:
         fwd_sm90.forward(q, q, q, offs, offs, 4, left=-1, right=-1, scale=0.125, config=bad)
     assert "BOUNDED_RIGHT=True, the call needs False" in str(err.value)
@@ -340,7 +341,7 @@ def test_forward_refuses_ring_fields_without_the_ring() -> None:
     import dataclasses
 
     want = tuning.fwd_config(head_dim=128, group=1, left=-1, right=0, q_shared=False, scale=0.125, dynamic=True, zigzag=False, total_kv=1, batch=1, sparse=True)
-    bad = dataclasses.replace(want, RING_TILES=False, ZERO_EMPTY=True, HOLD_RECORD=True, TMA_O=True)
+    bad = dataclasses.replace(want, RING_TILES=False, ZERO_EMPTY=True, HOLD_RECORD=True, STAGE_O=False, TMA_O=True)
     reasons = tuning.config_reasons(bad, want, (128, 128))
     assert any("ZERO_EMPTY" in r and "needs RING_TILES" in r for r in reasons)
     assert any("HOLD_RECORD" in r and "needs RING_TILES" in r for r in reasons)
@@ -443,7 +444,6 @@ def test_launches_bind_to_the_kernels_signatures(monkeypatch, schedule) -> None:
     pass an unused tensor and DYNAMIC off; a forced config reaches the kernel as its constexprs
     (by default: two Q tiles; the tile ring, as these K/V sequences average 100 keys, under one
     K/V tile)."""
-    import dataclasses
 
     from jagflash.core.plan.build import make_plan
 
@@ -461,7 +461,7 @@ def test_launches_bind_to_the_kernels_signatures(monkeypatch, schedule) -> None:
     )
     kw = {"left": -1, "right": 0, "scale": 0.125, "plan": plan}
     _, lse = fwd_sm90.forward(q, q, q, offs, offs, 200, **kw)
-    forced = dataclasses.replace(_config_of(fwd.calls[0][1]), RING_TILES=False)
+    forced = tuning.forced_ring(_config_of(fwd.calls[0][1]), False)
     fwd_sm90.forward(q, q, q, offs, offs, 200, config=forced, **kw)
     assert [(a["Q_BUFS"], a["RING_TILES"]) for _, a in fwd.calls] == [(2, True), (2, False)]
     lse.zero_()
@@ -551,18 +551,24 @@ def test_packed_tiles_are_kept_per_offsets_and_follow_in_place_writes() -> None:
 def test_three_kv_slots_only_on_causal_forwards_that_walk_without_the_ring() -> None:
     """``tuning.fwd_config``'s ring depths: three K/V slots and one Q tile on a causal band with
     no left bound, its tiles walked by each consumer (long K/V: no ring), O through the Q slot at
-    D 128 only; two and two with the ring, a block mask, broadcast-Q, a window or no mask."""
+    D 128 only; two and two with the ring, a block mask, broadcast-Q, a window or no mask; a
+    block mask on a causal band at D 128 stores O through the Q slot by TMA, its consumers
+    holding their records, as every ring forward's do."""
     def depths(dim=128, left=-1, right=0, long_kv=True, **kw):
         cfg = tuning.fwd_config(
             head_dim=dim, group=1, left=left, right=right, q_shared=kw.get("q_shared", False), scale=1.0,
             dynamic=True, zigzag=False, total_kv=1 << 30 if long_kv else 1, batch=1, sparse=kw.get("sparse", False),
         )
+        assert cfg.HOLD_RECORD == cfg.RING_TILES
+        assert (cfg.STAGE_O and cfg.SPARSE) == cfg.TMA_O
         return cfg.NUM_KV, cfg.Q_BUFS, cfg.STAGE_O
 
     assert depths() == (3, 1, True)
     assert depths(dim=64) == (3, 1, False)
     assert depths(long_kv=False) == (2, 2, False)  # the tile ring
-    assert depths(sparse=True) == (2, 2, False)
+    assert depths(sparse=True) == (2, 2, True)
+    assert depths(sparse=True, dim=64) == (2, 2, False)
+    assert depths(sparse=True, right=-1) == (2, 2, False)  # (measured on causal masks only)
     assert depths(q_shared=True) == (2, 2, False)
     assert depths(left=256) == (2, 2, False)
     assert depths(right=-1) == (2, 2, False)

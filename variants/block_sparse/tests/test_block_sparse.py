@@ -29,6 +29,7 @@ from jagflash.core.jagged import seq_lengths
 from jagflash.core.ops import make_problem
 from jagflash.core.plan.simulate import section_costs
 from jagflash.core.reference import visibility_mask
+from jagflash.core.tuning import forced_ring
 from jagflash.testing import JaggedCase, check_against_reference, jagged_reference, make_jagged
 from jagflash.testing.plugin import require
 from jagflash.testing.strategies import jagged_cases
@@ -392,7 +393,7 @@ def test_tlx_forward_tile_ring_on_and_off_bitwise(causal) -> None:
     outs = [
         fwd_sm90.forward(
             q, k, v, qo, ko, max(LENGTHS), left=left, right=right, scale=128**-0.5, plan=plan, blocks=m,
-            config=dataclasses.replace(want, RING_TILES=ring),
+            config=forced_ring(want, ring),
         )
         for ring in (True, False)
     ]
@@ -418,8 +419,8 @@ def test_tlx_backward_tile_ring_on_and_off(causal) -> None:
     GQA (two query heads a K/V head: two heads' positions in each record), at a density that
     leaves kv-tiles no step visits (no K/V load, zeros). So are they with those zeros written by
     the ring's producer (``ZERO_EMPTY``), the consumers never handed those kv-tiles. (Without the
-    ring the one pass owns no sequence: ``OWN_SPAN`` 0; an owner adds the same steps to the same
-    dK and dV.)"""
+    ring the one pass owns no sequence: ``tuning.forced_ring``; an owner adds the same steps to
+    the same dK and dV.)"""
     from jagflash.core.tlx import bwd_sm90, fwd_sm90
 
     case = JaggedCase(LENGTHS, LENGTHS, hq=4, hkv=2, head_dim=128, dtype=torch.bfloat16, causal=causal, seed=7)
@@ -437,8 +438,7 @@ def test_tlx_backward_tile_ring_on_and_off(causal) -> None:
         plan, want = bwd_sm90.plan_and_config(q, k, qo, ko, left=left, right=right, deterministic=deterministic, blocks=m)
         assert want.RING_TILES
         runs = []
-        for fields in ({"RING_TILES": True}, {"RING_TILES": False, "OWN_SPAN": 0}, {"RING_TILES": True, "ZERO_EMPTY": not want.ZERO_EMPTY}):
-            config = dataclasses.replace(want, **fields)
+        for config in (forced_ring(want, True), forced_ring(want, False), dataclasses.replace(want, ZERO_EMPTY=not want.ZERO_EMPTY)):
             if deterministic:
                 runs.append((None, *bwd_sm90.backward_dkdv(dout, q, k, v, lse, delta, qo, ko, plan=plan, config=config, **kw)))
             else:

@@ -24,7 +24,7 @@ def _forward(causal: bool, schedule: str, sign: float = 1.0, **free):
     from jagflash.core.plan.build import make_plan
     from jagflash.core.tile_scheduler import deal_flags
     from jagflash.core.tlx import fwd_sm90
-    from jagflash.core.tuning import fwd_config
+    from jagflash.core.tuning import forced_ring, fwd_config
 
     left, right = mask_bounds(causal)
 
@@ -38,10 +38,13 @@ def _forward(causal: bool, schedule: str, sign: float = 1.0, **free):
         config = None
         if free:
             dynamic, zigzag = deal_flags(plan.info, "fwd")
-            config = dataclasses.replace(fwd_config(
+            config = fwd_config(
                 head_dim=q.shape[-1], group=q.shape[1] // k.shape[1], left=left, right=right, q_shared=False,
                 scale=scale, dynamic=dynamic, zigzag=zigzag, total_kv=k.shape[0], batch=q_offsets.numel() - 1,
-            ), **free)
+            )
+            if "RING_TILES" in free:  # (the fields that ride on the ring follow it, unless forced too)
+                config = forced_ring(config, free["RING_TILES"])
+            config = dataclasses.replace(config, **free)
         return fwd_sm90.forward(q, k, v, q_offsets, kv_offsets, max_q, left=left, right=right, scale=scale, plan=plan, config=config)
 
     return run
@@ -53,9 +56,10 @@ def _forced_backward(plan, q, k, left, right, *, fused: bool, head_major: bool, 
     import dataclasses
 
     from jagflash.core.tlx import bwd_sm90
+    from jagflash.core.tuning import forced_ring
 
     cfg = bwd_sm90.dkdv_config(plan, q, k, left=left, right=right, q_shared=False, fused_dq=fused)
-    return dataclasses.replace(cfg, HEAD_MAJOR=head_major, RING_TILES=ring)
+    return dataclasses.replace(forced_ring(cfg, ring), HEAD_MAJOR=head_major)
 
 
 def _reference(causal: bool, sign: float = 1.0):
@@ -176,7 +180,7 @@ def test_tlx_forward_hold_record_matches_reference(name, causal, q_bufs) -> None
     case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
     t = case.build("cuda", requires_grad=False)
     t.pop("dout")
-    run = _forward(causal, "dynamic", RING_TILES=True, HOLD_RECORD=True, Q_BUFS=q_bufs, NUM_KV=3 if q_bufs == 1 else 2)
+    run = _forward(causal, "dynamic", RING_TILES=True, HOLD_RECORD=True, Q_BUFS=q_bufs, NUM_KV=3 if q_bufs == 1 else 2, STAGE_O=q_bufs == 1)
     check_against_reference(run, _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
 
 

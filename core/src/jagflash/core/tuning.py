@@ -17,7 +17,7 @@ kernels or TLX, so plans can be laid out for any backend on any machine.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from jagflash.core.jagged import cdiv, next_pow2
 
@@ -48,6 +48,7 @@ __all__ = [
     "default_ring_tiles",
     "default_schedules",
     "dq_cols",
+    "forced_ring",
     "fwd_config",
     "grouped_backward",
     "kernel_flags",
@@ -204,10 +205,13 @@ def default_fwd_depths(head_dim: int, left: int, right: int, ring: bool, sparse:
     broadcast-Q), at D 128 with O stored through the Q slot, whose 16 KB of layout-conversion
     scratch the third slot needs; else two and two. Measured 4-5 % faster on lognormal and
     dense causal batches, level on the other causal ones, 2 % slower without a mask and 10-38 %
-    slower with the tile ring (bench/NOTES.md, session 28)."""
+    slower with the tile ring (bench/NOTES.md, session 28). A causal block-sparse forward at D 128
+    stores O through the Q slot too (with ``TMA_O``: :func:`fwd_config`), once its consumers hold
+    their records (``HOLD_RECORD``): 0.3-2.5 % faster than without on the H100's causal block-sparse
+    batches (session 33; no other block-sparse forward was measured)."""
     if left < 0 and right >= 0 and not (ring or sparse or q_shared):
         return 3, 1, head_dim >= 128
-    return 2, 2, False
+    return 2, 2, sparse and right >= 0 and head_dim >= 128 and not q_shared
 
 
 class _Constexprs:
@@ -252,6 +256,16 @@ class FwdConfig(_Constexprs):
 
 
 
+def forced_ring(config: FwdConfig | BwdConfig, ring: bool) -> FwdConfig | BwdConfig:
+    """``config`` with its kernel's tile ring forced on or off (tests and probes): the fields
+    that ride on the ring follow it, off without it (:func:`config_reasons` refuses them there):
+    ``ZERO_EMPTY``, the backward's ``OWN_SPAN`` (kept with the ring) and the forward's
+    ``HOLD_RECORD`` (on with the ring, as :func:`fwd_config` sets it)."""
+    if isinstance(config, FwdConfig):
+        return replace(config, RING_TILES=ring, HOLD_RECORD=ring, ZERO_EMPTY=ring and config.ZERO_EMPTY)
+    return replace(config, RING_TILES=ring, ZERO_EMPTY=ring and config.ZERO_EMPTY, OWN_SPAN=config.OWN_SPAN if ring else 0)
+
+
 @functools.lru_cache(maxsize=256)
 def fwd_config(
     *, head_dim: int, group: int, left: int, right: int, q_shared: bool, scale: float,
@@ -260,9 +274,14 @@ def fwd_config(
     """The :class:`FwdConfig` of a forward call (``sparse``: with a block mask's lists). A
     block-sparse call always hands tiles through the tile ring: its producer walks each list row
     (dependent loads: the row's count, then searches through its indices) once, for itself and
-    both consumers (bench/NOTES.md, session 17). ``ZERO_EMPTY`` (the producer writes the rows of tiles
-    that visit no block itself) stays off until it is measured (bench/NOTES.md, session 32).
-    Every forward asks: kept per arguments (a config is frozen)."""
+    both consumers (bench/NOTES.md, session 17). With the ring the consumers hold each tile's
+    record and read its fields again after the main loop (``HOLD_RECORD``: 2-6 % faster on the
+    block-sparse and tiny batches, H100, session 33); a causal block-sparse call at D 128 also
+    stores O through the Q slot, its whole halves by TMA (``STAGE_O``, ``TMA_O``:
+    :func:`default_fwd_depths`).
+    ``ZERO_EMPTY`` (the producer writes the rows of tiles that visit no block itself) stays off:
+    level or slower on the H100 (session 33). Every forward asks: kept per arguments (a config
+    is frozen)."""
     block_m, block_n = tlx_sm90_blocks(head_dim)["fwd"]
     ring = sparse or default_ring_tiles(total_kv, batch, block_n)
     num_kv, q_bufs, stage_o = default_fwd_depths(head_dim, left, right, ring, sparse, q_shared)
@@ -270,7 +289,7 @@ def fwd_config(
         HEAD_DIM=head_dim, GROUP=group, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
         Q_SHARED=q_shared, FOLD_SCALE=scale > 0, HEAD_MAJOR=default_head_major(left, right, dynamic),
         DYNAMIC=dynamic, ZIGZAG=zigzag, RING_TILES=ring, BLOCK_M=block_m, BLOCK_N=block_n,
-        NUM_KV=num_kv, Q_BUFS=q_bufs, SPARSE=sparse, STAGE_O=stage_o,
+        NUM_KV=num_kv, Q_BUFS=q_bufs, SPARSE=sparse, STAGE_O=stage_o, TMA_O=stage_o and sparse, HOLD_RECORD=ring,
     )
 
 

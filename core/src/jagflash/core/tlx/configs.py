@@ -191,8 +191,9 @@ def compile_configs():
 #: Spilled bytes per configuration as compiled on the CPU (compile_check's table, 2026-12-01:
 #: Triton 3.8.0 + uTLX 3.8.0.post16); a known spill stays visible in the table, a larger one fails.
 #: At D 128 the forward carries P in fp32 and spills a few per-tile values outside its kv loop
-#: (none inside it); the dK/dV kernel keeps dK and dV (64 x D fp32 each) beside the S^T / dP^T
-#: tiles and, in the one pass, its dQ tile; the masked steps of a window need the most.
+#: (none inside it; fewer with the tile ring, whose consumers re-read the tile's record for the
+#: epilogue: HOLD_RECORD, 2026-12-07); the dK/dV kernel keeps dK and dV (64 x D fp32 each) beside
+#: the S^T / dP^T tiles and, in the one pass, its dQ tile; the masked steps of a window need the most.
 KNOWN_SPILLS: dict[str, int] = {
     "tlx_fwd_dynamic_unfolded fp16 d64 causal": 8,
     "tlx_fwd_dynamic_unfolded_ring fp16 d64 causal": 8,
@@ -200,44 +201,44 @@ KNOWN_SPILLS: dict[str, int] = {
     "tlx_fwd_dynamic_gqa fp16 d128": 24,
     "tlx_fwd_dynamic_unfolded fp16 d128": 56,
     "tlx_fwd_dynamic_bq fp16 d128": 24,
-    "tlx_fwd_dynamic_ring fp16 d128": 24,
-    "tlx_fwd_dynamic_gqa_ring fp16 d128": 24,
-    "tlx_fwd_dynamic_unfolded_ring fp16 d128": 48,
-    "tlx_fwd_dynamic_bq_ring fp16 d128": 24,
+    "tlx_fwd_dynamic_ring fp16 d128": 8,
+    "tlx_fwd_dynamic_gqa_ring fp16 d128": 8,
+    "tlx_fwd_dynamic_unfolded_ring fp16 d128": 40,
+    "tlx_fwd_dynamic_bq_ring fp16 d128": 8,
     "tlx_fwd_static fp16 d128": 28,
     "tlx_fwd_dynamic fp16 d128 causal": 44,
     "tlx_fwd_dynamic_gqa fp16 d128 causal": 44,
     "tlx_fwd_dynamic_unfolded fp16 d128 causal": 52,
-    "tlx_fwd_dynamic_ring fp16 d128 causal": 52,
-    "tlx_fwd_dynamic_gqa_ring fp16 d128 causal": 52,
-    "tlx_fwd_dynamic_unfolded_ring fp16 d128 causal": 60,
+    "tlx_fwd_dynamic_ring fp16 d128 causal": 20,
+    "tlx_fwd_dynamic_gqa_ring fp16 d128 causal": 20,
+    "tlx_fwd_dynamic_unfolded_ring fp16 d128 causal": 52,
     "tlx_fwd_static fp16 d128 causal": 44,
     "tlx_fwd_dynamic fp16 d128 window": 68,
-    "tlx_fwd_dynamic_ring fp16 d128 window": 60,
+    "tlx_fwd_dynamic_ring fp16 d128 window": 40,
     "tlx_fwd_static fp16 d128 window": 68,
     "tlx_fwd_dynamic_gqa fp16 d128 window": 68,
-    "tlx_fwd_dynamic_gqa_ring fp16 d128 window": 60,
+    "tlx_fwd_dynamic_gqa_ring fp16 d128 window": 40,
     "tlx_fwd_dynamic bf16 d128": 32,
     "tlx_fwd_dynamic_gqa bf16 d128": 32,
     "tlx_fwd_dynamic_unfolded bf16 d128": 56,
     "tlx_fwd_dynamic_bq bf16 d128": 32,
-    "tlx_fwd_dynamic_ring bf16 d128": 24,
-    "tlx_fwd_dynamic_gqa_ring bf16 d128": 24,
-    "tlx_fwd_dynamic_unfolded_ring bf16 d128": 48,
-    "tlx_fwd_dynamic_bq_ring bf16 d128": 24,
+    "tlx_fwd_dynamic_ring bf16 d128": 8,
+    "tlx_fwd_dynamic_gqa_ring bf16 d128": 8,
+    "tlx_fwd_dynamic_unfolded_ring bf16 d128": 40,
+    "tlx_fwd_dynamic_bq_ring bf16 d128": 8,
     "tlx_fwd_static bf16 d128": 32,
     "tlx_fwd_dynamic bf16 d128 causal": 44,
     "tlx_fwd_dynamic_gqa bf16 d128 causal": 44,
     "tlx_fwd_dynamic_unfolded bf16 d128 causal": 52,
-    "tlx_fwd_dynamic_ring bf16 d128 causal": 52,
-    "tlx_fwd_dynamic_gqa_ring bf16 d128 causal": 52,
-    "tlx_fwd_dynamic_unfolded_ring bf16 d128 causal": 60,
+    "tlx_fwd_dynamic_ring bf16 d128 causal": 20,
+    "tlx_fwd_dynamic_gqa_ring bf16 d128 causal": 20,
+    "tlx_fwd_dynamic_unfolded_ring bf16 d128 causal": 52,
     "tlx_fwd_static bf16 d128 causal": 48,
     "tlx_fwd_dynamic bf16 d128 window": 60,
-    "tlx_fwd_dynamic_ring bf16 d128 window": 52,
+    "tlx_fwd_dynamic_ring bf16 d128 window": 40,
     "tlx_fwd_static bf16 d128 window": 60,
     "tlx_fwd_dynamic_gqa bf16 d128 window": 60,
-    "tlx_fwd_dynamic_gqa_ring bf16 d128 window": 52,
+    "tlx_fwd_dynamic_gqa_ring bf16 d128 window": 40,
     "tlx_bwd_dynamic fp16 d128": 32,
     "tlx_bwd_dynamic_bq fp16 d128": 32,
     "tlx_bwd_static fp16 d128": 32,
@@ -270,8 +271,8 @@ KNOWN_SPILLS: dict[str, int] = {
     # (a sequence's partial last block, at most one a tile) reloads 11 values an iteration. The
     # consumers' walk through pipeline.walk_on (session 25) added 8 B outside the loops of four
     # forward ring configurations (the record counter; the loops' code unchanged)
-    "tlx_fwd_dynamic_sparse fp16 d128": 300,
-    "tlx_fwd_dynamic_sparse bf16 d128 causal": 92,
+    "tlx_fwd_dynamic_sparse fp16 d128": 228,
+    "tlx_fwd_dynamic_sparse bf16 d128 causal": 40,
     # With the tile ring in the backward (session 25; block-sparse, and the ring samples of short
     # K/V): none in the one pass's loops, one reload an iteration in the masked steps of the two
     # passes' dK/dV with a window.
