@@ -25,7 +25,10 @@ loads), one tile ahead: it decodes and publishes the next tile right after it ha
 tile's Q and first kv-block, so that the decode does not wait behind this tile's K/V slots; a
 tile that visits no kv-block (an empty list row, a window that misses the keys) loads no Q and
 its rows get O 0 and LSE -inf (from the consumers, or with ``ZERO_EMPTY`` from the producer,
-which then does not hand them the tile). Otherwise, on a dynamic plan, the producer hands the
+which then does not hand them the tile). With ``HOLD_RECORD`` (the policy's with the ring) the
+consumers keep each tile's record until the tile's end and read the fields the epilogue needs
+again from it, rather than carrying them across the main loop in registers it needs (they
+spilled); the record ring is then three deep. Otherwise, on a dynamic plan, the producer hands the
 consumers the table index. TMA reads past a sequence's end are harmless (``jagflash.core.tlx.descriptors``).
 """
 
