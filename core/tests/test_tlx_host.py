@@ -583,7 +583,8 @@ def test_forced_ring_turns_the_fields_that_ride_on_the_ring_with_it() -> None:
 
     fwd = tuning.fwd_config(head_dim=128, group=1, left=-1, right=0, q_shared=False, scale=0.125, dynamic=True, zigzag=False, total_kv=1, batch=1, sparse=True)
     fwd = dataclasses.replace(fwd, ZERO_EMPTY=True)
-    assert fwd.RING_TILES and fwd.HOLD_RECORD
+    assert fwd.RING_TILES
+    assert fwd.HOLD_RECORD
     off = tuning.forced_ring(fwd, False)
     assert (off.RING_TILES, off.HOLD_RECORD, off.ZERO_EMPTY) == (False, False, False)
     assert not tuning.config_reasons(off, fwd, (128, 128))
@@ -591,7 +592,8 @@ def test_forced_ring_turns_the_fields_that_ride_on_the_ring_with_it() -> None:
     assert (on.RING_TILES, on.HOLD_RECORD, on.ZERO_EMPTY) == (True, True, False)
     bwd = tuning.bwd_config(head_dim=128, group=1, left=-1, right=0, q_shared=False, fused_dq=True, dynamic=True, zigzag=False,
                             total_kv=1000, batch=8, sparse=True, grouped=True)
-    assert bwd.RING_TILES and bwd.OWN_SPAN > 0
+    assert bwd.RING_TILES
+    assert bwd.OWN_SPAN > 0
     off = tuning.forced_ring(bwd, False)
     assert (off.RING_TILES, off.OWN_SPAN, off.ZERO_EMPTY) == (False, 0, False)
     assert not tuning.config_reasons(off, bwd, (bwd.BLOCK_M, bwd.BLOCK_N))
