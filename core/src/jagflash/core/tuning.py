@@ -253,6 +253,7 @@ class FwdConfig(_Constexprs):
     TMA_O: bool = False  # with STAGE_O: a half tile inside its sequence leaves by one TMA store
     ZERO_EMPTY: bool = False  # with RING_TILES: the producer writes the rows of tiles that visit no kv-block
     HOLD_RECORD: bool = False  # with RING_TILES: consumers keep a tile's record slot and re-read its fields
+    WARP_RELEASE: bool = False  # K/V slots released by every consumer thread (no warpgroup barrier first)
 
 
 
@@ -381,7 +382,7 @@ def own_span(head_dim: int, block_n: int, *, fused_dq: bool, q_shared: bool, gro
 #: sequences: tests and probes force each; a choice of depths the shared memory cannot hold
 #: fails to compile, an owned span the kernel cannot sum is refused); the rest follow from the
 #: call.
-FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O", "ZERO_EMPTY", "HOLD_RECORD", "OWN_SPAN"})
+FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O", "ZERO_EMPTY", "HOLD_RECORD", "WARP_RELEASE", "OWN_SPAN"})
 
 
 def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, plan_blocks: tuple[int, int]) -> list[str]:
