@@ -206,9 +206,8 @@ def default_fwd_depths(head_dim: int, left: int, right: int, ring: bool, sparse:
     scratch the third slot needs; else two and two. Measured 4-5 % faster on lognormal and
     dense causal batches, level on the other causal ones, 2 % slower without a mask and 10-38 %
     slower with the tile ring (bench/NOTES.md, session 28). A causal block-sparse forward at D 128
-    stores O through the Q slot too (with ``TMA_O``: :func:`fwd_config`), once its consumers hold
-    their records (``HOLD_RECORD``): 0.3-2.5 % faster than without on the H100's causal block-sparse
-    batches (session 33; no other block-sparse forward was measured)."""
+    stores O through the Q slot too, by TMA (:func:`fwd_config`), once its consumers hold their
+    records: 0.3-2.5 % faster on the H100 (session 33; only causal masks were measured)."""
     if left < 0 and right >= 0 and not (ring or sparse or q_shared):
         return 3, 1, head_dim >= 128
     return 2, 2, sparse and right >= 0 and head_dim >= 128 and not q_shared
@@ -256,7 +255,6 @@ class FwdConfig(_Constexprs):
     WARP_RELEASE: bool = False  # K/V slots released by every consumer thread (no warpgroup barrier first)
 
 
-
 def forced_ring(config: FwdConfig | BwdConfig, ring: bool) -> FwdConfig | BwdConfig:
     """``config`` with its kernel's tile ring forced on or off (tests and probes): the fields
     that ride on the ring follow it, off without it (:func:`config_reasons` refuses them there):
@@ -277,12 +275,8 @@ def fwd_config(
     (dependent loads: the row's count, then searches through its indices) once, for itself and
     both consumers (bench/NOTES.md, session 17). With the ring the consumers hold each tile's
     record and read its fields again after the main loop (``HOLD_RECORD``: 2-6 % faster on the
-    block-sparse and tiny batches, H100, session 33); a causal block-sparse call at D 128 also
-    stores O through the Q slot, its whole halves by TMA (``STAGE_O``, ``TMA_O``:
-    :func:`default_fwd_depths`).
-    ``ZERO_EMPTY`` (the producer writes the rows of tiles that visit no block itself) stays off:
-    level or slower on the H100 (session 33). Every forward asks: kept per arguments (a config
-    is frozen)."""
+    block-sparse and tiny batches, H100, session 33); ``ZERO_EMPTY`` stays off (level or slower
+    there). Every forward asks: kept per arguments (a config is frozen)."""
     block_m, block_n = tlx_sm90_blocks(head_dim)["fwd"]
     ring = sparse or default_ring_tiles(total_kv, batch, block_n)
     num_kv, q_bufs, stage_o = default_fwd_depths(head_dim, left, right, ring, sparse, q_shared)
