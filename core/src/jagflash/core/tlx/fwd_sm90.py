@@ -239,8 +239,9 @@ def _fwd_kernel(
     # With HOLD_RECORD the consumers keep a tile's record until its end, so the producer, which
     # publishes the next tile while loading this one, needs a third slot.
     RECS: tl.constexpr = 3 if HOLD_RECORD else ID_RING
+    REC_FIELDS: tl.constexpr = SPARSE_TILE_FIELDS if SPARSE else TILE_FIELDS
     if RING_TILES:
-        ring = alloc_walk_ring(SPARSE_TILE_FIELDS if SPARSE else TILE_FIELDS, RECS)
+        ring = alloc_walk_ring(REC_FIELDS, RECS)
     else:
         ring = alloc_walk_ring(1)
 
@@ -380,7 +381,7 @@ def _fwd_kernel(
                     if busy:
                         tile_cnt += 1
                 if HOLD_RECORD:
-                    more = record_read(ring[0], i, SPARSE_TILE_FIELDS if SPARSE else TILE_FIELDS, RECS, 0, 1)[0] >= 0
+                    more = record_read(ring[0], i, REC_FIELDS, RECS, 0, 1)[0] >= 0  # (its state)
                     ring_release(ring[2], i % RECS)
                 i, r, more = walk_on(i, r, more, pid, nprog, COUNTER, ring, count, DYNAMIC, ZIGZAG, RING_TILES)
 
