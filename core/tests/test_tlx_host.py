@@ -598,3 +598,70 @@ def test_forced_ring_turns_the_fields_that_ride_on_the_ring_with_it() -> None:
     assert (off.RING_TILES, off.OWN_SPAN, off.ZERO_EMPTY) == (False, 0, False)
     assert not tuning.config_reasons(off, bwd, (bwd.BLOCK_M, bwd.BLOCK_N))
     assert tuning.forced_ring(bwd, True) == bwd
+
+
+@pytest.mark.parametrize("bounds", [(-1, -1), (-1, 0), (100, 0)], ids=["none", "causal", "window"])
+@pytest.mark.parametrize("schedule", ["dynamic", "dynamic-grouped"])
+def test_dq_cell_counts_count_every_kv_tile_that_adds_into_a_cell(bounds, schedule) -> None:
+    """``LAST_CAST``'s counts (a plain Triton kernel: runs under the interpreter): a dQ cell (a
+    64-query step of the packed vector rows, one query head) waits for one add per kv-tile whose
+    q-range (``mask.dkdv_q_ranges``, brute force per sequence here) holds the step, in each
+    column half; GQA (two query heads a K/V head), queries without keys and keys without
+    queries, lengths around the tiles. The preprocess then writes the dQ zeros of the cells no
+    kv-tile visits and leaves the others (NaN-poisoned) to the kernel."""
+    from jagflash.core.mask import dkdv_q_ranges
+    from jagflash.core.plan.build import make_plan
+
+    left, right = bounds
+    q_lens = [5, 300, 0, 64, 257, 9, 40, 130]
+    k_lens = [256, 300, 7, 0, 10, 257, 1, 129]
+    hq, hkv, dim = 4, 2, 128
+    qo = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    ko = torch.tensor([0, *torch.tensor(k_lens).cumsum(0).tolist()], dtype=torch.int32)
+    tq, tk = int(qo[-1]), int(ko[-1])
+    q, k = torch.zeros(tq, hq, dim, dtype=torch.float16), torch.zeros(tk, hkv, dim, dtype=torch.float16)
+    plan = make_plan(
+        qo, ko, total_q=tq, total_kv=tk, heads_q=hq, heads_kv=hkv, window=bounds, block_m=128, block_n=128,
+        dkdv_blocks=(64, 128), backward=True, schedule="dynamic", backward_schedule=schedule,
+    )
+    config = bwd_sm90.dkdv_config(plan, q, k, left=left, right=right, q_shared=False, fused_dq=True)
+    lse = torch.zeros(hq, tq)
+    counts = bwd_preprocess.dq_cell_counts(plan, lse, qo, ko, heads_q=hq, left=left, right=right, config=config)
+    vec_tile, _ = bwd_preprocess.vector_tiles(lse, qo)
+    want = torch.zeros_like(counts)
+    for b, (lq, lk) in enumerate(zip(q_lens, k_lens, strict=True)):
+        for n0 in range(0, lk, 128):
+            lo, _, _, hi = (int(x) for x in dkdv_q_ranges(n0, lq, lk, 64, 128, left, right))
+            for m0 in range(lo, hi, 64):
+                cell = (int(vec_tile[b]) + m0 // 64) * hq
+                want[cell:cell + hq] += 1
+    assert want.any()
+    assert torch.equal(counts, want)
+    acc = torch.zeros(tq, hq * dim)
+    out, dout = torch.randn(tq, hq, dim), torch.randn(tq, hq, dim)
+    dq = torch.full((tq, hq, dim), float("nan"))
+    bwd_preprocess.backward_vectors(lse, qo, out=out, dout=dout, dq_acc=acc, cells=(counts, dq))
+    visited = torch.zeros(tq, hq, dtype=torch.bool)
+    for b, lq in enumerate(q_lens):
+        for m0 in range(0, lq, 64):
+            cell = (int(vec_tile[b]) + m0 // 64) * hq
+            visited[int(qo[b]) + m0:int(qo[b]) + min(m0 + 64, lq)] = counts[cell:cell + hq, 0] > 0
+    assert visited.any()
+    assert torch.isnan(dq[visited]).all()
+    assert torch.equal(dq[~visited], torch.zeros_like(dq[~visited]))
+
+
+def test_last_cast_is_refused_where_the_kernel_cannot_count_cells() -> None:
+    """``LAST_CAST`` needs the one pass, no broadcast-Q and 64-column dQ halves at D 128; a config
+    that asks for it elsewhere is refused with every reason."""
+    import dataclasses
+
+    call = {"group": 1, "left": -1, "right": 0, "dynamic": True, "zigzag": False, "total_kv": 1 << 20, "batch": 2}
+    want = tuning.bwd_config(head_dim=64, q_shared=True, fused_dq=False, **call)
+    bad = dataclasses.replace(want, LAST_CAST=3)
+    reasons = " ".join(tuning.config_reasons(bad, want, (want.BLOCK_M, want.BLOCK_N)))
+    for why in ("is 1 or 2", "one pass", "broadcast-Q", "64-column dQ halves"):
+        assert why in reasons
+    fit = tuning.bwd_config(head_dim=128, q_shared=False, fused_dq=True, **call)
+    for level in (1, 2):
+        assert not tuning.config_reasons(dataclasses.replace(fit, LAST_CAST=level), fit, (fit.BLOCK_M, fit.BLOCK_N))

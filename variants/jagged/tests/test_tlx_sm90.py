@@ -367,6 +367,52 @@ def test_tlx_backward_owned_sequences_match_reference(name, causal, span) -> Non
     torch.testing.assert_close(grads[span][0], grads[0][0], rtol=0, atol=2e-2)
 
 
+@pytest.mark.parametrize(("ring", "level"), [(False, 1), (True, 2)], ids=["per_consumer_1", "ring_owned_2"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_lt_lk", "cross_lq_gt_lk", "lognormal"])
+def test_tlx_backward_last_cast_matches_reference(name, causal, ring, level) -> None:
+    """``LAST_CAST`` forced: the add that completes each dQ cell writes its dQ (level 2 also
+    discards the cell's accumulator lines from L2), counted by ``bwd_preprocess.dq_cell_counts``;
+    the preprocess writes the cells no kv-tile visits; no cast pass. On a dynamic-grouped plan,
+    with the tile ring and the sequences the policy owns (their cells left to the owner), and
+    without the ring (each consumer walks the table). dQ, dK, dV against the reference; dK and dV
+    bitwise those of the same config without it, dQ to rounding. dQ's memory is NaN-poisoned
+    first (the caching allocator hands dQ the block a NaN tensor of its size just freed), so a
+    cell no one wrote fails."""
+    import dataclasses
+
+    from jagflash.core.plan.build import make_plan
+    from jagflash.core.tlx import bwd_sm90
+    from jagflash.core.tolerance import assert_close_all
+    from jagflash.core.tuning import forced_ring
+
+    q_lens, k_lens, hq, hkv = CASES[name]
+    case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
+    t = case.build("cuda", requires_grad=False)
+    q, k, v, qo, ko, dout = (t[n] for n in ("q", "k", "v", "q_offsets", "kv_offsets", "dout"))
+    ref_out, lse32, exact, low = _reference_grads(t, causal)
+    left, right = mask_bounds(causal)
+    plan = make_plan(
+        qo, ko, total_q=q.shape[0], total_kv=k.shape[0], heads_q=hq, heads_kv=hkv, window=(left, right),
+        block_m=128, block_n=128, dkdv_blocks=(64, 128), backward=True, schedule="dynamic",
+        backward_schedule="dynamic-grouped",
+    )
+    want = bwd_sm90.dkdv_config(plan, q, k, left=left, right=right, q_shared=False, fused_dq=True)
+    want = forced_ring(dataclasses.replace(want, OWN_SPAN=want.OWN_SPAN or 256), ring)
+    kw = {"left": left, "right": right, "scale": 128**-0.5, "plan": plan}
+    grads = {}
+    for last in (level, 0):
+        poison = torch.full_like(q, float("nan"))
+        del poison
+        grads[last] = bwd_sm90.backward(
+            dout, q, k, v, ref_out.to(q.dtype), lse32, qo, ko, config=dataclasses.replace(want, LAST_CAST=last), **kw,
+        )
+    assert_close_all(["dq", "dk", "dv"], list(grads[level]), exact, low, SPEC.atol[torch.bfloat16])
+    assert torch.equal(grads[level][1], grads[0][1])
+    assert torch.equal(grads[level][2], grads[0][2])
+    torch.testing.assert_close(grads[level][0], grads[0][0], rtol=0, atol=2e-2)
+
+
 @pytest.mark.parametrize("bounds", [(-1, -1), (-1, 0), (100, 0)], ids=["none", "causal", "window"])
 def test_tlx_backward_walk_changes_no_dkdv_bit(bounds) -> None:
     """The walk, the deal and the tile hand-off only reorder the kv-tiles or move where their

@@ -318,7 +318,7 @@ class BwdConfig(_Constexprs):
     RING_TILES: bool = False  # decoded kv-tiles through shared memory (bwd_config)
     OWN_SPAN: int = 0  # one program sums a sequence's dQ if it has at most this many keys (own_span)
     ZERO_EMPTY: bool = False  # with RING_TILES: the producer writes the dK, dV zeros of kv-tiles no step visits
-
+    LAST_CAST: int = 0  # the last add into a dQ cell writes its dQ (1; 2: and discards its L2 lines): no cast pass
 
 
 @functools.lru_cache(maxsize=256)
@@ -326,14 +326,12 @@ def bwd_config(
     *, head_dim: int, group: int, left: int, right: int, q_shared: bool, fused_dq: bool,
     dynamic: bool, zigzag: bool, total_kv: int, batch: int, sparse: bool = False, grouped: bool = False,
 ) -> BwdConfig:
-    """The :class:`BwdConfig` of a backward call (``fused_dq``: the one-pass backward;
-    ``sparse``: with a block mask's transposed lists; ``grouped``: on a ``"dynamic-grouped"``
-    table, :func:`own_span`, with :data:`OWN_BY_DEFAULT`). The dK/dV kernel hands kv-tiles
-    through the tile ring (``RING_TILES``) where it owns sequences and where the forward does: a block-sparse call (the producer
-    walks each list row once for all three roles, one tile ahead) and a batch of short K/V
-    sequences (:func:`default_ring_tiles`; measured 11 % faster on jagged-tiny and 1-2 % slower
-    on long non-causal batches: bench/NOTES.md, session 25). Every backward asks: kept per
-    arguments (a config is frozen)."""
+    """The :class:`BwdConfig` of a backward call (``fused_dq``: the one pass; ``sparse``: with a
+    block mask's transposed lists; ``grouped``: on a ``"dynamic-grouped"`` table, :func:`own_span`,
+    with :data:`OWN_BY_DEFAULT`). The tile ring where the kernel owns sequences and where the
+    forward takes it: a block-sparse call (the producer walks each list row once for all three
+    roles) and short K/V sequences (:func:`default_ring_tiles`; 11 % faster on jagged-tiny, 1-2 %
+    slower on long non-causal batches: bench/NOTES.md, session 25). Kept per arguments."""
     block_m, block_n = tlx_sm90_blocks(head_dim)["dkdv"]
     own = own_span(head_dim, block_n, fused_dq=fused_dq, q_shared=q_shared, grouped=grouped) if OWN_BY_DEFAULT else 0
     return BwdConfig(
@@ -341,7 +339,13 @@ def bwd_config(
         Q_SHARED=q_shared, FUSED_DQ=fused_dq, HEAD_MAJOR=default_head_major(left, right, dynamic),
         DYNAMIC=dynamic, ZIGZAG=zigzag, BLOCK_M=block_m, BLOCK_N=block_n, DQ_COLS=dq_cols(head_dim),
         SPARSE=sparse, RING_TILES=sparse or own > 0 or default_ring_tiles(total_kv, batch, block_n), OWN_SPAN=own,
+        LAST_CAST=LAST_CAST_BY_DEFAULT if fused_dq and not q_shared and head_dim == 128 else 0,
     )
+
+
+#: ``LAST_CAST`` of the one pass where the kernel can count dQ cells (D 128, no broadcast-Q):
+#: each cell's last add writes its dQ and discards its accumulator lines (no cast pass).
+LAST_CAST_BY_DEFAULT = 2
 
 
 #: The most kv-tiles of a sequence whose dQ one program of the one-pass backward sums
@@ -357,16 +361,11 @@ OWN_BY_DEFAULT = True
 
 def own_span(head_dim: int, block_n: int, *, fused_dq: bool, q_shared: bool, grouped: bool) -> int:
     """``OWN_SPAN`` of a dK/dV launch: the most keys a sequence may have for one program to take
-    all its kv-tiles of a K/V head (the table's row of its first kv-tile; the rows of the others
-    are skipped) and sum its dQ rows itself: it zeroes them in the fp32 accumulator, adds every
-    kv-tile's share, waits for its own reduce-adds and writes dQ, while the rows are still in
-    L2; the preprocess and the cast pass skip them. 0 (none) but in the one pass
-    (``fused_dq``) on a ``"dynamic-grouped"`` table (``grouped``: a sequence's tiles together
-    in sequence-cost order, so a sequence's first kv-tile comes where its group's cost sorts)
-    with column-half dQ tiles (D 128: each consumer warpgroup alone adds into its half of the
-    columns, so it needs to wait only for its own stores), and not for broadcast-Q (every
-    sequence adds into the shared rows). Needs the tile ring (``RING_TILES``: the producer hands
-    out a sequence's kv-tiles in turn)."""
+    all its kv-tiles of a K/V head and sum its dQ rows itself (zeroed, added, written while in
+    L2; the preprocess and the cast pass skip them). 0 (none) but in the one pass on a
+    ``"dynamic-grouped"`` table (a sequence's tiles together) with column-half dQ tiles (D 128:
+    a warpgroup waits only for its own stores), and not for broadcast-Q (every sequence adds
+    into the shared rows). Needs the tile ring (the producer hands out a sequence's kv-tiles)."""
     own = fused_dq and grouped and not q_shared and dq_cols(head_dim) < head_dim
     return OWN_KV_TILES * block_n if own else 0
 
@@ -376,7 +375,7 @@ def own_span(head_dim: int, block_n: int, *, fused_dq: bool, q_shared: bool, gro
 #: sequences: tests and probes force each; a choice of depths the shared memory cannot hold
 #: fails to compile, an owned span the kernel cannot sum is refused); the rest follow from the
 #: call.
-FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O", "ZERO_EMPTY", "HOLD_RECORD", "WARP_RELEASE", "OWN_SPAN"})
+FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O", "ZERO_EMPTY", "HOLD_RECORD", "WARP_RELEASE", "OWN_SPAN", "LAST_CAST"})
 
 
 def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, plan_blocks: tuple[int, int]) -> list[str]:
@@ -406,6 +405,13 @@ def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, p
                 (f"is not a multiple of BLOCK_N {config.BLOCK_N}", config.OWN_SPAN % config.BLOCK_N != 0),
             ) if bad
         ]
+    if getattr(config, "LAST_CAST", 0):
+        reasons += [f"LAST_CAST={config.LAST_CAST} {why}" for why, bad in (
+            ("is 1 or 2", config.LAST_CAST not in (1, 2)), ("needs the one pass (FUSED_DQ)", not config.FUSED_DQ),
+            ("is not for broadcast-Q (Q_SHARED: every sequence adds into the shared rows)", config.Q_SHARED),
+            (f"needs 64-column dQ halves (DQ_COLS {config.DQ_COLS}, HEAD_DIM {config.HEAD_DIM})", (config.DQ_COLS, config.HEAD_DIM) != (64, 128)),
+            (f"needs 64-query steps and padding (BLOCK_M {config.BLOCK_M}, PAD {config.PAD})", config.BLOCK_M != 64 or config.PAD % 64),
+        ) if bad]
     return reasons
 
 

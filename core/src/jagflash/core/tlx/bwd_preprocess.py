@@ -9,6 +9,10 @@
 - The one-pass backward's postprocess (:func:`scaled_cast`): dQ = scale x the accumulator, in
   dQ's dtype, one read of the accumulator and one write of dQ at the copy rate (but the owned
   rows, which the kernel wrote).
+- Or, with ``LAST_CAST`` (``jagflash.core.tuning.BwdConfig``), no postprocess: the dK/dV kernel
+  writes each dQ cell (a 64-query step's columns of one head) after its last add, counted by
+  :func:`dq_cell_counts` before the preprocess; the preprocess writes the dQ zeros of the cells
+  no kv-tile visits.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ import triton
 import triton.language as tl
 
 from jagflash.core.jagged import cdiv, next_pow2, seq_lengths
+from jagflash.core.mask import block_at, block_walk, dkdv_q_range, tile_list
 from jagflash.core.memo import TensorMemo
 from jagflash.core.ops import stepped_arange
-from jagflash.core.seqlen import owned_seq, upper_bound
+from jagflash.core.seqlen import owned_seq, plan_row, seq_starts, upper_bound
 from jagflash.core.softmax import attn_delta, lse_to_log2
 from jagflash.core.tuning import VEC_PAD
 
@@ -29,8 +34,9 @@ from jagflash.core.tuning import VEC_PAD
 def _vectors_kernel(
     O, DO, LSE, DELTA_IN, LSE2, DELTA, DQ_ACC, q_offsets, kv_offsets, VEC_TILE, vec_rows, n_seqs, search_steps,
     stride_ot, stride_oh, stride_dot, stride_doh, stride_lh, stride_ls, stride_acc,
+    CELLS, DQ, stride_dqt,
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, GIVEN_DELTA: tl.constexpr, PAD: tl.constexpr,
-    ZERO_ACC: tl.constexpr, ACC_SHARED: tl.constexpr, OWN_SPAN: tl.constexpr,
+    ZERO_ACC: tl.constexpr, ACC_SHARED: tl.constexpr, OWN_SPAN: tl.constexpr, LAST_CAST: tl.constexpr,
 ):
     """The backward's preprocess: ``BLOCK`` rows of head ``program_id(1)`` of the packed
     ``[Hq, vec_rows]`` vectors, each written once. Packed row ``p`` lies in the PAD-row tile
@@ -46,7 +52,11 @@ def _vectors_kernel(
     ``stride_acc``, head h's D columns at ``h * HEAD_DIM``) on the rows read here, every query
     row once (the offsets end at the row count); ``ACC_SHARED`` (broadcast-Q): its rows are the
     shared block's, zeroed through the first sequence's; ``OWN_SPAN`` > 0: the rows of the
-    sequences of at most OWN_SPAN keys are left alone (the dK/dV kernel zeroes them itself)."""
+    sequences of at most OWN_SPAN keys are left alone (the dK/dV kernel zeroes them itself).
+    ``LAST_CAST``: this program's 64 rows of head h are dQ cell ``program_id(0) * Hq + h`` of
+    :func:`dq_cell_counts` (BLOCK 64, PAD a multiple of 64); where no kv-tile adds into it
+    (``CELLS`` holds 0), its dQ rows (``DQ``, rows ``stride_dqt`` apart) are written as zeros
+    here, as nothing else writes them."""
     p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     h = tl.program_id(1).to(tl.int64)
     in_range = p < vec_rows
@@ -70,6 +80,9 @@ def _vectors_kernel(
             if OWN_SPAN > 0:
                 keep = keep & ~owned_seq(kv_offsets, b, owned, OWN_SPAN)
             tl.store(DQ_ACC + r64 * stride_acc + h * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK, HEAD_DIM], tl.float32), mask=keep[:, None])
+            if LAST_CAST:  # noqa: SIM102 (a compile-time branch around a run-time one)
+                if tl.load(CELLS + 2 * (tl.program_id(0) * tl.num_programs(1) + h)) == 0:
+                    tl.store(DQ + r64 * stride_dqt + h * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK, HEAD_DIM], DQ.dtype.element_ty), mask=valid[:, None])
     lse2 = tl.where(valid, lse_to_log2(tl.load(LSE + at, mask=valid, other=0.0)), float("inf"))
     tl.store(LSE2 + h * vec_rows + p, lse2, mask=in_range)
     tl.store(DELTA + h * vec_rows + p, delta, mask=in_range)
@@ -164,6 +177,72 @@ def packed_tiles(q_offsets: torch.Tensor) -> torch.Tensor:
     return vec_tile
 
 
+def vector_tiles(lse: torch.Tensor, q_offsets: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``(vec_tile, vec_rows)`` of :func:`backward_vectors` for ``lse`` (``[Hq, Tq]`` or ``[B, Hq,
+    L]``) and the offsets: each sequence's first ``VEC_PAD``-row tile of the packed vectors, and
+    their rows (the bound ``Tq + VEC_PAD * B``, 16-divisible)."""
+    n_seqs = q_offsets.numel() - 1
+    if lse.dim() == 3:
+        length = lse.shape[2]
+        tq = n_seqs * length
+        vec_tile = stepped_arange(n_seqs + 1, cdiv(length, VEC_PAD), lse.device, torch.int32, (lse, q_offsets))
+    else:
+        tq = lse.shape[1]
+        vec_tile = packed_tiles(q_offsets)
+    return vec_tile, cdiv(tq + VEC_PAD * n_seqs, 16) * 16
+
+
+@triton.jit
+def _dq_cells_kernel(
+    CELLS, TILES, COUNT, heads, q_offsets, kv_offsets, VEC_TILE, lists, left, right,
+    GROUP: tl.constexpr, HEAD_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr, PAD: tl.constexpr,
+):
+    """One row of the dK/dV pass's table: +1 to both column halves of every dQ cell its kv-tile
+    adds into, walking the positions the dK/dV kernel walks (the table row decoded by
+    ``plan_row``, its q-range by ``dkdv_q_range``, with ``SPARSE`` through the kv-tile's row of
+    the transposed lists: ``block_walk`` / ``block_at``). Cell of query head ``h`` at step ``m0``
+    of sequence ``b``: ``((VEC_TILE[b] * PAD + m0) // BLOCK_M) * Hq + h``."""
+    STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
+    SUB: tl.constexpr = BLOCK_N // BLOCK_M
+    count = tl.load(COUNT).to(tl.int32)
+    ok, b, hk, n0 = plan_row(tl.program_id(0), TILES, count, heads, HEAD_MAJOR)
+    _, lq, _, lk = seq_starts(q_offsets, kv_offsets, b)
+    if ok & (n0 < lk):
+        lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+        step0 = tl.load(VEC_TILE + b) * (PAD // BLOCK_M)
+        for g in range(GROUP):
+            head = hk * GROUP + g
+            listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
+            p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
+            for t in range(p0, p3, STEP):
+                m0 = block_at(listed, t, BLOCK_M, SPARSE, SUB)
+                cell = (step0 + m0 // BLOCK_M).to(tl.int64) * (heads * GROUP) + head
+                tl.atomic_add(CELLS + 2 * cell + tl.arange(0, 2), tl.full([2], 1, tl.int32), sem="relaxed")
+
+
+def dq_cell_counts(plan, lse, q_offsets, kv_offsets, *, heads_q: int, left: int, right: int, config, lists=None) -> torch.Tensor:
+    """The adds each dQ cell of the one-pass backward with ``LAST_CAST`` waits for: ``[cells, 2]``
+    int32 (a cell: a 64-query step of the packed vectors' rows, :func:`vector_tiles`, times one
+    query head; one count per column half, as each consumer warpgroup adds its own). ``plan``:
+    the launch's plan (its dK/dV pass's table), ``config`` its ``BwdConfig``, ``lists`` a block
+    mask's transposed lists (``BlockMask.kernel_lists()[1]``) or None. One program per table row
+    walks its kv-tile's steps (:func:`_dq_cells_kernel`)."""
+    from jagflash.core.plan.model import PASSES  # (the plan's modules import this one's users)
+
+    vec_tile, vec_rows = vector_tiles(lse, q_offsets)
+    counts = torch.zeros((cdiv(vec_rows, 64) * heads_q, 2), dtype=torch.int32, device=lse.device)
+    lay = plan.info.layout("dkdv")
+    if lay.rows:
+        _dq_cells_kernel[(lay.rows,)](
+            counts, plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):], lay.heads, q_offsets, kv_offsets, vec_tile,
+            lists, left, right, GROUP=config.GROUP, HEAD_MAJOR=config.HEAD_MAJOR, BLOCK_M=config.BLOCK_M,
+            BLOCK_N=config.BLOCK_N, BOUNDED_LEFT=config.BOUNDED_LEFT, BOUNDED_RIGHT=config.BOUNDED_RIGHT,
+            SPARSE=config.SPARSE, PAD=config.PAD, num_warps=1,
+        )
+    return counts
+
+
 def backward_vectors(
     lse: torch.Tensor,
     q_offsets: torch.Tensor,
@@ -174,6 +253,7 @@ def backward_vectors(
     dq_acc: torch.Tensor | None = None,
     acc_shared: bool = False,
     owned: tuple | None = None,
+    cells: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The dK/dV kernel's per-query vectors, packed (see the module's docstring): ``(lse2, delta,
     vec_tile)``, ``lse2`` and ``delta`` ``[Hq, vec_rows]`` fp32 and ``vec_tile`` ``[B + 1]`` int32,
@@ -191,22 +271,25 @@ def backward_vectors(
     into), zeroed by the same kernel while it reads O and dO (one pass over memory fewer than a
     separate fill); with no rows to read (Tq or B 0) it is zeroed here. ``owned``: ``(kv_offsets,
     own_span)``: the rows of the sequences of 1 to ``own_span`` keys are not zeroed (the dK/dV
-    kernel that owns them does: ``jagflash.core.tuning.own_span``)."""
+    kernel that owns them does: ``jagflash.core.tuning.own_span``). ``cells``: ``(counts, dq)``
+    with ``dq_acc``, the one-pass backward with ``LAST_CAST``: :func:`dq_cell_counts`' counts
+    and dQ ``[Tq, Hq, D]`` (contiguous), whose rows in cells no kv-tile visits are written as
+    zeros here."""
     n_seqs = q_offsets.numel() - 1
+    vec_tile, vec_rows = vector_tiles(lse, q_offsets)
     if lse.dim() == 3:
         _, hq, length = lse.shape
         tq, lse_strides = n_seqs * length, (length, hq)
-        vec_tile = stepped_arange(n_seqs + 1, cdiv(length, VEC_PAD), lse.device, torch.int32, (lse, q_offsets))
     else:
         hq, tq = lse.shape
         lse_strides = (tq, 1)
-        vec_tile = packed_tiles(q_offsets)
-    vec_rows = cdiv(tq + VEC_PAD * n_seqs, 16) * 16  # 16-divisible: aligned per-head rows
     if dq_acc is not None and delta is not None:
         raise ValueError("backward_vectors: dq_acc is zeroed while O and dO are read; a given delta reads neither")
     kv_offsets, own = (q_offsets, 0) if owned is None or dq_acc is None else owned
     if own and acc_shared:
         raise ValueError("backward_vectors: broadcast-Q's shared rows have no owner (owned with acc_shared)")
+    if cells is not None and (dq_acc is None or acc_shared or VEC_PAD % 64):
+        raise ValueError("backward_vectors: dQ cells need the accumulator (dq_acc), no broadcast-Q and 64-row padding")
     if not (tq and n_seqs):
         if dq_acc is not None:
             dq_acc.zero_()
@@ -225,12 +308,14 @@ def backward_vectors(
         strides = (out.stride(0), out.stride(1), dout.stride(0), dout.stride(1))
         dim = out.shape[-1]
         delta = lse  # unused
-    block = 64
+    block = 64  # (one dQ cell of LAST_CAST a program and head)
     zero = dq_acc is not None
+    counts, dq = (lse2, lse2) if cells is None else cells
     _vectors_kernel[(cdiv(vec_rows, block), hq)](
         out, dout, lse.contiguous(), delta, lse2, packed_delta, dq_acc if zero else lse2, q_offsets, kv_offsets, vec_tile,
-        vec_rows, n_seqs, n_seqs.bit_length(), *strides, *lse_strides, dq_acc.stride(0) if zero else 0, HEAD_DIM=dim,
-        BLOCK=block, GIVEN_DELTA=given, PAD=VEC_PAD, ZERO_ACC=zero, ACC_SHARED=acc_shared, OWN_SPAN=own, num_warps=4,
+        vec_rows, n_seqs, n_seqs.bit_length(), *strides, *lse_strides, dq_acc.stride(0) if zero else 0, counts, dq,
+        dq.stride(0) if cells is not None else 0, HEAD_DIM=dim, BLOCK=block, GIVEN_DELTA=given, PAD=VEC_PAD,
+        ZERO_ACC=zero, ACC_SHARED=acc_shared, OWN_SPAN=own, LAST_CAST=cells is not None and zero, num_warps=4,
     )
     return lse2, packed_delta, vec_tile
 

@@ -33,7 +33,7 @@ from jagflash.core.seqlen import plan_row, seq_starts
 from jagflash.core.softmax import LOG2E
 from jagflash.core.tile_scheduler import deal_flags, tile_counter
 from jagflash.core.tlx.bwd_mainloop import dkdv_steps
-from jagflash.core.tlx.bwd_preprocess import backward_vectors, scaled_cast
+from jagflash.core.tlx.bwd_preprocess import backward_vectors, dq_cell_counts, scaled_cast
 from jagflash.core.tlx.bwd_tiles import (
     ALL_STEPS,
     DKDV_TILE_FIELDS,
@@ -54,6 +54,8 @@ from jagflash.core.tlx.descriptors import num_workers, rows_descriptor, vectors_
 from jagflash.core.tlx.pipeline import (
     ID_RING,
     alloc_walk_ring,
+    dq_cell_finish,
+    dq_cell_pending,
     own_rows_cast,
     own_rows_zero,
     ring_release,
@@ -80,11 +82,11 @@ from jagflash.core.tuning import (
 def _dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, DK, DV, desc_lse2, desc_delta, VEC_TILE, q_offsets, kv_offsets, TILES, COUNT,
     COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, scale, left, right, desc_dq, heads, lists,
-    DQ_ACC, DQ, stride_acc, stride_dqt, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+    DQ_ACC, DQ, stride_acc, stride_dqt, CELLS, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     Q_SHARED: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_COLS: tl.constexpr,
     NUM_Q: tl.constexpr, DQ_STAGES: tl.constexpr, PAD: tl.constexpr, SPARSE: tl.constexpr, RING_TILES: tl.constexpr,
-    OWN_SPAN: tl.constexpr, ZERO_EMPTY: tl.constexpr,
+    OWN_SPAN: tl.constexpr, ZERO_EMPTY: tl.constexpr, LAST_CAST: tl.constexpr,
 ):
     """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
     the GQA group, and with ``FUSED_DQ`` each tile's share of dQ, reduce-added into an fp32
@@ -137,6 +139,7 @@ def _dkdv_kernel(
     # table index.
     FIELDS: tl.constexpr = DKDV_TILE_FIELDS + (4 * GROUP if SPARSE else 0) + (1 if OWN_SPAN > 0 else 0)
     ring = alloc_walk_ring(FIELDS if RING_TILES else 1)
+    pend = tlx.local_alloc((1,), tl.int32, 8 if LAST_CAST > 0 else 1)  # (LAST_CAST: dq_cell_pending's, 4 a consumer)
     descs = (desc_q, desc_do, desc_lse2, desc_delta)
     qring = (q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties)
 
@@ -201,10 +204,13 @@ def _dkdv_kernel(
             q_cnt = 0
             tile_cnt = 0
             i, r, more = walk_start(pid, COUNTER, ring, count, DYNAMIC, RING_TILES)  # (RING_TILES: i counts records)
+            cells = (CELLS, DQ_ACC, stride_acc, DQ, stride_dqt, scale)
+            if LAST_CAST > 0:
+                dq_cell_pending(pend, -1, 0, 0, 0, cid)  # (this warpgroup's last dQ add, completed a step later)
             while more:
                 own = 0
                 if RING_TILES:
-                    state, b, hk, n0, q_start, lq, k_start, lk, _ = dkdv_tile(ring, i, FIELDS, True)
+                    state, b, hk, n0, q_start, lq, k_start, lk, vec0 = dkdv_tile(ring, i, FIELDS, True)
                     own = tile_own(ring, i, FIELDS, OWN_SPAN)
                     more = state >= 0
                     live = state > 0
@@ -214,6 +220,9 @@ def _dkdv_kernel(
                     q_start, lq, k_start, lk = seq_starts(q_offsets, kv_offsets, b)
                     live = ok & (n0 < lk)
                     busy = True  # (K/V always loads: the per-consumer walk as it was measured)
+                    vec0 = 0
+                    if LAST_CAST > 0:
+                        vec0 = tl.load(VEC_TILE + b, mask=live, other=0) * PAD
                 if live:
                     own_col = hk * (GROUP * HEAD_DIM) + cid * DQ_COLS  # (OWN_SPAN: D 128, a column half a head)
                     if OWN_SPAN > 0:  # noqa: SIM102 (a compile-time branch around a run-time one)
@@ -230,16 +239,16 @@ def _dkdv_kernel(
                     for g in range(GROUP):
                         head = hk * GROUP + g
                         dq_col = head * HEAD_DIM
-                        dq = (desc_dq, ds_tiles, dq_stages, dq_col)
+                        dq = (desc_dq, ds_tiles, dq_stages, dq_col, cells, tl.where(own != 0, -1, (vec0 // BLOCK_M) * (heads * GROUP) + head), heads * GROUP)
                         listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
                         if RING_TILES:
                             p0, p1, p2, p3 = tile_walk(ring, i, g, n0, lq, lk, left, right, FIELDS, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE)
                         else:
                             p0, p1, p2, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
                         seq = (lq, lk, q_start, listed)
-                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p0, p1, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
-                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p1, p2, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
-                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p2, p3, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p0, p1, seq, band, qk_scale2, dq, pend, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB, LAST_CAST)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p1, p2, seq, band, qk_scale2, dq, pend, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB, LAST_CAST)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p2, p3, seq, band, qk_scale2, dq, pend, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB, LAST_CAST)
                     if busy:
                         tlx.barrier_arrive(kv_empties[cid], 1)
                         tile_cnt += 1
@@ -257,6 +266,8 @@ def _dkdv_kernel(
                 elif RING_TILES:
                     ring_release(ring[2], i % ID_RING)
                 i, r, more = walk_on(i, r, more, pid, nprog, COUNTER, ring, count, DYNAMIC, ZIGZAG, RING_TILES)
+            if LAST_CAST > 0:
+                dq_cell_finish(pend, cells, cid, DQ_COLS, dtype, LAST_CAST)
             if FUSED_DQ:
                 tlx.async_descriptor_store_wait(0)  # the stages must outlive their last stores
 
@@ -320,10 +331,12 @@ def _checked_config(plan, q, k, left, right, q_shared, fused_dq, config, who, ma
     return config
 
 
-def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc, dq, left, right, scale, q_shared, config, mask):
+def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc, dq, left, right, scale, q_shared, config, mask,
+            cells=None):
     """One launch of :func:`_dkdv_kernel`; ``vectors``: ``backward_vectors``'s; ``dq_acc`` (fp32
     ``[rows, Hq * D]``) fuses dQ in, ``dq`` (``[rows, Hq, D]``, contiguous) the dQ that owned
-    sequences' rows are written to (``config.OWN_SPAN``). ``config``: :func:`_checked_config`'s.
+    sequences' rows (``config.OWN_SPAN``) and, with ``config.LAST_CAST``, every cell's rows are
+    written to (``cells``: ``bwd_preprocess.dq_cell_counts``'s counts). ``config``: :func:`_checked_config`'s.
     ``mask``: a ``jagflash.core.block_mask.BlockMask`` or None."""
     dim = q.shape[-1]
     lay = plan.info.layout("dkdv")
@@ -344,7 +357,8 @@ def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc,
         plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):], tile_counter(plan, "dkdv"),
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), scale, left, right, desc_dq, lay.heads,
         None if mask is None else mask.kernel_lists()[1], dk if dq_acc is None else dq_acc, dk if dq is None else dq,
-        0 if dq_acc is None else dq_acc.stride(0), 0 if dq is None else dq.stride(0), **config.constexprs(), num_warps=4,
+        0 if dq_acc is None else dq_acc.stride(0), 0 if dq is None else dq.stride(0), dk if cells is None else cells,
+        **config.constexprs(), num_warps=4,
         num_stages=1,
     )
 
@@ -431,15 +445,25 @@ def backward(
     # that no tile reaches get dQ = 0: by the preprocess, which reads every query row's O and dO
     # anyway (backward_vectors' dq_acc), so no separate fill pass.
     # With config.OWN_SPAN the kernel zeroes, sums and writes the rows of the sequences it owns
-    # (tuning.own_span): the preprocess and the cast skip them.
+    # (tuning.own_span): the preprocess and the cast skip them. With config.LAST_CAST the last
+    # add into each dQ cell writes its dQ (counted first: bwd_preprocess.dq_cell_counts), the
+    # preprocess the cells no kv-tile visits: no cast pass.
     dq = torch.empty_like(q)
     owned = None
     if k.shape[0] and lay.rows and tq:
         config = _checked_config(plan, q, k, left, right, q_shared, True, config, "one-pass backward", blocks)
         acc = torch.empty((lq, hq * dim), dtype=torch.float32, device=q.device)
         owned = (kv_offsets, config.OWN_SPAN) if config.OWN_SPAN else None
-        vectors = backward_vectors(lse, q_offsets, out=out, dout=dout, dq_acc=acc, acc_shared=q_shared, owned=owned)
-        _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, acc, dq, left, right, scale, q_shared, config, blocks)
+        counts = None
+        if config.LAST_CAST:
+            lists = None if blocks is None else blocks.kernel_lists()[1]
+            counts = dq_cell_counts(plan, lse, q_offsets, kv_offsets, heads_q=hq, left=left, right=right, config=config, lists=lists)
+        vectors = backward_vectors(lse, q_offsets, out=out, dout=dout, dq_acc=acc, acc_shared=q_shared, owned=owned,
+                                   cells=None if counts is None else (counts, dq))
+        _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, acc, dq, left, right, scale, q_shared, config, blocks,
+                counts)
+        if counts is not None:
+            return dq, dk, dv
     else:
         acc = torch.zeros((lq, hq * dim), dtype=torch.float32, device=q.device)
         dk.zero_()

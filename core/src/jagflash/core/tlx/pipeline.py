@@ -235,6 +235,68 @@ def own_rows_cast(ACC, stride_acc, DQ, stride_dqt, q_start, lq, col, scale, CID:
 
 
 @triton.jit
+def dq_cell_pending(pend, cell, row, col, valid, CID: tl.constexpr):
+    """Consumer warpgroup CID's reduce-add just issued, into dQ cell ``cell`` (-1: none; see
+    :func:`dq_cell_finish`), kept for it to complete later: ``pend``, four one-int shared-memory
+    buffers per warpgroup (not registers: held across the consumer's loops, they spilled)."""
+    values = (cell, row, col, valid)
+    for j in tl.static_range(4):
+        tlx.local_store(pend[4 * CID + j], tl.full([1], values[j], tl.int32))
+
+
+@triton.jit
+def dq_cell_finish(pend, cells, CID: tl.constexpr, COLS: tl.constexpr, DTYPE: tl.constexpr, LAST_CAST: tl.constexpr):
+    """Consumer warpgroup CID, ``LAST_CAST``: complete its last reduce-add (``pend``:
+    :func:`dq_cell_pending`'s), into the dQ cell ``cell`` (-1: none; a cell is a 64-query step's
+    ``COLS`` columns ``[col, col + COLS)`` of one query head, from accumulator row ``row``,
+    ``valid`` of its rows inside the sequence), and if it was the cell's last add, write the
+    cell's dQ. ``cells``: ``(CELLS, ACC, stride_acc, DQ, stride_dqt, scale)``, CELLS the adds
+    each cell still waits for, one int per column half
+    (``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``).
+
+    The add is complete (``cp.async.bulk.wait_group 0``: the elected thread that issued it waits
+    until its adds are done in L2; then the warpgroup meets at named barrier DQ_ROWS + CID)
+    before the cell's count drops (one relaxed atomic: the adds and the count meet in L2, the
+    only place both live). The add that drops it to 0 is the last: its warpgroup reads the sum
+    back from L2 (``.cg``, after ``fence.proxy.async.global``: the async proxy's writes before
+    the generic reads) and stores ``scale`` x it as dQ, in DTYPE, 16 rows at a time, rows
+    inside the sequence only (the rows past it are the next sequence's). With ``LAST_CAST`` 2
+    it then discards those rows' accumulator lines from L2 (``discard.global.L2``: nothing reads
+    them again, so they are not written back to DRAM). Exact zeros that another sequence's tail
+    adds into them later land in lines no one reads. (The count's old value reaches the
+    warpgroup through Triton's scalar-atomic broadcast; per-warp counts in inline PTX, which
+    need no warpgroup barrier, made ptxas spill ~1.4 KB: bench/NOTES.md, session 34.)"""
+    cell = tl.sum(tlx.local_load(pend[4 * CID]), 0)
+    if cell >= 0:
+        row = tl.sum(tlx.local_load(pend[4 * CID + 1]), 0)
+        col = tl.sum(tlx.local_load(pend[4 * CID + 2]), 0)
+        valid = tl.sum(tlx.local_load(pend[4 * CID + 3]), 0)
+        CELLS, ACC, stride_acc, DQ, stride_dqt, scale = cells
+        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tmov.b32 $0, 0;", "=r,r", [cell], dtype=tl.int32, is_pure=False, pack=1)
+        tlx.named_barrier_wait(DQ_ROWS + CID, 128)
+        left = tl.atomic_add(CELLS + 2 * cell + CID, -1, sem="relaxed", scope="gpu")
+        if left == 1:
+            tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.b32 $0, 0;", "=r,r", [cell], dtype=tl.int32, is_pure=False, pack=1)
+            col = tl.multiple_of(col, COLS)
+            for m in range(0, 64, 16):
+                zero = opaque_zero(m)  # (offsets made here, not hoisted across the consumer's loop)
+                offs = m + tl.arange(0, 16) + zero
+                rows = (row + offs).to(tl.int64)[:, None]
+                cols = tl.arange(0, COLS)[None, :]
+                keep = (offs < valid)[:, None]
+                x = tl.load(ACC + (rows * stride_acc + col + cols), mask=keep, other=0.0, cache_modifier=".cg")
+                tl.store(DQ + (rows * stride_dqt + col + cols), output(x * scale, DTYPE), mask=keep)
+            if LAST_CAST > 1:
+                tlx.named_barrier_wait(DQ_ROWS + CID, 128)  # every thread's reads returned (their stores used them)
+                t = tl.arange(0, 128)
+                line = ACC + ((row + t // 2).to(tl.int64) * stride_acc + col + (t % 2) * (COLS // 2))
+                tl.inline_asm_elementwise(
+                    "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\t@p discard.global.L2 [$1], 128;\n\tmov.b32 $0, 0;\n\t}",
+                    "=r,l,r", [line, (t // 2 < valid).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+                )
+
+
+@triton.jit
 def alloc_walk_ring(FIELDS: tl.constexpr, NUM: tl.constexpr = ID_RING):
     """The record ring of a kernel's walk (:func:`walk_first`): NUM slots (ID_RING unless a
     kernel's consumers hold their record longer) of FIELDS one-int buffers each and their full /
