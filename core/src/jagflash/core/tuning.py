@@ -345,7 +345,7 @@ def bwd_config(
 
 #: ``LAST_CAST`` of the one pass where the kernel can count dQ cells (D 128, no broadcast-Q):
 #: each cell's last add writes its dQ and discards its accumulator lines (no cast pass).
-LAST_CAST_BY_DEFAULT = 2
+LAST_CAST_BY_DEFAULT = 0
 
 
 #: The most kv-tiles of a sequence whose dQ one program of the one-pass backward sums

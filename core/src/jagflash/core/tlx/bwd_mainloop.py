@@ -20,8 +20,6 @@ from jagflash.core.mask import band_bounds, block_at, bounds_mask
 from jagflash.core.seqlen import q_row
 from jagflash.core.tlx.pipeline import (
     consumers_sync,
-    dq_cell_finish,
-    dq_cell_pending,
     dq_reduce_add,
     opaque_zero,
     ring_acquire,
@@ -31,12 +29,11 @@ from jagflash.core.tlx.pipeline import (
 
 @triton.jit
 def dkdv_steps(
-    dk, dv, kv, qring, kv_rows, q_cnt, start, end, seq, band, qk_scale2, dq, pend,
+    dk, dv, kv, qring, kv_rows, q_cnt, start, end, seq, band, qk_scale2, dq,
     CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, NUM_Q: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
     FUSED_DQ: tl.constexpr, Q_SHARED: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
     DQ_STAGES: tl.constexpr, DQ_COLS: tl.constexpr, SPARSE: tl.constexpr, SUB: tl.constexpr,
-    LAST_CAST: tl.constexpr = 0,
 ):
     """One consumer warpgroup's HALF kv rows (``kv[0][CID]``, ``kv[1][CID]``) against the q-steps
     at positions ``[start, end)`` of ``jagflash.core.mask.block_walk`` (BLOCK_M queries each;
@@ -54,15 +51,7 @@ def dkdv_steps(
     warpgroup whose ``CID`` is the step's parity computes the whole row over both K halves and
     the other goes straight on (every other step each, so the two stay balanced). K and V are
     indexed through an opaque zero, so their wgmma descriptors are rebuilt each step instead of
-    hoisted out of the loop and spilled (bench/NOTES.md, session 4).
-
-    ``LAST_CAST`` (column halves only): the add that completes a dQ cell also writes its dQ
-    (:func:`jagflash.core.tlx.pipeline.dq_cell_finish`). ``dq`` then ends with ``(cells, cell0,
-    hq)``: the cells' ``(CELLS, ACC, stride_acc, DQ, stride_dqt, scale)``, this head's first
-    cell (-1: a sequence the program owns, outside the count) and the query heads; ``pend``
-    holds the warpgroup's last add not yet completed (``dq_cell_pending``), completed one step
-    later, while this step's dV and dK products run (so the wait and the count's round trip
-    hide under them); the kernel completes the last one."""
+    hoisted out of the loop and spilled (bench/NOTES.md, session 4)."""
     k_tiles, v_tiles = kv
     q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties = qring
     lq, lk, q_start, listed = seq
@@ -94,7 +83,7 @@ def dkdv_steps(
         dv = tlx.async_dot(mma_operand(pt, DTYPE), do_buf, dv)
         dst = mma_operand(pt * (dpt - delta), DTYPE)
         if FUSED_DQ:
-            desc_dq, ds_tiles, dq_stages, dq_col = dq[0], dq[1], dq[2], dq[3]
+            desc_dq, ds_tiles, dq_stages, dq_col = dq
             pair = 2 * (q_cnt % 2)
             ds_buf = ds_tiles[pair + CID]
         else:
@@ -102,8 +91,6 @@ def dkdv_steps(
         tlx.local_store(ds_buf, dst)
         tlx.fence("async_shared")  # (Triton's barrier pass syncs the warpgroup here)
         dk = tlx.async_dot(ds_buf, q_buf, dk)
-        if LAST_CAST > 0:
-            dq_cell_finish(pend, dq[4], CID, DQ_COLS, DTYPE, LAST_CAST)
         if FUSED_DQ:
             # Both halves of dS^T are in shared memory once both warpgroups pass here; the
             # other pair of buffers is free: both finished the previous step's dQ before it
@@ -133,9 +120,6 @@ def dkdv_steps(
                 dv = tlx.async_dot_wait(0, dv)
                 ring_release(q_empties, slot)  # released before the dQ write-back
                 dq_reduce_add(desc_dq, dq_stages, DQ_STAGES * CID, DQ_STAGES, q_cnt, dq_tile, row, dq_col + CID * DQ_COLS)
-                if LAST_CAST > 0:
-                    cell = tl.where(dq[5] >= 0, dq[5] + (m0 // BLOCK_M) * dq[6], -1)
-                    dq_cell_pending(pend, cell, row, dq_col + CID * DQ_COLS, lq - m0, CID)
         else:
             dk = tlx.async_dot_wait(0, dk)
             dv = tlx.async_dot_wait(0, dv)

@@ -54,8 +54,8 @@ from jagflash.core.tlx.descriptors import num_workers, rows_descriptor, vectors_
 from jagflash.core.tlx.pipeline import (
     ID_RING,
     alloc_walk_ring,
-    dq_cell_finish,
-    dq_cell_pending,
+    dq_adds_wait,
+    dq_cells_done,
     own_rows_cast,
     own_rows_zero,
     ring_release,
@@ -139,7 +139,6 @@ def _dkdv_kernel(
     # table index.
     FIELDS: tl.constexpr = DKDV_TILE_FIELDS + (4 * GROUP if SPARSE else 0) + (1 if OWN_SPAN > 0 else 0)
     ring = alloc_walk_ring(FIELDS if RING_TILES else 1)
-    pend = tlx.local_alloc((1,), tl.int32, 8 if LAST_CAST > 0 else 1)  # (LAST_CAST: dq_cell_pending's, 4 a consumer)
     descs = (desc_q, desc_do, desc_lse2, desc_delta)
     qring = (q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties)
 
@@ -205,8 +204,6 @@ def _dkdv_kernel(
             tile_cnt = 0
             i, r, more = walk_start(pid, COUNTER, ring, count, DYNAMIC, RING_TILES)  # (RING_TILES: i counts records)
             cells = (CELLS, DQ_ACC, stride_acc, DQ, stride_dqt, scale)
-            if LAST_CAST > 0:
-                dq_cell_pending(pend, -1, 0, 0, 0, cid)  # (this warpgroup's last dQ add, completed a step later)
             while more:
                 own = 0
                 if RING_TILES:
@@ -239,26 +236,42 @@ def _dkdv_kernel(
                     for g in range(GROUP):
                         head = hk * GROUP + g
                         dq_col = head * HEAD_DIM
-                        dq = (desc_dq, ds_tiles, dq_stages, dq_col, cells, tl.where(own != 0, -1, (vec0 // BLOCK_M) * (heads * GROUP) + head), heads * GROUP)
+                        dq = (desc_dq, ds_tiles, dq_stages, dq_col)
                         listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
                         if RING_TILES:
                             p0, p1, p2, p3 = tile_walk(ring, i, g, n0, lq, lk, left, right, FIELDS, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE)
                         else:
                             p0, p1, p2, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
                         seq = (lq, lk, q_start, listed)
-                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p0, p1, seq, band, qk_scale2, dq, pend, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB, LAST_CAST)
-                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p1, p2, seq, band, qk_scale2, dq, pend, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB, LAST_CAST)
-                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p2, p3, seq, band, qk_scale2, dq, pend, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB, LAST_CAST)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p0, p1, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p1, p2, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p2, p3, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
                     if busy:
                         tlx.barrier_arrive(kv_empties[cid], 1)
                         tile_cnt += 1
-                    if RING_TILES:
+                    if RING_TILES and LAST_CAST == 0:
                         ring_release(ring[2], i % ID_RING)  # every head's positions read
                     valid = kv_rows < lk
                     offs_d = tl.arange(0, HEAD_DIM)
                     out_rows = (k_start + kv_rows).to(tl.int64)
                     tl.store(DK + out_rows[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :], output(dk * scale, dtype), mask=valid[:, None])
                     tl.store(DV + out_rows[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :], output(dv, dtype), mask=valid[:, None])
+                    if LAST_CAST > 0:
+                        # The tile's dQ adds counted off their cells once complete (after the dK/dV
+                        # stores, which give the last ones time to land); each cell's last add writes it.
+                        if busy & (own == 0):
+                            dq_adds_wait(n0, cid)
+                            for g in range(GROUP):
+                                head = hk * GROUP + g
+                                listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
+                                if RING_TILES:
+                                    p0, _, _, p3 = tile_walk(ring, i, g, n0, lq, lk, left, right, FIELDS, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE)
+                                else:
+                                    p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
+                                dq_cells_done(cells, listed, p0, p3, (vec0 // BLOCK_M) * (heads * GROUP) + head, heads * GROUP, q_start, lq,
+                                              head * HEAD_DIM + cid * DQ_COLS, cid, DQ_COLS, dtype, BLOCK_M, SPARSE, SUB, LAST_CAST)
+                        if RING_TILES:
+                            ring_release(ring[2], i % ID_RING)  # (held for the positions above)
                     if OWN_SPAN > 0:  # noqa: SIM102
                         if (own & OWN_LAST) != 0:
                             for g in range(GROUP):
@@ -266,8 +279,6 @@ def _dkdv_kernel(
                 elif RING_TILES:
                     ring_release(ring[2], i % ID_RING)
                 i, r, more = walk_on(i, r, more, pid, nprog, COUNTER, ring, count, DYNAMIC, ZIGZAG, RING_TILES)
-            if LAST_CAST > 0:
-                dq_cell_finish(pend, cells, cid, DQ_COLS, dtype, LAST_CAST)
             if FUSED_DQ:
                 tlx.async_descriptor_store_wait(0)  # the stages must outlive their last stores
 

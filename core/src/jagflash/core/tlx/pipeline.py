@@ -36,6 +36,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from jagflash.core.dtypes import output
+from jagflash.core.mask import block_at
 from jagflash.core.tile_scheduler import sched_first, sched_next
 
 #: Named barriers of the consumer warpgroups' turn to issue (one each) and of their joint sync.
@@ -235,65 +236,75 @@ def own_rows_cast(ACC, stride_acc, DQ, stride_dqt, q_start, lq, col, scale, CID:
 
 
 @triton.jit
-def dq_cell_pending(pend, cell, row, col, valid, CID: tl.constexpr):
-    """Consumer warpgroup CID's reduce-add just issued, into dQ cell ``cell`` (-1: none; see
-    :func:`dq_cell_finish`), kept for it to complete later: ``pend``, four one-int shared-memory
-    buffers per warpgroup (not registers: held across the consumer's loops, they spilled)."""
-    values = (cell, row, col, valid)
-    for j in tl.static_range(4):
-        tlx.local_store(pend[4 * CID + j], tl.full([1], values[j], tl.int32))
+def dq_cells_done(cells, listed, p0, p3, cell0, hq, q_start, lq, col, CID: tl.constexpr, COLS: tl.constexpr,
+                  DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, SPARSE: tl.constexpr, SUB: tl.constexpr, LAST_CAST: tl.constexpr):
+    """Consumer warpgroup CID at the end of a kv-tile, ``LAST_CAST``, its adds complete: count
+    them off the dQ cells they went into, and write the cells it completed. The tile's steps of
+    one query head are the positions ``[p0, p3)`` of ``jagflash.core.mask.block_walk`` (through
+    ``listed`` with ``SPARSE``); step ``m0``'s cell is ``cell0 + (m0 // BLOCK_M) * hq``, its
+    ``COLS`` columns from ``col`` (this warpgroup's half of the head) of accumulator rows
+    ``q_start + m0`` on, ``lq - m0`` of them inside the sequence. ``cells``: ``(CELLS, ACC,
+    stride_acc, DQ, stride_dqt, scale)``, CELLS the adds each cell still waits for, one int per
+    column half (``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``).
+
+    128 steps at a time, one per thread: one relaxed atomic each (the adds and the counts meet in
+    L2, the only place both live; a tile's cells cost one round trip, not one a step), and the
+    cells whose count drops to 0 (their last add) are written in turn (:func:`dq_cell_write`)."""
+    CELLS = cells[0]
+    STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
+    lanes = tl.arange(0, 128)
+    for c in range(p0, p3, 128 * STEP):
+        t = c + lanes * STEP
+        live = t < p3
+        m0 = block_at(listed, tl.minimum(t, p3 - STEP), BLOCK_M, SPARSE, SUB)
+        old = tl.atomic_add(CELLS + (2 * (cell0 + (m0 // BLOCK_M) * hq) + CID), tl.full([128], -1, tl.int32), mask=live, sem="relaxed", scope="gpu")
+        last = live & (old == 1)
+        n = tl.sum(last.to(tl.int32), 0)
+        while n > 0:
+            j = tl.min(tl.where(last, lanes, 128), 0)
+            mj = tl.sum(tl.where(lanes == j, m0, 0), 0)
+            last = last & (lanes != j)
+            n -= 1
+            dq_cell_write(cells, q_start + mj, col, lq - mj, CID, COLS, DTYPE, LAST_CAST)
 
 
 @triton.jit
-def dq_cell_finish(pend, cells, CID: tl.constexpr, COLS: tl.constexpr, DTYPE: tl.constexpr, LAST_CAST: tl.constexpr):
-    """Consumer warpgroup CID, ``LAST_CAST``: complete its last reduce-add (``pend``:
-    :func:`dq_cell_pending`'s), into the dQ cell ``cell`` (-1: none; a cell is a 64-query step's
-    ``COLS`` columns ``[col, col + COLS)`` of one query head, from accumulator row ``row``,
-    ``valid`` of its rows inside the sequence), and if it was the cell's last add, write the
-    cell's dQ. ``cells``: ``(CELLS, ACC, stride_acc, DQ, stride_dqt, scale)``, CELLS the adds
-    each cell still waits for, one int per column half
-    (``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``).
+def dq_cell_write(cells, row, col, valid, CID: tl.constexpr, COLS: tl.constexpr, DTYPE: tl.constexpr, LAST_CAST: tl.constexpr):
+    """Consumer warpgroup CID: dQ of a complete cell (see :func:`dq_cells_done`), 64 rows of
+    accumulator columns ``[col, col + COLS)`` from row ``row``, ``valid`` of them inside the
+    sequence (the rows past it are the next sequence's): read back from L2 (``.cg``, after
+    ``fence.proxy.async.global``: the async proxy's adds before the generic reads), ``scale`` x,
+    in DTYPE, stored to dQ (rows ``stride_dqt`` apart, dQ's ``[Tq, Hq, D]`` as rows). With
+    ``LAST_CAST`` 2 the cell's accumulator lines are then discarded from L2
+    (``discard.global.L2``, after every thread's reads returned: nothing reads them again, so
+    they are not written back to DRAM). Exact zeros another sequence's tail adds into them later
+    land in lines no one reads."""
+    _, ACC, stride_acc, DQ, stride_dqt, scale = cells
+    tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.b32 $0, 0;", "=r,r", [row], dtype=tl.int32, is_pure=False, pack=1)
+    col = tl.multiple_of(col, COLS)
+    offs = tl.arange(0, 64)
+    rows = (row + offs).to(tl.int64)[:, None]
+    cols = tl.arange(0, COLS)[None, :]
+    keep = (offs < valid)[:, None]
+    x = tl.load(ACC + (rows * stride_acc + col + cols), mask=keep, other=0.0, cache_modifier=".cg")
+    tl.store(DQ + (rows * stride_dqt + col + cols), output(x * scale, DTYPE), mask=keep)
+    if LAST_CAST > 1:
+        tlx.named_barrier_wait(DQ_ROWS + CID, 128)  # every thread's reads returned (their stores used them)
+        t = tl.arange(0, 128)
+        line = ACC + ((row + t // 2).to(tl.int64) * stride_acc + col + (t % 2) * (COLS // 2))
+        tl.inline_asm_elementwise(
+            "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\t@p discard.global.L2 [$1], 128;\n\tmov.b32 $0, 0;\n\t}",
+            "=r,l,r", [line, (t // 2 < valid).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+        )
 
-    The add is complete (``cp.async.bulk.wait_group 0``: the elected thread that issued it waits
-    until its adds are done in L2; then the warpgroup meets at named barrier DQ_ROWS + CID)
-    before the cell's count drops (one relaxed atomic: the adds and the count meet in L2, the
-    only place both live). The add that drops it to 0 is the last: its warpgroup reads the sum
-    back from L2 (``.cg``, after ``fence.proxy.async.global``: the async proxy's writes before
-    the generic reads) and stores ``scale`` x it as dQ, in DTYPE, 16 rows at a time, rows
-    inside the sequence only (the rows past it are the next sequence's). With ``LAST_CAST`` 2
-    it then discards those rows' accumulator lines from L2 (``discard.global.L2``: nothing reads
-    them again, so they are not written back to DRAM). Exact zeros that another sequence's tail
-    adds into them later land in lines no one reads. (The count's old value reaches the
-    warpgroup through Triton's scalar-atomic broadcast; per-warp counts in inline PTX, which
-    need no warpgroup barrier, made ptxas spill ~1.4 KB: bench/NOTES.md, session 34.)"""
-    cell = tl.sum(tlx.local_load(pend[4 * CID]), 0)
-    if cell >= 0:
-        row = tl.sum(tlx.local_load(pend[4 * CID + 1]), 0)
-        col = tl.sum(tlx.local_load(pend[4 * CID + 2]), 0)
-        valid = tl.sum(tlx.local_load(pend[4 * CID + 3]), 0)
-        CELLS, ACC, stride_acc, DQ, stride_dqt, scale = cells
-        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tmov.b32 $0, 0;", "=r,r", [cell], dtype=tl.int32, is_pure=False, pack=1)
-        tlx.named_barrier_wait(DQ_ROWS + CID, 128)
-        left = tl.atomic_add(CELLS + 2 * cell + CID, -1, sem="relaxed", scope="gpu")
-        if left == 1:
-            tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.b32 $0, 0;", "=r,r", [cell], dtype=tl.int32, is_pure=False, pack=1)
-            col = tl.multiple_of(col, COLS)
-            for m in range(0, 64, 16):
-                zero = opaque_zero(m)  # (offsets made here, not hoisted across the consumer's loop)
-                offs = m + tl.arange(0, 16) + zero
-                rows = (row + offs).to(tl.int64)[:, None]
-                cols = tl.arange(0, COLS)[None, :]
-                keep = (offs < valid)[:, None]
-                x = tl.load(ACC + (rows * stride_acc + col + cols), mask=keep, other=0.0, cache_modifier=".cg")
-                tl.store(DQ + (rows * stride_dqt + col + cols), output(x * scale, DTYPE), mask=keep)
-            if LAST_CAST > 1:
-                tlx.named_barrier_wait(DQ_ROWS + CID, 128)  # every thread's reads returned (their stores used them)
-                t = tl.arange(0, 128)
-                line = ACC + ((row + t // 2).to(tl.int64) * stride_acc + col + (t % 2) * (COLS // 2))
-                tl.inline_asm_elementwise(
-                    "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\t@p discard.global.L2 [$1], 128;\n\tmov.b32 $0, 0;\n\t}",
-                    "=r,l,r", [line, (t // 2 < valid).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-                )
+
+@triton.jit
+def dq_adds_wait(x, CID: tl.constexpr):
+    """Consumer warpgroup CID: every dQ reduce-add it issued is complete in L2
+    (``cp.async.bulk.wait_group 0``: the elected thread that issued them waits) before any of
+    its threads goes on (named barrier DQ_ROWS + CID); ``x``: any int32 scalar."""
+    tl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tmov.b32 $0, 0;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
+    tlx.named_barrier_wait(DQ_ROWS + CID, 128)
 
 
 @triton.jit
