@@ -343,8 +343,9 @@ def bwd_config(
     )
 
 
-#: ``LAST_CAST`` of the one pass where the kernel can count dQ cells (D 128, no broadcast-Q):
-#: each cell's last add writes its dQ and discards its accumulator lines (no cast pass).
+#: ``LAST_CAST`` of the one pass where the kernel can count dQ cells (D 128, no broadcast-Q).
+#: Off: level 2 was 2.6 % faster on bs-lognormal-d25, 7.5 % slower on bs-dense8k-d25 and 2.4 %
+#: on jagged-lognormal-causal (H100, bench/NOTES.md, session 34).
 LAST_CAST_BY_DEFAULT = 0
 
 
@@ -371,10 +372,9 @@ def own_span(head_dim: int, block_n: int, *, fused_dq: bool, q_shared: bool, gro
 
 
 #: The FwdConfig / BwdConfig fields a caller's config may choose other than the policy does
-#: (the walk, the tile hand-off, the forward's ring depths and O store, the backward's owned
-#: sequences: tests and probes force each; a choice of depths the shared memory cannot hold
-#: fails to compile, an owned span the kernel cannot sum is refused); the rest follow from the
-#: call.
+#: (the walk, the tile hand-off, the forward's ring depths and O store, the backward's dQ
+#: write-back: tests and probes force each; depths the shared memory cannot hold fail to
+#: compile, a write-back the kernel cannot do is refused); the rest follow from the call.
 FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O", "ZERO_EMPTY", "HOLD_RECORD", "WARP_RELEASE", "OWN_SPAN", "LAST_CAST"})
 
 
@@ -396,15 +396,12 @@ def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, p
     if getattr(config, "HOLD_RECORD", False) and not config.RING_TILES:
         reasons.append("HOLD_RECORD keeps the tile ring's record: it needs RING_TILES")
     if getattr(config, "OWN_SPAN", 0):
-        reasons += [
-            f"OWN_SPAN={config.OWN_SPAN} {why}" for why, bad in (
-                ("needs the one pass (FUSED_DQ)", not config.FUSED_DQ),
-                ("needs the tile ring (RING_TILES)", not config.RING_TILES),
-                ("is not for broadcast-Q (Q_SHARED)", config.Q_SHARED),
-                (f"needs column-half dQ tiles (DQ_COLS {config.DQ_COLS} < HEAD_DIM {config.HEAD_DIM})", config.DQ_COLS >= config.HEAD_DIM),
-                (f"is not a multiple of BLOCK_N {config.BLOCK_N}", config.OWN_SPAN % config.BLOCK_N != 0),
-            ) if bad
-        ]
+        reasons += [f"OWN_SPAN={config.OWN_SPAN} {why}" for why, bad in (
+            ("needs the one pass (FUSED_DQ)", not config.FUSED_DQ), ("needs the tile ring (RING_TILES)", not config.RING_TILES),
+            ("is not for broadcast-Q (Q_SHARED)", config.Q_SHARED),
+            (f"needs column-half dQ tiles (DQ_COLS {config.DQ_COLS} < HEAD_DIM {config.HEAD_DIM})", config.DQ_COLS >= config.HEAD_DIM),
+            (f"is not a multiple of BLOCK_N {config.BLOCK_N}", config.OWN_SPAN % config.BLOCK_N != 0),
+        ) if bad]
     if getattr(config, "LAST_CAST", 0):
         reasons += [f"LAST_CAST={config.LAST_CAST} {why}" for why, bad in (
             ("is 1 or 2", config.LAST_CAST not in (1, 2)), ("needs the one pass (FUSED_DQ)", not config.FUSED_DQ),

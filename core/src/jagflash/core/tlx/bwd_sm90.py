@@ -107,7 +107,10 @@ def _dkdv_kernel(
     OWN_SPAN keys (a K/V head's, from the table row of its first) and sums its dQ rows itself:
     ``DQ_ACC`` (the accumulator behind ``desc_dq``, rows ``stride_acc`` apart) zeroed there
     before the first, ``DQ`` (dQ ``[Tq, Hq, D]``, rows ``stride_dqt`` apart) written from it
-    after the last (``jagflash.core.tlx.pipeline.own_rows_zero`` / ``own_rows_cast``). The
+    after the last (``jagflash.core.tlx.pipeline.own_rows_zero`` / ``own_rows_cast``). With
+    ``LAST_CAST`` each consumer counts its kv-tile's dQ adds off their cells at the tile's end
+    (``CELLS``: ``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``'s) and writes the cells they
+    complete into ``DQ`` (``jagflash.core.tlx.pipeline.dq_cells_done``): no cast pass after. The
     constexprs are a :class:`jagflash.core.tuning.BwdConfig`'s."""
     HALF: tl.constexpr = BLOCK_N // 2
     STEP: tl.constexpr = 1 if SPARSE else BLOCK_M

@@ -24,6 +24,8 @@ must be 16-byte aligned, though (see there). A consumer warpgroup that owns a se
 columns (``jagflash.core.tuning.own_span``) zeroes them before its first add
 (:func:`own_rows_zero`) and writes dQ from them after its last (:func:`own_rows_cast`): the
 exact zeros another sequence's tail adds into them change nothing, before, between or after.
+With ``LAST_CAST`` a consumer counts a kv-tile's adds off their dQ cells once they are complete
+and writes the cells it completed (:func:`dq_cells_done`), so no cast pass reads the accumulator.
 
 Importing this module needs the TLX plugin (``triton-utlx``); nothing imports it unless the TLX
 backend is selected.
