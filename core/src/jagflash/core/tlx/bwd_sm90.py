@@ -220,9 +220,6 @@ def _dkdv_kernel(
                     q_start, lq, k_start, lk = seq_starts(q_offsets, kv_offsets, b)
                     live = ok & (n0 < lk)
                     busy = True  # (K/V always loads: the per-consumer walk as it was measured)
-                    vec0 = 0
-                    if LAST_CAST > 0:
-                        vec0 = tl.load(VEC_TILE + b, mask=live, other=0) * PAD
                 if live:
                     own_col = hk * (GROUP * HEAD_DIM) + cid * DQ_COLS  # (OWN_SPAN: D 128, a column half a head)
                     if OWN_SPAN > 0:  # noqa: SIM102 (a compile-time branch around a run-time one)
@@ -269,7 +266,9 @@ def _dkdv_kernel(
                                 listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
                                 if RING_TILES:
                                     p0, _, _, p3 = tile_walk(ring, i, g, n0, lq, lk, left, right, FIELDS, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE)
-                                else:
+                                else:  # (the range again, not held across the steps)
+                                    vec0 = tl.load(VEC_TILE + b) * PAD
+                                    lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                                     p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
                                 dq_cells_done(cells, listed, p0, p3, (vec0 // BLOCK_M) * (heads * GROUP) + head, heads * GROUP, q_start, lq,
                                               head * HEAD_DIM + cid * DQ_COLS, cid, DQ_COLS, dtype, BLOCK_M, SPARSE, SUB, LAST_CAST)

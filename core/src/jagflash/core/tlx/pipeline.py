@@ -262,22 +262,27 @@ def dq_cells_done(cells, listed, p0, p3, cell0, hq, q_start, lq, col, CID: tl.co
         old = tl.atomic_add(CELLS + (2 * (cell0 + (m0 // BLOCK_M) * hq) + CID), tl.full([128], -1, tl.int32), mask=live, sem="relaxed", scope="gpu")
         last = live & (old == 1)
         n = tl.sum(last.to(tl.int32), 0)
-        while n > 0:
+        while n > 0:  # two cells at a time, so that their reads overlap
             j = tl.min(tl.where(last, lanes, 128), 0)
-            mj = tl.sum(tl.where(lanes == j, m0, 0), 0)
             last = last & (lanes != j)
-            n -= 1
-            dq_cell_write(cells, q_start + mj, col, lq - mj, CID, COLS, DTYPE, LAST_CAST)
+            k = tl.min(tl.where(last, lanes, 128), 0)  # (128: none)
+            last = last & (lanes != k)
+            mj = tl.sum(tl.where(lanes == j, m0, 0), 0)
+            mk = tl.sum(tl.where(lanes == k, m0, 0), 0)
+            dq_cell_write(cells, q_start + mj, q_start + mk, col, lq - mj, tl.where(n > 1, lq - mk, 0), CID, COLS, DTYPE, LAST_CAST)
+            n -= 2
 
 
 @triton.jit
-def dq_cell_write(cells, row, col, valid, CID: tl.constexpr, COLS: tl.constexpr, DTYPE: tl.constexpr, LAST_CAST: tl.constexpr):
-    """Consumer warpgroup CID: dQ of a complete cell (see :func:`dq_cells_done`), 64 rows of
-    accumulator columns ``[col, col + COLS)`` from row ``row``, ``valid`` of them inside the
-    sequence (the rows past it are the next sequence's): read back from L2 (``.cg``, after
+def dq_cell_write(cells, row, row2, col, valid, valid2, CID: tl.constexpr, COLS: tl.constexpr, DTYPE: tl.constexpr,
+                  LAST_CAST: tl.constexpr):
+    """Consumer warpgroup CID: dQ of two complete cells (see :func:`dq_cells_done`; the second
+    empty if ``valid2`` is 0), 64 rows each of accumulator columns ``[col, col + COLS)`` from rows
+    ``row`` and ``row2``, ``valid`` / ``valid2`` of them inside their sequence (the rows past it
+    are the next sequence's): both read back from L2 at once (``.cg``, after
     ``fence.proxy.async.global``: the async proxy's adds before the generic reads), ``scale`` x,
     in DTYPE, stored to dQ (rows ``stride_dqt`` apart, dQ's ``[Tq, Hq, D]`` as rows). With
-    ``LAST_CAST`` 2 the cell's accumulator lines are then discarded from L2
+    ``LAST_CAST`` 2 the cells' accumulator lines are then discarded from L2
     (``discard.global.L2``, after every thread's reads returned: nothing reads them again, so
     they are not written back to DRAM). Exact zeros another sequence's tail adds into them later
     land in lines no one reads."""
@@ -285,19 +290,26 @@ def dq_cell_write(cells, row, col, valid, CID: tl.constexpr, COLS: tl.constexpr,
     tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.b32 $0, 0;", "=r,r", [row], dtype=tl.int32, is_pure=False, pack=1)
     col = tl.multiple_of(col, COLS)
     offs = tl.arange(0, 64)
-    rows = (row + offs).to(tl.int64)[:, None]
     cols = tl.arange(0, COLS)[None, :]
+    rows = (row + offs).to(tl.int64)[:, None]
+    rows2 = (row2 + offs).to(tl.int64)[:, None]
     keep = (offs < valid)[:, None]
+    keep2 = (offs < valid2)[:, None]
     x = tl.load(ACC + (rows * stride_acc + col + cols), mask=keep, other=0.0, cache_modifier=".cg")
+    x2 = tl.load(ACC + (rows2 * stride_acc + col + cols), mask=keep2, other=0.0, cache_modifier=".cg")
     tl.store(DQ + (rows * stride_dqt + col + cols), output(x * scale, DTYPE), mask=keep)
+    tl.store(DQ + (rows2 * stride_dqt + col + cols), output(x2 * scale, DTYPE), mask=keep2)
     if LAST_CAST > 1:
         tlx.named_barrier_wait(DQ_ROWS + CID, 128)  # every thread's reads returned (their stores used them)
         t = tl.arange(0, 128)
-        line = ACC + ((row + t // 2).to(tl.int64) * stride_acc + col + (t % 2) * (COLS // 2))
-        tl.inline_asm_elementwise(
-            "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\t@p discard.global.L2 [$1], 128;\n\tmov.b32 $0, 0;\n\t}",
-            "=r,l,r", [line, (t // 2 < valid).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-        )
+        for which in tl.static_range(2):
+            at = row if which == 0 else row2
+            n = valid if which == 0 else valid2
+            line = ACC + ((at + t // 2).to(tl.int64) * stride_acc + col + (t % 2) * (COLS // 2))
+            tl.inline_asm_elementwise(
+                "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\t@p discard.global.L2 [$1], 128;\n\tmov.b32 $0, 0;\n\t}",
+                "=r,l,r", [line, (t // 2 < n).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+            )
 
 
 @triton.jit
