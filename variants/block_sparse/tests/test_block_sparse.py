@@ -377,8 +377,7 @@ def test_tlx_forward_tile_ring_on_and_off_bitwise(causal) -> None:
     Q) at a density that leaves most rows one or two blocks. So does O stored through the Q slot
     (``STAGE_O``), and from it by TMA (``TMA_O``), with the ring on, into NaN-poisoned outputs,
     and the empty rows' zeros written by the ring's producer (``ZERO_EMPTY``), and with the
-    consumers holding each record to re-read its fields after the main loop (``HOLD_RECORD``), and
-    with every consumer thread releasing the K/V slots (``WARP_RELEASE``)."""
+    consumers holding each record to re-read its fields after the main loop (``HOLD_RECORD``)."""
     from jagflash.core.tlx import fwd_sm90
 
     case = JaggedCase(LENGTHS, LENGTHS, hq=4, hkv=2, head_dim=128, dtype=torch.bfloat16, causal=causal, seed=6)
@@ -399,8 +398,7 @@ def test_tlx_forward_tile_ring_on_and_off_bitwise(causal) -> None:
         for ring in (True, False)
     ]
     for stage in ({"STAGE_O": True}, {"STAGE_O": True, "TMA_O": True}, {"ZERO_EMPTY": True}, {"ZERO_EMPTY": True, "STAGE_O": True},
-                  {"HOLD_RECORD": True}, {"HOLD_RECORD": True, "STAGE_O": True, "TMA_O": True}, {"HOLD_RECORD": True, "ZERO_EMPTY": True},
-                  {"WARP_RELEASE": True}, {"WARP_RELEASE": True, "HOLD_RECORD": True, "STAGE_O": True, "TMA_O": True}):
+                  {"HOLD_RECORD": True}, {"HOLD_RECORD": True, "STAGE_O": True, "TMA_O": True}, {"HOLD_RECORD": True, "ZERO_EMPTY": True}):
         outs.append(fwd_sm90.forward(
             q, k, v, qo, ko, max(LENGTHS), left=left, right=right, scale=128**-0.5, plan=plan, blocks=m,
             config=dataclasses.replace(want, RING_TILES=True, **stage),

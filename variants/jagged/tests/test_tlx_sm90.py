@@ -169,20 +169,6 @@ def test_tlx_forward_zero_empty_matches_reference(name, causal) -> None:
     check_against_reference(_forward(causal, "dynamic", RING_TILES=True, ZERO_EMPTY=True), _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
 
 
-@pytest.mark.parametrize("ring_tiles", [False, True])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_gt_lk", "lognormal"])
-def test_tlx_forward_warp_release_matches_reference(name, causal, ring_tiles) -> None:
-    """K/V slots released by every consumer thread after its own warp's wait (``WARP_RELEASE``:
-    the empty barriers count 256 arrivals), with the tile ring or without, idle halves (cross
-    lengths) releasing theirs unread."""
-    q_lens, k_lens, hq, hkv = CASES[name]
-    case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
-    t = case.build("cuda", requires_grad=False)
-    t.pop("dout")
-    check_against_reference(_forward(causal, "dynamic", RING_TILES=ring_tiles, WARP_RELEASE=True), _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
-
-
 @pytest.mark.parametrize("q_bufs", [1, 2])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["odd_lengths", "lognormal"])

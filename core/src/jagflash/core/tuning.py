@@ -252,7 +252,6 @@ class FwdConfig(_Constexprs):
     TMA_O: bool = False  # with STAGE_O: a half tile inside its sequence leaves by one TMA store
     ZERO_EMPTY: bool = False  # with RING_TILES: the producer writes the rows of tiles that visit no kv-block
     HOLD_RECORD: bool = False  # with RING_TILES: consumers keep a tile's record slot and re-read its fields
-    WARP_RELEASE: bool = False  # K/V slots released by every consumer thread (no warpgroup barrier first)
 
 
 def forced_ring(config: FwdConfig | BwdConfig, ring: bool) -> FwdConfig | BwdConfig:
@@ -375,7 +374,7 @@ def own_span(head_dim: int, block_n: int, *, fused_dq: bool, q_shared: bool, gro
 #: (the walk, the tile hand-off, the forward's ring depths and O store, the backward's dQ
 #: write-back: tests and probes force each; depths the shared memory cannot hold fail to
 #: compile, a write-back the kernel cannot do is refused); the rest follow from the call.
-FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O", "ZERO_EMPTY", "HOLD_RECORD", "WARP_RELEASE", "OWN_SPAN", "LAST_CAST"})
+FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O", "ZERO_EMPTY", "HOLD_RECORD", "OWN_SPAN", "LAST_CAST"})
 
 
 def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, plan_blocks: tuple[int, int]) -> list[str]:

@@ -200,7 +200,7 @@ def _fwd_kernel(
     Q_SHARED: tl.constexpr, FOLD_SCALE: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, RING_TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_KV: tl.constexpr, Q_BUFS: tl.constexpr, SPARSE: tl.constexpr, STAGE_O: tl.constexpr, TMA_O: tl.constexpr,
-    ZERO_EMPTY: tl.constexpr, HOLD_RECORD: tl.constexpr, WARP_RELEASE: tl.constexpr,
+    ZERO_EMPTY: tl.constexpr, HOLD_RECORD: tl.constexpr,
 ):
     """O and LSE of the q-tiles of a Plan's forward pass; the constexprs are a
     :class:`jagflash.core.tuning.FwdConfig`'s. ``desc_o``: a TMA descriptor over O's rows in
@@ -221,18 +221,9 @@ def _fwd_kernel(
     q_fulls = tlx.alloc_barriers(num_barriers=2 * Q_BUFS, arrive_count=1)
     q_empties = tlx.alloc_barriers(num_barriers=2 * Q_BUFS, arrive_count=1)
     k_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
-    if WARP_RELEASE:
-        # every thread of both consumers arrives once its own warp's wgmma has read the slot (a
-        # phase completes at the 256th), instead of one thread a warpgroup after a warpgroup
-        # barrier (ring_release: the same call, which arrives per thread on these)
-        k_empties = tlx.alloc_warp_barrier(num_barriers=NUM_KV, num_warps=8)
-    else:
-        k_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
+    k_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
-    if WARP_RELEASE:
-        v_empties = tlx.alloc_warp_barrier(num_barriers=NUM_KV, num_warps=8)
-    else:
-        v_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
+    v_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
     # The tile ring: with RING_TILES the producer walks the table alone and passes each decoded
     # tile (TILE_FIELDS ints, SPARSE_TILE_FIELDS with a block list) to the consumers; otherwise,
     # on a dynamic plan, the table index.
