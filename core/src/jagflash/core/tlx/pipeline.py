@@ -221,11 +221,7 @@ def own_rows_cast(ACC, stride_acc, DQ, stride_dqt, q_start, lq, col, scale, CID:
     writes ordered before the generic proxy's reads (``fence.proxy.async.global``), the
     warpgroup met at named barrier DQ_ROWS + CID; the reads go to L2 (``.cg``: no line this SM
     cached before the adds)."""
-    tl.inline_asm_elementwise(
-        "cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.b32 $0, 0;", "=r,r", [lq], dtype=tl.int32,
-        is_pure=False, pack=1,
-    )
-    tlx.named_barrier_wait(DQ_ROWS + CID, 128)
+    dq_adds_wait(lq, CID)
     col = tl.multiple_of(col, COLS)
     for m in range(0, lq, OWN_ROWS):
         zero = opaque_zero(m)
@@ -315,9 +311,13 @@ def dq_cell_write(cells, row, row2, col, valid, valid2, CID: tl.constexpr, COLS:
 @triton.jit
 def dq_adds_wait(x, CID: tl.constexpr):
     """Consumer warpgroup CID: every dQ reduce-add it issued is complete in L2
-    (``cp.async.bulk.wait_group 0``: the elected thread that issued them waits) before any of
-    its threads goes on (named barrier DQ_ROWS + CID); ``x``: any int32 scalar."""
-    tl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tmov.b32 $0, 0;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
+    (``cp.async.bulk.wait_group 0``: the elected thread that issued them waits; then
+    ``fence.proxy.async.global``, the async proxy's writes before the generic proxy's reads)
+    before any of its threads goes on (named barrier DQ_ROWS + CID); ``x``: any int32 scalar."""
+    tl.inline_asm_elementwise(
+        "cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.b32 $0, 0;", "=r,r", [x], dtype=tl.int32,
+        is_pure=False, pack=1,
+    )
     tlx.named_barrier_wait(DQ_ROWS + CID, 128)
 
 
