@@ -309,18 +309,12 @@ def test_tlx_fused_backward_matches_reference(name, causal, head_dim) -> None:
     assert_close_all(["dq", "dk", "dv"], list(got), exact, low, SPEC.atol[torch.bfloat16])
 
 
-@pytest.mark.parametrize("span", [128, 384, 2048])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_lt_lk", "cross_lq_gt_lk", "lognormal"])
-def test_tlx_backward_owned_sequences_match_reference(name, causal, span) -> None:
-    """``OWN_SPAN`` forced (``jagflash.core.tuning.own_span``): a program takes every kv-tile of
-    a sequence of at most ``span`` keys, zeroes its dQ rows, sums them and writes dQ itself,
-    while the preprocess and the cast take the other sequences' rows; spans that own some
-    sequences of the batch and not others (one kv-tile; three; all), on a dynamic-grouped plan.
-    dQ, dK, dV against the reference; dK and dV bitwise those of the same config unowned, dQ to
-    rounding. dQ's memory is NaN-poisoned first (the caching allocator hands the one-pass
-    backward's dQ the block a NaN tensor of its size just freed), so an owned row the kernel
-    failed to write fails."""
+def _one_pass_against_its_base(name, causal, base, field, value) -> None:
+    """The one-pass backward with ``field`` = ``value`` over ``base(policy config)`` on a
+    dynamic-grouped plan of CASES[name] (bf16, D 128): dQ, dK, dV against the reference; dK and
+    dV bitwise those of ``base`` with ``field`` 0, dQ to rounding. dQ's memory is NaN-poisoned
+    before each run (the caching allocator hands dQ the block a NaN tensor of its size just
+    freed), so a dQ row the kernel failed to write fails."""
     import dataclasses
 
     from jagflash.core.plan.build import make_plan
@@ -338,19 +332,36 @@ def test_tlx_backward_owned_sequences_match_reference(name, causal, span) -> Non
         block_m=128, block_n=128, dkdv_blocks=(64, 128), backward=True, schedule="dynamic",
         backward_schedule="dynamic-grouped",
     )
-    want = dataclasses.replace(bwd_sm90.dkdv_config(plan, q, k, left=left, right=right, q_shared=False, fused_dq=True), RING_TILES=True)
+    want = base(bwd_sm90.dkdv_config(plan, q, k, left=left, right=right, q_shared=False, fused_dq=True))
     kw = {"left": left, "right": right, "scale": 128**-0.5, "plan": plan}
     grads = {}
-    for own in (span, 0):
+    for x in (value, 0):
         poison = torch.full_like(q, float("nan"))
         del poison
-        grads[own] = bwd_sm90.backward(
-            dout, q, k, v, ref_out.to(q.dtype), lse32, qo, ko, config=dataclasses.replace(want, OWN_SPAN=own), **kw,
+        grads[x] = bwd_sm90.backward(
+            dout, q, k, v, ref_out.to(q.dtype), lse32, qo, ko, config=dataclasses.replace(want, **{field: x}), **kw,
         )
-    assert_close_all(["dq", "dk", "dv"], list(grads[span]), exact, low, SPEC.atol[torch.bfloat16])
-    assert torch.equal(grads[span][1], grads[0][1])
-    assert torch.equal(grads[span][2], grads[0][2])
-    torch.testing.assert_close(grads[span][0], grads[0][0], rtol=0, atol=2e-2)
+    assert_close_all(["dq", "dk", "dv"], list(grads[value]), exact, low, SPEC.atol[torch.bfloat16])
+    assert torch.equal(grads[value][1], grads[0][1])
+    assert torch.equal(grads[value][2], grads[0][2])
+    torch.testing.assert_close(grads[value][0], grads[0][0], rtol=0, atol=2e-2)
+
+
+@pytest.mark.parametrize("span", [128, 384, 2048])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_lt_lk", "cross_lq_gt_lk", "lognormal"])
+def test_tlx_backward_owned_sequences_match_reference(name, causal, span) -> None:
+    """``OWN_SPAN`` forced (``jagflash.core.tuning.own_span``): a program takes every kv-tile of
+    a sequence of at most ``span`` keys, zeroes its dQ rows, sums them and writes dQ itself,
+    while the preprocess and the cast take the other sequences' rows; spans that own some
+    sequences of the batch and not others (one kv-tile; three; all), on a dynamic-grouped plan.
+    dQ, dK, dV against the reference; dK and dV bitwise those of the same config unowned, dQ to
+    rounding. dQ's memory is NaN-poisoned first (the caching allocator hands the one-pass
+    backward's dQ the block a NaN tensor of its size just freed), so an owned row the kernel
+    failed to write fails."""
+    import dataclasses
+
+    _one_pass_against_its_base(name, causal, lambda want: dataclasses.replace(want, RING_TILES=True), "OWN_SPAN", span)
 
 
 @pytest.mark.parametrize(("ring", "level"), [(False, 1), (True, 2)], ids=["per_consumer_1", "ring_owned_2"])
@@ -367,36 +378,12 @@ def test_tlx_backward_last_cast_matches_reference(name, causal, ring, level) -> 
     cell no one wrote fails."""
     import dataclasses
 
-    from jagflash.core.plan.build import make_plan
-    from jagflash.core.tlx import bwd_sm90
-    from jagflash.core.tolerance import assert_close_all
     from jagflash.core.tuning import forced_ring
 
-    q_lens, k_lens, hq, hkv = CASES[name]
-    case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
-    t = case.build("cuda", requires_grad=False)
-    q, k, v, qo, ko, dout = (t[n] for n in ("q", "k", "v", "q_offsets", "kv_offsets", "dout"))
-    ref_out, lse32, exact, low = _reference_grads(t, causal)
-    left, right = mask_bounds(causal)
-    plan = make_plan(
-        qo, ko, total_q=q.shape[0], total_kv=k.shape[0], heads_q=hq, heads_kv=hkv, window=(left, right),
-        block_m=128, block_n=128, dkdv_blocks=(64, 128), backward=True, schedule="dynamic",
-        backward_schedule="dynamic-grouped",
-    )
-    want = bwd_sm90.dkdv_config(plan, q, k, left=left, right=right, q_shared=False, fused_dq=True)
-    want = forced_ring(dataclasses.replace(want, OWN_SPAN=want.OWN_SPAN or 256), ring)
-    kw = {"left": left, "right": right, "scale": 128**-0.5, "plan": plan}
-    grads = {}
-    for last in (level, 0):
-        poison = torch.full_like(q, float("nan"))
-        del poison
-        grads[last] = bwd_sm90.backward(
-            dout, q, k, v, ref_out.to(q.dtype), lse32, qo, ko, config=dataclasses.replace(want, LAST_CAST=last), **kw,
-        )
-    assert_close_all(["dq", "dk", "dv"], list(grads[level]), exact, low, SPEC.atol[torch.bfloat16])
-    assert torch.equal(grads[level][1], grads[0][1])
-    assert torch.equal(grads[level][2], grads[0][2])
-    torch.testing.assert_close(grads[level][0], grads[0][0], rtol=0, atol=2e-2)
+    def base(want):  # (the ring with sequences owned, or the per-consumer walk, which owns none)
+        return forced_ring(dataclasses.replace(want, OWN_SPAN=want.OWN_SPAN or 256), ring)
+
+    _one_pass_against_its_base(name, causal, base, "LAST_CAST", level)
 
 
 @pytest.mark.parametrize("bounds", [(-1, -1), (-1, 0), (100, 0)], ids=["none", "causal", "window"])
