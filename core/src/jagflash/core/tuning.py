@@ -342,9 +342,8 @@ def bwd_config(
     )
 
 
-#: ``LAST_CAST`` of the one pass where the kernel can count dQ cells (D 128, no broadcast-Q).
-#: Off: level 2 was 2.6 % faster on bs-lognormal-d25, 7.5 % slower on bs-dense8k-d25 and 2.4 %
-#: on jagged-lognormal-causal (H100, bench/NOTES.md, session 34).
+#: ``LAST_CAST`` of the one pass where the kernel can count dQ cells (D 128, no broadcast-Q). Off:
+#: 1.5-2.6 % faster on bs-lognormal-d25, 4.5-9 % slower on bs-dense8k-d25 (H100, NOTES session 34).
 LAST_CAST_BY_DEFAULT = 0
 
 
