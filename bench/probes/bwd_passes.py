@@ -19,6 +19,8 @@ ceiling: no kernel of this design runs faster (bench/NOTES.md, session 25).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 
 import torch
 
@@ -38,10 +40,22 @@ def one_pass_bytes(tq: int, tk: int, hq: int, hkv: int, dim: int, elem: int = 2)
     return {"dK/dV": 2 * q + 4 * kv + vec + 2 * acc, "vectors": 2 * q + vec + acc, "cast": acc + q}
 
 
+def _sole_config(on: bool, **call):
+    """``tuning.bwd_config(**call)`` with ``SOLE_DQ`` ``on`` where the one pass can take it (D 128,
+    no broadcast-Q), whatever the policy says."""
+    from jagflash.core.tuning import bwd_config
+
+    cfg = bwd_config(**call)
+    fits = cfg.FUSED_DQ and not cfg.Q_SHARED and cfg.HEAD_DIM == 128
+    return dataclasses.replace(cfg, SOLE_DQ=on and fits)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
     ap.add_argument("--smoke", action="store_true", help="the workloads' smoke batches (the CPU's interpreter)")
+    ap.add_argument("--sole", action="store_true",
+                    help="the one pass with SOLE_DQ forced off, then on, instead of one pass / two passes")
     args = ap.parse_args(argv)
 
     from probe_launch import kernel_table  # bench/probes/ is on sys.path (the script's folder)
@@ -50,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from jagflash.bench.env import ceilings
     from jagflash.bench.timing import measure
     from jagflash.bench.workloads import get
+    from jagflash.core.tlx import bwd_sm90
     from jagflash.variants.block_sparse import block_sparse_attention
     from jagflash.variants.jagged import jagged_attention
 
@@ -69,11 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {name}: the one pass's I/O floor {sum(floor.values()) / 1e6:.0f} MB ({parts}){at}", flush=True)
         grads = {}
         for det in (False, True):
+            if args.sole:  # (det: SOLE_DQ forced on where the kernel takes it, else off; always the one pass)
+                bwd_sm90.bwd_config = functools.partial(_sole_config, det)
             if w.blocks is not None:
-                out = block_sparse_attention(q, k, v, qo, ko, b.block_mask, causal=w.causal, deterministic=det)
+                out = block_sparse_attention(q, k, v, qo, ko, b.block_mask, causal=w.causal, deterministic=det and not args.sole)
             else:
                 out = jagged_attention(q, k, v, qo, ko, causal=w.causal, max_seqlen_q=b.max_q, max_seqlen_kv=b.max_kv,
-                                       deterministic=det)
+                                       deterministic=det and not args.sole)
 
             def call(out=out, leaves=(q, k, v), dout=b.dout):
                 for x in leaves:
@@ -83,9 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             call()
             grads[det] = [x.grad.clone() for x in (q, k, v)]
             t = measure(call, dev, grad_to_none=[q, k, v])
-            print(f"\n{name} backward, deterministic={det}: p20 {t.p20:.4f} / p50 {t.p50:.4f} / p80 {t.p80:.4f} ms ({t.timer})",
+            what = f"SOLE_DQ={int(det)}" if args.sole else f"deterministic={det}"
+            print(f"\n{name} backward, {what}: p20 {t.p20:.4f} / p50 {t.p50:.4f} / p80 {t.p80:.4f} ms ({t.timer})",
                   flush=True)
-            kernel_table(f"{name} bwd deterministic={det}", call, top=10)
+            kernel_table(f"{name} bwd {what}", call, top=10)
         diffs = ", ".join(f"{n} {(a.float() - c.float()).abs().max().item():.3g}"
                           for n, a, c in zip(("dq", "dk", "dv"), grads[False], grads[True]))
         print(f"# {name}: max |one pass - two passes|: {diffs}", flush=True)

@@ -603,12 +603,13 @@ def test_forced_ring_turns_the_fields_that_ride_on_the_ring_with_it() -> None:
 @pytest.mark.parametrize("bounds", [(-1, -1), (-1, 0), (100, 0)], ids=["none", "causal", "window"])
 @pytest.mark.parametrize("schedule", ["dynamic", "dynamic-grouped"])
 def test_dq_cell_counts_count_every_kv_tile_that_adds_into_a_cell(bounds, schedule) -> None:
-    """``LAST_CAST``'s counts (a plain Triton kernel: runs under the interpreter): a dQ cell (a
+    """``SOLE_DQ``'s counts (a plain Triton kernel: runs under the interpreter): a dQ cell (a
     64-query step of the packed vector rows, one query head) waits for one add per kv-tile whose
     q-range (``mask.dkdv_q_ranges``, brute force per sequence here) holds the step, in each
-    column half; GQA (two query heads a K/V head), queries without keys and keys without
-    queries, lengths around the tiles. The preprocess then writes the dQ zeros of the cells no
-    kv-tile visits and leaves the others (NaN-poisoned) to the kernel."""
+    column half (two a kv-tile in the sequences the policy owns on dynamic-grouped tables); GQA
+    (two query heads a K/V head), queries without keys and keys without queries, lengths around
+    the tiles. The preprocess then writes the dQ zeros of the cells no kv-tile visits and leaves
+    the others (NaN-poisoned) to the kernel."""
     from jagflash.core.mask import dkdv_q_ranges
     from jagflash.core.plan.build import make_plan
 
@@ -634,34 +635,99 @@ def test_dq_cell_counts_count_every_kv_tile_that_adds_into_a_cell(bounds, schedu
             lo, _, _, hi = (int(x) for x in dkdv_q_ranges(n0, lq, lk, 64, 128, left, right))
             for m0 in range(lo, hi, 64):
                 cell = (int(vec_tile[b]) + m0 // 64) * hq
-                want[cell:cell + hq] += 1
+                want[cell:cell + hq] += 2 if lk <= config.OWN_SPAN else 1  # (an owned sequence counts 2 a kv-tile)
     assert want.any()
     assert torch.equal(counts, want)
     acc = torch.zeros(tq, hq * dim)
     out, dout = torch.randn(tq, hq, dim), torch.randn(tq, hq, dim)
     dq = torch.full((tq, hq, dim), float("nan"))
     bwd_preprocess.backward_vectors(lse, qo, out=out, dout=dout, dq_acc=acc, cells=(counts, dq))
-    visited = torch.zeros(tq, hq, dtype=torch.bool)
-    for b, lq in enumerate(q_lens):
-        for m0 in range(0, lq, 64):
-            cell = (int(vec_tile[b]) + m0 // 64) * hq
-            visited[int(qo[b]) + m0:int(qo[b]) + min(m0 + 64, lq)] = counts[cell:cell + hq, 0] > 0
+    adds = _cell_adds(counts, vec_tile, q_lens, qo, hq)
+    visited = adds > 0
     assert visited.any()
     assert torch.isnan(dq[visited]).all()
     assert torch.equal(dq[~visited], torch.zeros_like(dq[~visited]))
 
 
-def test_last_cast_is_refused_where_the_kernel_cannot_count_cells() -> None:
-    """``LAST_CAST`` needs the one pass, no broadcast-Q and 64-column dQ halves at D 128; a config
-    that asks for it elsewhere is refused with every reason."""
+def _cell_adds(counts, vec_tile, q_lens, qo, hq) -> torch.Tensor:
+    """``[Tq, Hq]``: each query row's dQ cell count (``dq_cell_counts``' first column half)."""
+    adds = torch.zeros(int(qo[-1]), hq, dtype=torch.int32)
+    for b, lq in enumerate(q_lens):
+        for m0 in range(0, lq, 64):
+            cell = (int(vec_tile[b]) + m0 // 64) * hq
+            adds[int(qo[b]) + m0:int(qo[b]) + min(m0 + 64, lq)] = counts[cell:cell + hq, 0]
+    return adds
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["unowned", "owned"])
+def test_sole_dq_passes_leave_the_kernel_its_one_add_cells(own) -> None:
+    """``SOLE_DQ`` (the kernel writes the dQ of the cells one kv-tile adds into): the preprocess
+    zeroes the accumulator of the cells of two adds or more only, writes the dQ zeros of those
+    of none, and the cast writes dQ = scale x the accumulator in the cells of two adds or more
+    only, but the sequences the kernel owns (their cells count two a kv-tile, so none is
+    written by a step alone; the owner writes their rows). Everything else keeps its NaN poison.
+    Causal, GQA, lengths around the tiles, queries without keys (plain Triton kernels: the
+    interpreter)."""
+    import dataclasses
+
+    from jagflash.core.plan.build import make_plan
+
+    q_lens = [5, 300, 0, 64, 257, 9, 40, 130]
+    k_lens = [256, 300, 7, 0, 10, 257, 1, 129]
+    hq, hkv, dim = 4, 2, 128
+    qo = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    ko = torch.tensor([0, *torch.tensor(k_lens).cumsum(0).tolist()], dtype=torch.int32)
+    tq, tk = int(qo[-1]), int(ko[-1])
+    q, k = torch.zeros(tq, hq, dim, dtype=torch.float16), torch.zeros(tk, hkv, dim, dtype=torch.float16)
+    plan = make_plan(
+        qo, ko, total_q=tq, total_kv=tk, heads_q=hq, heads_kv=hkv, window=(-1, 0), block_m=128, block_n=128,
+        dkdv_blocks=(64, 128), backward=True, schedule="dynamic", backward_schedule="dynamic-grouped",
+    )
+    config = bwd_sm90.dkdv_config(plan, q, k, left=-1, right=0, q_shared=False, fused_dq=True)
+    config = dataclasses.replace(config, SOLE_DQ=True, OWN_SPAN=256 if own else 0, RING_TILES=True)
+    lse = torch.zeros(hq, tq)
+    counts = bwd_preprocess.dq_cell_counts(plan, lse, qo, ko, heads_q=hq, left=-1, right=0, config=config)
+    vec_tile, _ = bwd_preprocess.vector_tiles(lse, qo)
+    adds = _cell_adds(counts, vec_tile, q_lens, qo, hq)
+    owned = torch.repeat_interleave(torch.tensor([0 < n <= 256 and own for n in k_lens]), torch.tensor(q_lens))[:, None].expand(tq, hq)
+    assert ((adds == 1) & ~owned).any()
+    assert (adds > 1).any()
+    assert (adds == 0).any()
+    assert not ((adds == 1) & owned).any()
+    if own:
+        assert (owned & (adds > 1)).any()
+    acc = torch.full((tq, hq * dim), float("nan"))
+    out, dout = torch.randn(tq, hq, dim), torch.randn(tq, hq, dim)
+    dq = torch.full((tq, hq, dim), float("nan"))
+    span = (ko, config.OWN_SPAN) if own else None
+    bwd_preprocess.backward_vectors(lse, qo, out=out, dout=dout, dq_acc=acc, owned=span, cells=(counts, dq))
+    summed = (adds > 1) & ~owned
+    acc3 = acc.view(tq, hq, dim)
+    assert torch.equal(acc3[summed], torch.zeros_like(acc3[summed]))
+    assert torch.isnan(acc3[~summed]).all()
+    assert torch.equal(dq[adds == 0], torch.zeros_like(dq[adds == 0]))
+    assert torch.isnan(dq[adds > 0]).all()
+    acc.copy_(torch.randn(tq, hq * dim))
+    bwd_preprocess.scaled_cast(acc, 0.5, dq, None if span is None else (qo, *span), (counts, vec_tile, qo))
+    assert torch.equal(dq[summed], (acc3[summed] * 0.5).to(dq.dtype))
+    assert torch.isnan(dq[(adds > 0) & ~summed]).all()
+
+
+def test_sole_dq_is_refused_where_the_kernel_cannot_count_cells() -> None:
+    """``SOLE_DQ`` needs the one pass, no broadcast-Q and 64-column dQ halves at D 128; a config
+    that asks for it elsewhere is refused with every reason. The policy takes it with a block
+    mask over short K/V sequences only (``tuning.SOLE_MEAN_KV``)."""
     import dataclasses
 
     call = {"group": 1, "left": -1, "right": 0, "dynamic": True, "zigzag": False, "total_kv": 1 << 20, "batch": 2}
     want = tuning.bwd_config(head_dim=64, q_shared=True, fused_dq=False, **call)
-    bad = dataclasses.replace(want, LAST_CAST=3)
-    reasons = " ".join(tuning.config_reasons(bad, want, (want.BLOCK_M, want.BLOCK_N)))
-    for why in ("is 1 or 2", "one pass", "broadcast-Q", "64-column dQ halves"):
-        assert why in reasons
+    reasons = " ".join(tuning.config_reasons(dataclasses.replace(want, SOLE_DQ=True), want, (want.BLOCK_M, want.BLOCK_N)))
+    for why in ("needs the one pass", "is not for broadcast-Q", "needs 64-column dQ halves"):
+        assert f"SOLE_DQ {why}" in reasons
     fit = tuning.bwd_config(head_dim=128, q_shared=False, fused_dq=True, **call)
-    for level in (1, 2):
-        assert not tuning.config_reasons(dataclasses.replace(fit, LAST_CAST=level), fit, (fit.BLOCK_M, fit.BLOCK_N))
+    assert not fit.SOLE_DQ
+    assert not tuning.config_reasons(dataclasses.replace(fit, SOLE_DQ=True), fit, (fit.BLOCK_M, fit.BLOCK_N))
+    short = {**call, "total_kv": tuning.SOLE_MEAN_KV * 8, "batch": 8}
+    assert tuning.bwd_config(head_dim=128, q_shared=False, fused_dq=True, sparse=True, **short).SOLE_DQ
+    assert not tuning.bwd_config(head_dim=128, q_shared=False, fused_dq=True, sparse=False, **short).SOLE_DQ
+    assert not tuning.bwd_config(head_dim=128, q_shared=False, fused_dq=True, sparse=True, **call).SOLE_DQ

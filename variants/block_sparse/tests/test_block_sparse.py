@@ -420,8 +420,8 @@ def test_tlx_backward_tile_ring_on_and_off(causal) -> None:
     leaves kv-tiles no step visits (no K/V load, zeros). So are they with those zeros written by
     the ring's producer (``ZERO_EMPTY``), the consumers never handed those kv-tiles. (Without the
     ring the one pass owns no sequence: ``tuning.forced_ring``; an owner adds the same steps to
-    the same dK and dV.) The one pass also with ``LAST_CAST`` (each dQ cell written by its last
-    add; dQ NaN-poisoned first), with the ring and without."""
+    the same dK and dV.) The one pass also with ``SOLE_DQ`` switched (a dQ cell one kv-tile adds
+    into written by it; dQ NaN-poisoned first), with the ring and without."""
     from jagflash.core.tlx import bwd_sm90, fwd_sm90
 
     case = JaggedCase(LENGTHS, LENGTHS, hq=4, hkv=2, head_dim=128, dtype=torch.bfloat16, causal=causal, seed=7)
@@ -440,8 +440,9 @@ def test_tlx_backward_tile_ring_on_and_off(causal) -> None:
         assert want.RING_TILES
         runs = []
         configs = [forced_ring(want, True), forced_ring(want, False), dataclasses.replace(want, ZERO_EMPTY=not want.ZERO_EMPTY)]
-        if not deterministic:  # the last add into each dQ cell writes it (LAST_CAST), with and without the ring
-            configs += [dataclasses.replace(want, LAST_CAST=2), forced_ring(dataclasses.replace(want, LAST_CAST=1), False)]
+        if not deterministic:  # a dQ cell one kv-tile adds into written by it (SOLE_DQ) or not, with and without the ring
+            other = dataclasses.replace(want, SOLE_DQ=not want.SOLE_DQ)
+            configs += [other, forced_ring(other, False)]
         for config in configs:
             poison = torch.full_like(q, float("nan"))  # (dQ's block: a cell no one wrote stays NaN)
             del poison

@@ -364,26 +364,25 @@ def test_tlx_backward_owned_sequences_match_reference(name, causal, span) -> Non
     _one_pass_against_its_base(name, causal, lambda want: dataclasses.replace(want, RING_TILES=True), "OWN_SPAN", span)
 
 
-@pytest.mark.parametrize(("ring", "level"), [(False, 1), (True, 2)], ids=["per_consumer_1", "ring_owned_2"])
+@pytest.mark.parametrize("ring", [False, True], ids=["per_consumer", "ring_owned"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_lt_lk", "cross_lq_gt_lk", "lognormal"])
-def test_tlx_backward_last_cast_matches_reference(name, causal, ring, level) -> None:
-    """``LAST_CAST`` forced: the add that completes each dQ cell writes its dQ (level 2 also
-    discards the cell's accumulator lines from L2), counted by ``bwd_preprocess.dq_cell_counts``;
-    the preprocess writes the cells no kv-tile visits; no cast pass. On a dynamic-grouped plan,
-    with the tile ring and the sequences the policy owns (their cells left to the owner), and
-    without the ring (each consumer walks the table). dQ, dK, dV against the reference; dK and dV
-    bitwise those of the same config without it, dQ to rounding. dQ's memory is NaN-poisoned
-    first (the caching allocator hands dQ the block a NaN tensor of its size just freed), so a
-    cell no one wrote fails."""
+def test_tlx_backward_sole_dq_matches_reference(name, causal, ring) -> None:
+    """``SOLE_DQ`` forced: a step whose dQ cell no other kv-tile adds into stores its dQ instead of
+    adding it (counted by ``bwd_preprocess.dq_cell_counts``); the preprocess zeroes the
+    accumulator of the other cells only and writes the dQ zeros of the cells no kv-tile visits,
+    the cast reads the cells of two adds or more only. With the tile ring and the sequences the
+    policy owns (their cells left to the owner), and without the ring. dQ, dK, dV against the
+    reference; dK and dV bitwise those of the same config without it, dQ to rounding; dQ's memory
+    NaN-poisoned first, so a cell no one wrote fails."""
     import dataclasses
 
     from jagflash.core.tuning import forced_ring
 
-    def base(want):  # (the ring with sequences owned, or the per-consumer walk, which owns none)
+    def base(want):
         return forced_ring(dataclasses.replace(want, OWN_SPAN=want.OWN_SPAN or 256), ring)
 
-    _one_pass_against_its_base(name, causal, base, "LAST_CAST", level)
+    _one_pass_against_its_base(name, causal, base, "SOLE_DQ", True)
 
 
 @pytest.mark.parametrize("bounds", [(-1, -1), (-1, 0), (100, 0)], ids=["none", "causal", "window"])

@@ -317,7 +317,7 @@ class BwdConfig(_Constexprs):
     RING_TILES: bool = False  # decoded kv-tiles through shared memory (bwd_config)
     OWN_SPAN: int = 0  # one program sums a sequence's dQ if it has at most this many keys (own_span)
     ZERO_EMPTY: bool = False  # with RING_TILES: the producer writes the dK, dV zeros of kv-tiles no step visits
-    LAST_CAST: int = 0  # the last add into a dQ cell writes its dQ (1; 2: and discards its L2 lines): no cast pass
+    SOLE_DQ: bool = False  # a dQ cell one kv-tile adds into is written by that add, not summed (SOLE_MEAN_KV)
 
 
 @functools.lru_cache(maxsize=256)
@@ -338,13 +338,17 @@ def bwd_config(
         Q_SHARED=q_shared, FUSED_DQ=fused_dq, HEAD_MAJOR=default_head_major(left, right, dynamic),
         DYNAMIC=dynamic, ZIGZAG=zigzag, BLOCK_M=block_m, BLOCK_N=block_n, DQ_COLS=dq_cols(head_dim),
         SPARSE=sparse, RING_TILES=sparse or own > 0 or default_ring_tiles(total_kv, batch, block_n), OWN_SPAN=own,
-        LAST_CAST=LAST_CAST_BY_DEFAULT if fused_dq and not q_shared and head_dim == 128 else 0,
+        SOLE_DQ=fused_dq and not q_shared and head_dim == 128 and sparse and total_kv <= SOLE_MEAN_KV * batch,
     )
 
 
-#: ``LAST_CAST`` of the one pass where the kernel can count dQ cells (D 128, no broadcast-Q). Off:
-#: 1.5-2.6 % faster on bs-lognormal-d25, 4.5-9 % slower on bs-dense8k-d25 (H100, NOTES session 34).
-LAST_CAST_BY_DEFAULT = 0
+#: ``SOLE_DQ`` of the one pass (D 128, no broadcast-Q) with a block mask over K/V sequences of at
+#: most this many keys on average, where most dQ cells have one add or none (bench/NOTES.md,
+#: session 35, H100: bs-lognormal-d25 -16 %, d10 -29 %, local+global -1.5 %; its kernel is 7-12 %
+#: slower where few cells are single: bs-dense8k-d25 +2-4 %, jagged-tiny +10 %, heavy-tail +5 %).
+SOLE_MEAN_KV = 2048
+
+
 
 
 #: The most kv-tiles of a sequence whose dQ one program of the one-pass backward sums
@@ -373,7 +377,7 @@ def own_span(head_dim: int, block_n: int, *, fused_dq: bool, q_shared: bool, gro
 #: (the walk, the tile hand-off, the forward's ring depths and O store, the backward's dQ
 #: write-back: tests and probes force each; depths the shared memory cannot hold fail to
 #: compile, a write-back the kernel cannot do is refused); the rest follow from the call.
-FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O", "ZERO_EMPTY", "HOLD_RECORD", "OWN_SPAN", "LAST_CAST"})
+FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O", "ZERO_EMPTY", "HOLD_RECORD", "OWN_SPAN", "SOLE_DQ"})
 
 
 def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, plan_blocks: tuple[int, int]) -> list[str]:
@@ -400,9 +404,9 @@ def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, p
             (f"needs column-half dQ tiles (DQ_COLS {config.DQ_COLS} < HEAD_DIM {config.HEAD_DIM})", config.DQ_COLS >= config.HEAD_DIM),
             (f"is not a multiple of BLOCK_N {config.BLOCK_N}", config.OWN_SPAN % config.BLOCK_N != 0),
         ) if bad]
-    if getattr(config, "LAST_CAST", 0):
-        reasons += [f"LAST_CAST={config.LAST_CAST} {why}" for why, bad in (
-            ("is 1 or 2", config.LAST_CAST not in (1, 2)), ("needs the one pass (FUSED_DQ)", not config.FUSED_DQ),
+    if getattr(config, "SOLE_DQ", False):
+        reasons += [f"SOLE_DQ {why}" for why, bad in (
+            ("needs the one pass (FUSED_DQ)", not config.FUSED_DQ),
             ("is not for broadcast-Q (Q_SHARED: every sequence adds into the shared rows)", config.Q_SHARED),
             (f"needs 64-column dQ halves (DQ_COLS {config.DQ_COLS}, HEAD_DIM {config.HEAD_DIM})", (config.DQ_COLS, config.HEAD_DIM) != (64, 128)),
             (f"needs 64-query steps and padding (BLOCK_M {config.BLOCK_M}, PAD {config.PAD})", config.BLOCK_M != 64 or config.PAD % 64),

@@ -6,7 +6,11 @@ each, one per consumer); ``qring`` the Q/dO ring ``(q_tiles, do_tiles, lse_tiles
 q_fulls, q_empties)`` (each step's Q, dO and packed per-query vectors arrive together in one
 slot); ``seq`` the sequence's ``(lq, lk, q_start, row)`` with ``row`` the kv-tile's block list
 for this head (``jagflash.core.mask.tile_list``); ``band`` the mask's ``(left, right)``;
-``dq`` the one-pass write-back's ``(desc_dq, ds_tiles, dq_stages, dq_col)``.
+``dq`` the one-pass write-back's ``(desc_dq, ds_tiles, dq_stages, dq_col, sole)``, ``sole``
+``SOLE_DQ``'s ``(CELLS, cell0, hq, DQ, stride_dqt, scale)``: the adds into each dQ cell
+(``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``, two ints a cell; a sequence the kernel
+owns counts two a kv-tile, so none of its cells is written here), this head's step-0 cell
+(a step further on, ``hq`` further), dQ as rows, the softmax scale.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from jagflash.core.mask import band_bounds, block_at, bounds_mask
 from jagflash.core.seqlen import q_row
 from jagflash.core.tlx.pipeline import (
     consumers_sync,
+    dq_add_or_store,
     dq_reduce_add,
     opaque_zero,
     ring_acquire,
@@ -33,7 +38,7 @@ def dkdv_steps(
     CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, NUM_Q: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
     FUSED_DQ: tl.constexpr, Q_SHARED: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-    DQ_STAGES: tl.constexpr, DQ_COLS: tl.constexpr, SPARSE: tl.constexpr, SUB: tl.constexpr,
+    DQ_STAGES: tl.constexpr, DQ_COLS: tl.constexpr, SPARSE: tl.constexpr, SUB: tl.constexpr, SOLE_DQ: tl.constexpr = False,
 ):
     """One consumer warpgroup's HALF kv rows (``kv[0][CID]``, ``kv[1][CID]``) against the q-steps
     at positions ``[start, end)`` of ``jagflash.core.mask.block_walk`` (BLOCK_M queries each;
@@ -51,13 +56,18 @@ def dkdv_steps(
     warpgroup whose ``CID`` is the step's parity computes the whole row over both K halves and
     the other goes straight on (every other step each, so the two stay balanced). K and V are
     indexed through an opaque zero, so their wgmma descriptors are rebuilt each step instead of
-    hoisted out of the loop and spilled (bench/NOTES.md, session 4)."""
+    hoisted out of the loop and spilled (bench/NOTES.md, session 4). With ``SOLE_DQ`` (D 128) a
+    step whose cell this kv-tile alone adds into stores its dQ (:func:`jagflash.core.tlx.pipeline.dq_add_or_store`) instead;
+    its count is loaded as the step starts, so that its latency hides behind the step's products."""
     k_tiles, v_tiles = kv
     q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties = qring
     lq, lk, q_start, listed = seq
     STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
     for t in range(start, end, STEP):
         m0 = block_at(listed, t, BLOCK_M, SPARSE, SUB)
+        if SOLE_DQ:
+            sole = dq[4]
+            alone = tl.load(sole[0] + 2 * (sole[1] + sole[2] * (m0 // BLOCK_M))) == 1
         if FUSED_DQ:
             zero = opaque_zero(q_cnt)
         else:
@@ -83,7 +93,7 @@ def dkdv_steps(
         dv = tlx.async_dot(mma_operand(pt, DTYPE), do_buf, dv)
         dst = mma_operand(pt * (dpt - delta), DTYPE)
         if FUSED_DQ:
-            desc_dq, ds_tiles, dq_stages, dq_col = dq
+            desc_dq, ds_tiles, dq_stages, dq_col = dq[0], dq[1], dq[2], dq[3]
             pair = 2 * (q_cnt % 2)
             ds_buf = ds_tiles[pair + CID]
         else:
@@ -119,7 +129,11 @@ def dkdv_steps(
                 dk = tlx.async_dot_wait(0, dk)
                 dv = tlx.async_dot_wait(0, dv)
                 ring_release(q_empties, slot)  # released before the dQ write-back
-                dq_reduce_add(desc_dq, dq_stages, DQ_STAGES * CID, DQ_STAGES, q_cnt, dq_tile, row, dq_col + CID * DQ_COLS)
+                if SOLE_DQ:
+                    dq_add_or_store(desc_dq, dq_stages, DQ_STAGES * CID, DQ_STAGES, q_cnt, dq_tile, row, dq_col + CID * DQ_COLS, alone, sole,
+                                    lq - m0, DTYPE)
+                else:
+                    dq_reduce_add(desc_dq, dq_stages, DQ_STAGES * CID, DQ_STAGES, q_cnt, dq_tile, row, dq_col + CID * DQ_COLS)
         else:
             dk = tlx.async_dot_wait(0, dk)
             dv = tlx.async_dot_wait(0, dv)

@@ -9,10 +9,11 @@
 - The one-pass backward's postprocess (:func:`scaled_cast`): dQ = scale x the accumulator, in
   dQ's dtype, one read of the accumulator and one write of dQ at the copy rate (but the owned
   rows, which the kernel wrote).
-- Or, with ``LAST_CAST`` (``jagflash.core.tuning.BwdConfig``), no postprocess: the dK/dV kernel
-  writes each dQ cell (a 64-query step's columns of one head) after its last add, counted by
-  :func:`dq_cell_counts` before the preprocess; the preprocess writes the dQ zeros of the cells
-  no kv-tile visits.
+- With ``SOLE_DQ`` (``jagflash.core.tuning.BwdConfig``), the dQ cells (a 64-query step's columns
+  of one head) that one kv-tile adds into, counted by :func:`dq_cell_counts` before the
+  preprocess, are written by that tile's consumer; the preprocess zeroes the accumulator of the
+  cells of two adds or more only and writes the dQ zeros of those of none, and the cast reads
+  only the cells of two adds or more (:func:`scaled_cast` with ``cells``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _vectors_kernel(
     stride_ot, stride_oh, stride_dot, stride_doh, stride_lh, stride_ls, stride_acc,
     CELLS, DQ, stride_dqt,
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, GIVEN_DELTA: tl.constexpr, PAD: tl.constexpr,
-    ZERO_ACC: tl.constexpr, ACC_SHARED: tl.constexpr, OWN_SPAN: tl.constexpr, LAST_CAST: tl.constexpr,
+    ZERO_ACC: tl.constexpr, ACC_SHARED: tl.constexpr, OWN_SPAN: tl.constexpr, SOLE: tl.constexpr,
 ):
     """The backward's preprocess: ``BLOCK`` rows of head ``program_id(1)`` of the packed
     ``[Hq, vec_rows]`` vectors, each written once. Packed row ``p`` lies in the PAD-row tile
@@ -53,19 +54,16 @@ def _vectors_kernel(
     row once (the offsets end at the row count); ``ACC_SHARED`` (broadcast-Q): its rows are the
     shared block's, zeroed through the first sequence's; ``OWN_SPAN`` > 0: the rows of the
     sequences of at most OWN_SPAN keys are left alone (the dK/dV kernel zeroes them itself).
-    ``LAST_CAST``: this program's 64 rows of head h are dQ cell ``program_id(0) * Hq + h`` of
-    :func:`dq_cell_counts` (BLOCK 64, PAD a multiple of 64); where no kv-tile adds into it
+    ``SOLE`` (``SOLE_DQ``): this program's 64 rows of head h are dQ cell ``program_id(0) * Hq +
+    h`` of :func:`dq_cell_counts` (BLOCK 64, PAD a multiple of 64); where no kv-tile adds into it
     (``CELLS`` holds 0), its dQ rows (``DQ``, rows ``stride_dqt`` apart) are written as zeros
-    here, as nothing else writes them."""
+    here, as nothing else writes them; its accumulator rows are zeroed only where two kv-tiles or
+    more add into it (one writes dQ itself)."""
     p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     h = tl.program_id(1).to(tl.int64)
     in_range = p < vec_rows
-    b = upper_bound(VEC_TILE + 1, n_seqs, p // PAD, search_steps)  # n_seqs: past the last tile
-    owned = b < n_seqs
-    q_start = tl.load(q_offsets + b).to(tl.int64)
-    length = tl.load(q_offsets + b + 1, mask=owned, other=0).to(tl.int64) - q_start
-    r = p - tl.load(VEC_TILE + b).to(tl.int64) * PAD
-    valid = in_range & owned & (r < length)
+    b, owned, q_start, r, valid = _packed_rows(p, VEC_TILE, q_offsets, n_seqs, search_steps, PAD)
+    valid = valid & in_range
     at = h * stride_lh + q_start * stride_ls + r
     if GIVEN_DELTA:
         delta = tl.load(DELTA_IN + at, mask=valid, other=0.0)
@@ -79,13 +77,30 @@ def _vectors_kernel(
             keep = (valid & (b == 0)) if ACC_SHARED else valid  # (the first sequence's rows are the block's)
             if OWN_SPAN > 0:
                 keep = keep & ~owned_seq(kv_offsets, b, owned, OWN_SPAN)
-            tl.store(DQ_ACC + r64 * stride_acc + h * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK, HEAD_DIM], tl.float32), mask=keep[:, None])
-            if LAST_CAST:  # noqa: SIM102 (a compile-time branch around a run-time one)
-                if tl.load(CELLS + 2 * (tl.program_id(0) * tl.num_programs(1) + h)) == 0:
+            if SOLE:
+                adds = tl.load(CELLS + 2 * (tl.program_id(0) * tl.num_programs(1) + h))
+                keep = keep & (adds > 1)
+                if adds == 0:
                     tl.store(DQ + r64 * stride_dqt + h * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK, HEAD_DIM], DQ.dtype.element_ty), mask=valid[:, None])
+            tl.store(DQ_ACC + r64 * stride_acc + h * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK, HEAD_DIM], tl.float32), mask=keep[:, None])
     lse2 = tl.where(valid, lse_to_log2(tl.load(LSE + at, mask=valid, other=0.0)), float("inf"))
     tl.store(LSE2 + h * vec_rows + p, lse2, mask=in_range)
     tl.store(DELTA + h * vec_rows + p, delta, mask=in_range)
+
+
+@triton.jit
+def _packed_rows(p, VEC_TILE, q_offsets, n_seqs, search_steps, PAD: tl.constexpr):
+    """Rows ``p`` of the packed vectors (:func:`backward_vectors`): ``(b, owned, q_start, r,
+    valid)``, packed row ``p`` lying in the PAD-row tile ``p // PAD`` of sequence ``b`` (a binary
+    search over ``VEC_TILE``'s tile prefix sum, zero-length sequences skipped; ``owned``: ``b``
+    is a sequence, not past the last tile), its query ``r`` (of the sequence starting at row
+    ``q_start``) where ``valid`` (``r`` under the sequence's length), else padding."""
+    b = upper_bound(VEC_TILE + 1, n_seqs, p // PAD, search_steps)  # n_seqs: past the last tile
+    owned = b < n_seqs
+    q_start = tl.load(q_offsets + b).to(tl.int64)
+    length = tl.load(q_offsets + b + 1, mask=owned, other=0).to(tl.int64) - q_start
+    r = p - tl.load(VEC_TILE + b).to(tl.int64) * PAD
+    return b, owned, q_start, r, owned & (r < length)
 
 
 @triton.jit
@@ -120,13 +135,38 @@ def _scaled_cast_rows_kernel(
     _scale_rows(SRC, DST, at, keep[:, None] & (c < cols)[None, :], scale)
 
 
-def scaled_cast(src: torch.Tensor, scale: float, out: torch.Tensor, owned: tuple | None = None) -> torch.Tensor:
+@triton.jit
+def _cells_cast_kernel(
+    SRC, DST, CELLS, q_offsets, kv_offsets, VEC_TILE, n_seqs, search_steps, scale, HEAD_DIM: tl.constexpr,
+    BLOCK: tl.constexpr, PAD: tl.constexpr, OWN_SPAN: tl.constexpr,
+):
+    """:func:`_scaled_cast_kernel` of dQ cell ``program_id(0) * Hq + h`` (``h``:
+    ``program_id(1)``; BLOCK packed rows, :func:`_packed_rows`) if two kv-tiles or more add into
+    it (``CELLS``: :func:`dq_cell_counts`), but the rows of the sequences the dK/dV kernel owns;
+    SRC and DST ``[Tq, Hq * HEAD_DIM]``, contiguous."""
+    h = tl.program_id(1)
+    if tl.load(CELLS + 2 * (tl.program_id(0) * tl.num_programs(1) + h)) > 1:
+        p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        b, owned, q_start, r, keep = _packed_rows(p, VEC_TILE, q_offsets, n_seqs, search_steps, PAD)
+        if OWN_SPAN > 0:
+            keep = keep & ~owned_seq(kv_offsets, b, owned, OWN_SPAN)
+        cols = h.to(tl.int64) * HEAD_DIM + tl.arange(0, HEAD_DIM)
+        at = (q_start + r)[:, None] * (tl.num_programs(1) * HEAD_DIM) + cols[None, :]
+        _scale_rows(SRC, DST, at, keep[:, None], scale)
+
+
+def scaled_cast(src: torch.Tensor, scale: float, out: torch.Tensor, owned: tuple | None = None,
+                cells: tuple | None = None) -> torch.Tensor:
     """``out = scale * src`` in ``out``'s dtype (both contiguous, ``src`` fp32 with as many
     elements as ``out``): the one-pass backward's dQ from its fp32 accumulator. One pass, ~3.95
     TB/s on the H200, where ``torch.mul(src, scale, out=out)`` (TensorIterator's dynamic cast)
     ran at ~3.1 (bench/NOTES.md, session 24). ``owned``: ``(q_offsets, kv_offsets, own_span)``
     with ``src`` ``[Tq, ...]`` rows of those offsets: the rows of the sequences of 1 to
-    ``own_span`` keys are left as they are (the dK/dV kernel wrote them: ``tuning.own_span``)."""
+    ``own_span`` keys are left as they are (the dK/dV kernel wrote them: ``tuning.own_span``).
+    ``cells`` (``SOLE_DQ``): ``(counts, vec_tile, q_offsets)``, :func:`dq_cell_counts`' counts
+    and :func:`vector_tiles`' tiles, ``src`` and ``out`` ``[Tq, Hq, D]``: only the cells that two
+    kv-tiles or more add into are written (the kernel wrote the others, the preprocess those
+    none adds into)."""
     reasons = [
         *([] if src.dtype == torch.float32 else [f"the source is {src.dtype}, not fp32"]),
         *([] if src.numel() == out.numel() else [f"the source has {src.numel()} elements, the output {out.numel()}"]),
@@ -139,7 +179,16 @@ def scaled_cast(src: torch.Tensor, scale: float, out: torch.Tensor, owned: tuple
     n = out.numel()
     if not n:
         return out
-    if owned is None or not owned[2]:
+    if cells is not None:
+        counts, vec_tile, q_offsets = cells
+        kv_offsets, span = (q_offsets, 0) if owned is None else owned[1:]
+        n_seqs = q_offsets.numel() - 1
+        hq = out.shape[1]
+        _cells_cast_kernel[(counts.shape[0] // hq, hq)](
+            src, out, counts, q_offsets, kv_offsets, vec_tile, n_seqs, n_seqs.bit_length(), scale, HEAD_DIM=out.shape[2],
+            BLOCK=64, PAD=VEC_PAD, OWN_SPAN=span, num_warps=4,
+        )
+    elif owned is None or not owned[2]:
         block = 4096
         _scaled_cast_kernel[(cdiv(n, block),)](src, out, n, scale, BLOCK=block, num_warps=8)
     else:
@@ -197,18 +246,24 @@ def _dq_cells_kernel(
     CELLS, TILES, COUNT, heads, q_offsets, kv_offsets, VEC_TILE, lists, left, right,
     GROUP: tl.constexpr, HEAD_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr, PAD: tl.constexpr,
+    OWN_SPAN: tl.constexpr,
 ):
     """One row of the dK/dV pass's table: +1 to both column halves of every dQ cell its kv-tile
     adds into, walking the positions the dK/dV kernel walks (the table row decoded by
     ``plan_row``, its q-range by ``dkdv_q_range``, with ``SPARSE`` through the kv-tile's row of
     the transposed lists: ``block_walk`` / ``block_at``). Cell of query head ``h`` at step ``m0``
-    of sequence ``b``: ``((VEC_TILE[b] * PAD + m0) // BLOCK_M) * Hq + h``."""
+    of sequence ``b``: ``((VEC_TILE[b] * PAD + m0) // BLOCK_M) * Hq + h``. A sequence the dK/dV
+    kernel owns (``OWN_SPAN``: ``jagflash.core.seqlen.owned_seq``) counts 2 a kv-tile instead,
+    so that no cell of it has one add (``SOLE_DQ`` writes those; the owner writes its own)."""
     STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
     SUB: tl.constexpr = BLOCK_N // BLOCK_M
     count = tl.load(COUNT).to(tl.int32)
     ok, b, hk, n0 = plan_row(tl.program_id(0), TILES, count, heads, HEAD_MAJOR)
     _, lq, _, lk = seq_starts(q_offsets, kv_offsets, b)
     if ok & (n0 < lk):
+        add = 1
+        if OWN_SPAN > 0:
+            add = tl.where(owned_seq(kv_offsets, b, True, OWN_SPAN), 2, 1)
         lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
         step0 = tl.load(VEC_TILE + b) * (PAD // BLOCK_M)
         for g in range(GROUP):
@@ -218,11 +273,11 @@ def _dq_cells_kernel(
             for t in range(p0, p3, STEP):
                 m0 = block_at(listed, t, BLOCK_M, SPARSE, SUB)
                 cell = (step0 + m0 // BLOCK_M).to(tl.int64) * (heads * GROUP) + head
-                tl.atomic_add(CELLS + 2 * cell + tl.arange(0, 2), tl.full([2], 1, tl.int32), sem="relaxed")
+                tl.atomic_add(CELLS + 2 * cell + tl.arange(0, 2), tl.full([2], add, tl.int32), sem="relaxed")
 
 
 def dq_cell_counts(plan, lse, q_offsets, kv_offsets, *, heads_q: int, left: int, right: int, config, lists=None) -> torch.Tensor:
-    """The adds each dQ cell of the one-pass backward with ``LAST_CAST`` waits for: ``[cells, 2]``
+    """The adds into each dQ cell of the one-pass backward with ``SOLE_DQ``: ``[cells, 2]``
     int32 (a cell: a 64-query step of the packed vectors' rows, :func:`vector_tiles`, times one
     query head; one count per column half, as each consumer warpgroup adds its own). ``plan``:
     the launch's plan (its dK/dV pass's table), ``config`` its ``BwdConfig``, ``lists`` a block
@@ -238,7 +293,7 @@ def dq_cell_counts(plan, lse, q_offsets, kv_offsets, *, heads_q: int, left: int,
             counts, plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):], lay.heads, q_offsets, kv_offsets, vec_tile,
             lists, left, right, GROUP=config.GROUP, HEAD_MAJOR=config.HEAD_MAJOR, BLOCK_M=config.BLOCK_M,
             BLOCK_N=config.BLOCK_N, BOUNDED_LEFT=config.BOUNDED_LEFT, BOUNDED_RIGHT=config.BOUNDED_RIGHT,
-            SPARSE=config.SPARSE, PAD=config.PAD, num_warps=1,
+            SPARSE=config.SPARSE, PAD=config.PAD, OWN_SPAN=config.OWN_SPAN, num_warps=1,
         )
     return counts
 
@@ -272,9 +327,9 @@ def backward_vectors(
     separate fill); with no rows to read (Tq or B 0) it is zeroed here. ``owned``: ``(kv_offsets,
     own_span)``: the rows of the sequences of 1 to ``own_span`` keys are not zeroed (the dK/dV
     kernel that owns them does: ``jagflash.core.tuning.own_span``). ``cells``: ``(counts, dq)``
-    with ``dq_acc``, the one-pass backward with ``LAST_CAST``: :func:`dq_cell_counts`' counts
-    and dQ ``[Tq, Hq, D]`` (contiguous), whose rows in cells no kv-tile visits are written as
-    zeros here."""
+    with ``dq_acc``, the one-pass backward with ``SOLE_DQ``: :func:`dq_cell_counts`' counts and
+    dQ ``[Tq, Hq, D]`` (contiguous), whose rows in cells no kv-tile visits are written as zeros
+    here; the accumulator is zeroed only in the cells of two adds or more."""
     n_seqs = q_offsets.numel() - 1
     vec_tile, vec_rows = vector_tiles(lse, q_offsets)
     if lse.dim() == 3:
@@ -308,14 +363,15 @@ def backward_vectors(
         strides = (out.stride(0), out.stride(1), dout.stride(0), dout.stride(1))
         dim = out.shape[-1]
         delta = lse  # unused
-    block = 64  # (one dQ cell of LAST_CAST a program and head)
+    block = 64  # (one dQ cell of SOLE_DQ a program and head)
     zero = dq_acc is not None
-    counts, dq = (lse2, lse2) if cells is None else cells
+    sole = cells is not None and zero
+    counts, dq = cells if sole else (lse2, lse2)
     _vectors_kernel[(cdiv(vec_rows, block), hq)](
         out, dout, lse.contiguous(), delta, lse2, packed_delta, dq_acc if zero else lse2, q_offsets, kv_offsets, vec_tile,
         vec_rows, n_seqs, n_seqs.bit_length(), *strides, *lse_strides, dq_acc.stride(0) if zero else 0, counts, dq,
-        dq.stride(0) if cells is not None else 0, HEAD_DIM=dim, BLOCK=block, GIVEN_DELTA=given, PAD=VEC_PAD,
-        ZERO_ACC=zero, ACC_SHARED=acc_shared, OWN_SPAN=own, LAST_CAST=cells is not None and zero, num_warps=4,
+        dq.stride(0) if sole else 0, HEAD_DIM=dim, BLOCK=block, GIVEN_DELTA=given, PAD=VEC_PAD,
+        ZERO_ACC=zero, ACC_SHARED=acc_shared, OWN_SPAN=own, SOLE=sole, num_warps=4,
     )
     return lse2, packed_delta, vec_tile
 

@@ -54,8 +54,6 @@ from jagflash.core.tlx.descriptors import num_workers, rows_descriptor, vectors_
 from jagflash.core.tlx.pipeline import (
     ID_RING,
     alloc_walk_ring,
-    dq_adds_wait,
-    dq_cells_done,
     own_rows_cast,
     own_rows_zero,
     ring_release,
@@ -86,7 +84,7 @@ def _dkdv_kernel(
     Q_SHARED: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_COLS: tl.constexpr,
     NUM_Q: tl.constexpr, DQ_STAGES: tl.constexpr, PAD: tl.constexpr, SPARSE: tl.constexpr, RING_TILES: tl.constexpr,
-    OWN_SPAN: tl.constexpr, ZERO_EMPTY: tl.constexpr, LAST_CAST: tl.constexpr,
+    OWN_SPAN: tl.constexpr, ZERO_EMPTY: tl.constexpr, SOLE_DQ: tl.constexpr,
 ):
     """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
     the GQA group, and with ``FUSED_DQ`` each tile's share of dQ, reduce-added into an fp32
@@ -108,10 +106,10 @@ def _dkdv_kernel(
     ``DQ_ACC`` (the accumulator behind ``desc_dq``, rows ``stride_acc`` apart) zeroed there
     before the first, ``DQ`` (dQ ``[Tq, Hq, D]``, rows ``stride_dqt`` apart) written from it
     after the last (``jagflash.core.tlx.pipeline.own_rows_zero`` / ``own_rows_cast``). With
-    ``LAST_CAST`` each consumer counts its kv-tile's dQ adds off their cells at the tile's end
-    (``CELLS``: ``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``'s) and writes the cells they
-    complete into ``DQ`` (``jagflash.core.tlx.pipeline.dq_cells_done``): no cast pass after. The
-    constexprs are a :class:`jagflash.core.tuning.BwdConfig`'s."""
+    ``SOLE_DQ`` a step whose dQ cell (``CELLS``: ``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``'s
+    counts) no other kv-tile adds into stores its dQ into
+    ``DQ`` (``jagflash.core.tlx.pipeline.dq_add_or_store``) instead of adding it, but in the
+    sequences a program owns. The constexprs are a :class:`jagflash.core.tuning.BwdConfig`'s."""
     HALF: tl.constexpr = BLOCK_N // 2
     STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
     SUB: tl.constexpr = BLOCK_N // BLOCK_M
@@ -206,7 +204,6 @@ def _dkdv_kernel(
             q_cnt = 0
             tile_cnt = 0
             i, r, more = walk_start(pid, COUNTER, ring, count, DYNAMIC, RING_TILES)  # (RING_TILES: i counts records)
-            cells = (CELLS, DQ_ACC, stride_acc, DQ, stride_dqt, scale)
             while more:
                 own = 0
                 if RING_TILES:
@@ -233,47 +230,35 @@ def _dkdv_kernel(
                     dv = tl.zeros([HALF, HEAD_DIM], ACC)
                     if not RING_TILES:
                         lo, full_lo, full_hi, hi = dkdv_tile_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ)
+                    if SOLE_DQ and not RING_TILES:
+                        vec0 = tl.load(VEC_TILE + b) * PAD
                     for g in range(GROUP):
                         head = hk * GROUP + g
                         dq_col = head * HEAD_DIM
-                        dq = (desc_dq, ds_tiles, dq_stages, dq_col)
+                        if SOLE_DQ:
+                            sole = (CELLS, (vec0 // BLOCK_M) * (heads * GROUP) + head, heads * GROUP, DQ, stride_dqt, scale)
+                        else:
+                            sole = 0  # (unused)
+                        dq = (desc_dq, ds_tiles, dq_stages, dq_col, sole)
                         listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
                         if RING_TILES:
                             p0, p1, p2, p3 = tile_walk(ring, i, g, n0, lq, lk, left, right, FIELDS, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE)
                         else:
                             p0, p1, p2, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
                         seq = (lq, lk, q_start, listed)
-                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p0, p1, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
-                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p1, p2, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
-                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p2, p3, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p0, p1, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB, SOLE_DQ)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p1, p2, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB, SOLE_DQ)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p2, p3, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB, SOLE_DQ)
                     if busy:
                         tlx.barrier_arrive(kv_empties[cid], 1)
                         tile_cnt += 1
-                    if RING_TILES and LAST_CAST == 0:
+                    if RING_TILES:
                         ring_release(ring[2], i % ID_RING)  # every head's positions read
                     valid = kv_rows < lk
                     offs_d = tl.arange(0, HEAD_DIM)
                     out_rows = (k_start + kv_rows).to(tl.int64)
                     tl.store(DK + out_rows[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :], output(dk * scale, dtype), mask=valid[:, None])
                     tl.store(DV + out_rows[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :], output(dv, dtype), mask=valid[:, None])
-                    if LAST_CAST > 0:
-                        # The tile's dQ adds counted off their cells once complete (after the dK/dV
-                        # stores, which give the last ones time to land); each cell's last add writes it.
-                        if busy & (own == 0):
-                            dq_adds_wait(n0, cid)
-                            for g in range(GROUP):
-                                head = hk * GROUP + g
-                                listed = tile_list(lists, b, head, n0 // BLOCK_N, SPARSE)
-                                if RING_TILES:
-                                    p0, _, _, p3 = tile_walk(ring, i, g, n0, lq, lk, left, right, FIELDS, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ, SPARSE)
-                                else:  # (the range again, not held across the steps)
-                                    vec0 = tl.load(VEC_TILE + b) * PAD
-                                    lo, full_lo, full_hi, hi = dkdv_q_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
-                                    p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
-                                dq_cells_done(cells, listed, p0, p3, (vec0 // BLOCK_M) * (heads * GROUP) + head, heads * GROUP, q_start, lq,
-                                              head * HEAD_DIM + cid * DQ_COLS, cid, DQ_COLS, dtype, BLOCK_M, SPARSE, SUB, LAST_CAST)
-                        if RING_TILES:
-                            ring_release(ring[2], i % ID_RING)  # (held for the positions above)
                     if OWN_SPAN > 0:  # noqa: SIM102
                         if (own & OWN_LAST) != 0:
                             for g in range(GROUP):
@@ -348,8 +333,8 @@ def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc,
             cells=None):
     """One launch of :func:`_dkdv_kernel`; ``vectors``: ``backward_vectors``'s; ``dq_acc`` (fp32
     ``[rows, Hq * D]``) fuses dQ in, ``dq`` (``[rows, Hq, D]``, contiguous) the dQ that owned
-    sequences' rows (``config.OWN_SPAN``) and, with ``config.LAST_CAST``, every cell's rows are
-    written to (``cells``: ``bwd_preprocess.dq_cell_counts``'s counts). ``config``: :func:`_checked_config`'s.
+    sequences' rows (``config.OWN_SPAN``) and, with ``config.SOLE_DQ``, the cells one kv-tile adds
+    into are written to (``cells``: ``bwd_preprocess.dq_cell_counts``'s counts). ``config``: :func:`_checked_config`'s.
     ``mask``: a ``jagflash.core.block_mask.BlockMask`` or None."""
     dim = q.shape[-1]
     lay = plan.info.layout("dkdv")
@@ -458,17 +443,17 @@ def backward(
     # that no tile reaches get dQ = 0: by the preprocess, which reads every query row's O and dO
     # anyway (backward_vectors' dq_acc), so no separate fill pass.
     # With config.OWN_SPAN the kernel zeroes, sums and writes the rows of the sequences it owns
-    # (tuning.own_span): the preprocess and the cast skip them. With config.LAST_CAST the last
-    # add into each dQ cell writes its dQ (counted first: bwd_preprocess.dq_cell_counts), the
-    # preprocess the cells no kv-tile visits: no cast pass.
+    # (tuning.own_span): the preprocess and the cast skip them. With config.SOLE_DQ a step whose
+    # dQ cell no other kv-tile adds into writes its dQ (counted first: bwd_preprocess.dq_cell_counts),
+    # the preprocess the cells none adds into; the accumulator and the cast hold only the others.
     dq = torch.empty_like(q)
-    owned = None
+    owned = cells = None
     if k.shape[0] and lay.rows and tq:
         config = _checked_config(plan, q, k, left, right, q_shared, True, config, "one-pass backward", blocks)
         acc = torch.empty((lq, hq * dim), dtype=torch.float32, device=q.device)
         owned = (kv_offsets, config.OWN_SPAN) if config.OWN_SPAN else None
         counts = None
-        if config.LAST_CAST:
+        if config.SOLE_DQ:
             lists = None if blocks is None else blocks.kernel_lists()[1]
             counts = dq_cell_counts(plan, lse, q_offsets, kv_offsets, heads_q=hq, left=left, right=right, config=config, lists=lists)
         vectors = backward_vectors(lse, q_offsets, out=out, dout=dout, dq_acc=acc, acc_shared=q_shared, owned=owned,
@@ -476,12 +461,12 @@ def backward(
         _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, acc, dq, left, right, scale, q_shared, config, blocks,
                 counts)
         if counts is not None:
-            return dq, dk, dv
+            cells = (counts, vectors[2], q_offsets)
     else:
         acc = torch.zeros((lq, hq * dim), dtype=torch.float32, device=q.device)
         dk.zero_()
         dv.zero_()
-    return scaled_cast(acc, scale, dq, None if owned is None else (q_offsets, *owned)), dk, dv
+    return scaled_cast(acc, scale, dq, None if owned is None else (q_offsets, *owned), cells), dk, dv
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -24,8 +24,8 @@ must be 16-byte aligned, though (see there). A consumer warpgroup that owns a se
 columns (``jagflash.core.tuning.own_span``) zeroes them before its first add
 (:func:`own_rows_zero`) and writes dQ from them after its last (:func:`own_rows_cast`): the
 exact zeros another sequence's tail adds into them change nothing, before, between or after.
-With ``LAST_CAST`` a consumer counts a kv-tile's adds off their dQ cells once they are complete
-and writes the cells it completed (:func:`dq_cells_done`), so no cast pass reads the accumulator.
+With ``SOLE_DQ`` a step whose dQ cell no other kv-tile adds into writes its dQ from registers
+instead of adding it (:func:`dq_add_or_store`): those cells never touch the accumulator.
 
 Importing this module needs the TLX plugin (``triton-utlx``); nothing imports it unless the TLX
 backend is selected.
@@ -38,7 +38,6 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from jagflash.core.dtypes import output
-from jagflash.core.mask import block_at
 from jagflash.core.tile_scheduler import sched_first, sched_next
 
 #: Named barriers of the consumer warpgroups' turn to issue (one each) and of their joint sync.
@@ -194,6 +193,28 @@ def dq_reduce_add(desc, stages, first, NUM: tl.constexpr, counter, value, row, c
 
 
 @triton.jit
+def dq_add_or_store(desc, stages, first, NUM: tl.constexpr, counter, value, row, col, alone, sole, valid, DTYPE: tl.constexpr):
+    """:func:`dq_reduce_add`, or with ``SOLE_DQ`` where ``alone`` (no other kv-tile adds into this
+    step's dQ cell: ``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``) the tile's dQ itself:
+    read back from the stage in rows (a few addresses a thread, not one a column pair of the
+    product's layout), x ``scale`` in DTYPE, stored into dQ (``[Tq, Hq, D]`` as rows
+    ``stride_dqt`` apart; ``sole``: ``(.., .., .., DQ, stride_dqt, scale)``) at ``(row, col)``,
+    its first ``valid`` rows only (the rows past the sequence's end are the next sequence's,
+    which its own steps write)."""
+    stage = stages[first + counter % NUM]
+    tlx.async_descriptor_store_wait(NUM - 1)
+    tlx.local_store(stage, value)
+    if alone:
+        x = tlx.local_load(stage)
+        offs = tl.arange(0, x.shape[0])
+        at = sole[3] + ((row + offs).to(tl.int64)[:, None] * sole[4] + tl.multiple_of(col, x.shape[1]) + tl.arange(0, x.shape[1])[None, :])
+        tl.store(at, output(x * sole[5], DTYPE), mask=(offs < valid)[:, None])
+    else:
+        tlx.fence("async_shared")
+        tlx.async_descriptor_store(desc, stage, [row, col], store_reduce="add")
+
+
+@triton.jit
 def own_rows_zero(ACC, stride_acc, q_start, lq, col, CID: tl.constexpr, COLS: tl.constexpr):
     """Consumer warpgroup CID: zero the fp32 accumulator's columns ``[col, col + COLS)`` of the
     rows ``[q_start, q_start + lq)`` with plain stores, then order them before its later TMA
@@ -231,81 +252,6 @@ def own_rows_cast(ACC, stride_acc, DQ, stride_dqt, q_start, lq, col, scale, CID:
         keep = (offs < lq)[:, None]
         x = tl.load(ACC + (rows * stride_acc + col + cols), mask=keep, other=0.0, cache_modifier=".cg")
         tl.store(DQ + (rows * stride_dqt + col + cols), output(x * scale, DTYPE), mask=keep)
-
-
-@triton.jit
-def dq_cells_done(cells, listed, p0, p3, cell0, hq, q_start, lq, col, CID: tl.constexpr, COLS: tl.constexpr,
-                  DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, SPARSE: tl.constexpr, SUB: tl.constexpr, LAST_CAST: tl.constexpr):
-    """Consumer warpgroup CID at the end of a kv-tile, ``LAST_CAST``, its adds complete: count
-    them off the dQ cells they went into, and write the cells it completed. The tile's steps of
-    one query head are the positions ``[p0, p3)`` of ``jagflash.core.mask.block_walk`` (through
-    ``listed`` with ``SPARSE``); step ``m0``'s cell is ``cell0 + (m0 // BLOCK_M) * hq``, its
-    ``COLS`` columns from ``col`` (this warpgroup's half of the head) of accumulator rows
-    ``q_start + m0`` on, ``lq - m0`` of them inside the sequence. ``cells``: ``(CELLS, ACC,
-    stride_acc, DQ, stride_dqt, scale)``, CELLS the adds each cell still waits for, one int per
-    column half (``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``).
-
-    128 steps at a time, one per thread: one relaxed atomic each (the adds and the counts meet in
-    L2, the only place both live; a tile's cells cost one round trip, not one a step), and the
-    cells whose count drops to 0 (their last add) are written in turn (:func:`dq_cell_write`)."""
-    CELLS = cells[0]
-    STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
-    lanes = tl.arange(0, 128)
-    for c in range(p0, p3, 128 * STEP):
-        t = c + lanes * STEP
-        live = t < p3
-        m0 = block_at(listed, tl.minimum(t, p3 - STEP), BLOCK_M, SPARSE, SUB)
-        old = tl.atomic_add(CELLS + (2 * (cell0 + (m0 // BLOCK_M) * hq) + CID), tl.full([128], -1, tl.int32), mask=live, sem="relaxed", scope="gpu")
-        last = live & (old == 1)
-        n = tl.sum(last.to(tl.int32), 0)
-        while n > 0:  # two cells at a time, so that their reads overlap
-            j = tl.min(tl.where(last, lanes, 128), 0)
-            last = last & (lanes != j)
-            k = tl.min(tl.where(last, lanes, 128), 0)  # (128: none)
-            last = last & (lanes != k)
-            mj = tl.sum(tl.where(lanes == j, m0, 0), 0)
-            mk = tl.sum(tl.where(lanes == k, m0, 0), 0)
-            dq_cell_write(cells, q_start + mj, q_start + mk, col, lq - mj, tl.where(n > 1, lq - mk, 0), CID, COLS, DTYPE, LAST_CAST)
-            n -= 2
-
-
-@triton.jit
-def dq_cell_write(cells, row, row2, col, valid, valid2, CID: tl.constexpr, COLS: tl.constexpr, DTYPE: tl.constexpr,
-                  LAST_CAST: tl.constexpr):
-    """Consumer warpgroup CID: dQ of two complete cells (see :func:`dq_cells_done`; the second
-    empty if ``valid2`` is 0), 64 rows each of accumulator columns ``[col, col + COLS)`` from rows
-    ``row`` and ``row2``, ``valid`` / ``valid2`` of them inside their sequence (the rows past it
-    are the next sequence's): both read back from L2 at once (``.cg``, after
-    ``fence.proxy.async.global``: the async proxy's adds before the generic reads), ``scale`` x,
-    in DTYPE, stored to dQ (rows ``stride_dqt`` apart, dQ's ``[Tq, Hq, D]`` as rows). With
-    ``LAST_CAST`` 2 the cells' accumulator lines are then discarded from L2
-    (``discard.global.L2``, after every thread's reads returned: nothing reads them again, so
-    they are not written back to DRAM). Exact zeros another sequence's tail adds into them later
-    land in lines no one reads."""
-    _, ACC, stride_acc, DQ, stride_dqt, scale = cells
-    tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.b32 $0, 0;", "=r,r", [row], dtype=tl.int32, is_pure=False, pack=1)
-    col = tl.multiple_of(col, COLS)
-    offs = tl.arange(0, 64)
-    cols = tl.arange(0, COLS)[None, :]
-    rows = (row + offs).to(tl.int64)[:, None]
-    rows2 = (row2 + offs).to(tl.int64)[:, None]
-    keep = (offs < valid)[:, None]
-    keep2 = (offs < valid2)[:, None]
-    x = tl.load(ACC + (rows * stride_acc + col + cols), mask=keep, other=0.0, cache_modifier=".cg")
-    x2 = tl.load(ACC + (rows2 * stride_acc + col + cols), mask=keep2, other=0.0, cache_modifier=".cg")
-    tl.store(DQ + (rows * stride_dqt + col + cols), output(x * scale, DTYPE), mask=keep)
-    tl.store(DQ + (rows2 * stride_dqt + col + cols), output(x2 * scale, DTYPE), mask=keep2)
-    if LAST_CAST > 1:
-        tlx.named_barrier_wait(DQ_ROWS + CID, 128)  # every thread's reads returned (their stores used them)
-        t = tl.arange(0, 128)
-        for which in tl.static_range(2):
-            at = row if which == 0 else row2
-            n = valid if which == 0 else valid2
-            line = ACC + ((at + t // 2).to(tl.int64) * stride_acc + col + (t % 2) * (COLS // 2))
-            tl.inline_asm_elementwise(
-                "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\t@p discard.global.L2 [$1], 128;\n\tmov.b32 $0, 0;\n\t}",
-                "=r,l,r", [line, (t // 2 < n).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-            )
 
 
 @triton.jit
