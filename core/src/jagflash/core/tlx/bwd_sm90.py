@@ -80,7 +80,7 @@ from jagflash.core.tuning import (
 def _dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, DK, DV, desc_lse2, desc_delta, VEC_TILE, q_offsets, kv_offsets, TILES, COUNT,
     COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, scale, left, right, desc_dq, heads, lists,
-    DQ_ACC, DQ, stride_acc, stride_dqt, CELLS, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+    DQ_ACC, DQ, stride_acc, stride_dqt, CELLS, desc_dqo, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     Q_SHARED: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_COLS: tl.constexpr,
     NUM_Q: tl.constexpr, DQ_STAGES: tl.constexpr, PAD: tl.constexpr, SPARSE: tl.constexpr, RING_TILES: tl.constexpr,
@@ -128,9 +128,14 @@ def _dkdv_kernel(
         # dS^T, one per consumer, double-buffered by step (the dQ product reads both)
         ds_tiles = tlx.local_alloc((HALF, BLOCK_M), dtype, 4)
         dq_stages = tlx.local_alloc((BLOCK_M, DQ_COLS), tl.float32, 2 * DQ_STAGES)  # per consumer
+        if SOLE_DQ:
+            dq_outs = tlx.local_alloc((BLOCK_M, DQ_COLS), dtype, 2)  # per consumer: a single cell's dQ, for its TMA store
+        else:
+            dq_outs = dq_stages  # unused
     else:
         ds_tiles = tlx.local_alloc((HALF, BLOCK_M), dtype, 2)  # dS^T, one per consumer
         dq_stages = k_tiles  # unused
+        dq_outs = k_tiles  # unused
     kv_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
     kv_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
     q_fulls = tlx.alloc_barriers(num_barriers=NUM_Q, arrive_count=1)
@@ -236,7 +241,7 @@ def _dkdv_kernel(
                         head = hk * GROUP + g
                         dq_col = head * HEAD_DIM
                         if SOLE_DQ:
-                            sole = (CELLS, (vec0 // BLOCK_M) * (heads * GROUP) + head, heads * GROUP, DQ, stride_dqt, scale)
+                            sole = (CELLS, (vec0 // BLOCK_M) * (heads * GROUP) + head, heads * GROUP, desc_dqo, dq_outs, scale)
                         else:
                             sole = 0  # (unused)
                         dq = (desc_dq, ds_tiles, dq_stages, dq_col, sole)
@@ -347,6 +352,8 @@ def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc,
             dq_acc, shape=list(dq_acc.shape), strides=[dq_acc.stride(0), 1],
             block_shape=[config.BLOCK_M, config.DQ_COLS],
         )
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
     programs = min(num_workers(q.device), lay.rows)
     _dkdv_kernel[(programs,)](
         rows_descriptor(q, config.BLOCK_M, dim), rows_descriptor(k, config.BLOCK_N // 2, dim),
@@ -356,6 +363,8 @@ def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), scale, left, right, desc_dq, lay.heads,
         None if mask is None else mask.kernel_lists()[1], dk if dq_acc is None else dq_acc, dk if dq is None else dq,
         0 if dq_acc is None else dq_acc.stride(0), 0 if dq is None else dq.stride(0), dk if cells is None else cells,
+        TensorDescriptor(dq.view(dq.shape[0], -1) if cells is not None else q.view(q.shape[0], -1), shape=[q.shape[0], q.shape[1] * dim],
+                         strides=[q.shape[1] * dim, 1], block_shape=[config.BLOCK_M, config.DQ_COLS]),
         **config.constexprs(), num_warps=4,
         num_stages=1,
     )

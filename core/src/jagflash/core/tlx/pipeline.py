@@ -203,13 +203,13 @@ def dq_add_or_store(desc, stages, first, NUM: tl.constexpr, counter, value, row,
     which its own steps write)."""
     stage = stages[first + counter % NUM]
     tlx.async_descriptor_store_wait(NUM - 1)
-    tlx.local_store(stage, value)
     if alone:
-        x = tlx.local_load(stage)
-        offs = tl.arange(0, x.shape[0])
-        at = sole[3] + ((row + offs).to(tl.int64)[:, None] * sole[4] + tl.multiple_of(col, x.shape[1]) + tl.arange(0, x.shape[1])[None, :])
-        tl.store(at, output(x * sole[5], DTYPE), mask=(offs < valid)[:, None])
+        out = sole[4][first // NUM]
+        tlx.local_store(out, output(value * sole[5], DTYPE))
+        tlx.fence("async_shared")
+        tlx.async_descriptor_store(sole[3], out, [row, col])
     else:
+        tlx.local_store(stage, value)
         tlx.fence("async_shared")
         tlx.async_descriptor_store(desc, stage, [row, col], store_reduce="add")
 
