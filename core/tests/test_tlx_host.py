@@ -635,7 +635,7 @@ def test_dq_cell_counts_count_every_kv_tile_that_adds_into_a_cell(bounds, schedu
             lo, _, _, hi = (int(x) for x in dkdv_q_ranges(n0, lq, lk, 64, 128, left, right))
             for m0 in range(lo, hi, 64):
                 cell = (int(vec_tile[b]) + m0 // 64) * hq
-                want[cell:cell + hq] += 2 if lk <= config.OWN_SPAN else 1  # (an owned sequence counts 2 a kv-tile)
+                want[cell:cell + hq] += (2 if lk <= config.OWN_SPAN else 1) + (m0 + 64 > lq)  # (owned: 2 a kv-tile; a tail cell: 1 more)
     assert want.any()
     assert torch.equal(counts, want)
     acc = torch.zeros(tq, hq * dim)

@@ -273,7 +273,8 @@ def _dq_cells_kernel(
             for t in range(p0, p3, STEP):
                 m0 = block_at(listed, t, BLOCK_M, SPARSE, SUB)
                 cell = (step0 + m0 // BLOCK_M).to(tl.int64) * (heads * GROUP) + head
-                tl.atomic_add(CELLS + 2 * cell + tl.arange(0, 2), tl.full([2], add, tl.int32), sem="relaxed")
+                tail = (m0 + BLOCK_M > lq).to(tl.int32)  # (a cell past its sequence's end is summed: a whole-box store would cross into the next)
+                tl.atomic_add(CELLS + 2 * cell + tl.arange(0, 2), tl.full([2], add, tl.int32) + tail, sem="relaxed")
 
 
 def dq_cell_counts(plan, lse, q_offsets, kv_offsets, *, heads_q: int, left: int, right: int, config, lists=None) -> torch.Tensor:

@@ -194,7 +194,7 @@ def dq_reduce_add(desc, stages, first, NUM: tl.constexpr, counter, value, row, c
 
 @triton.jit
 def dq_add_or_store(desc, stages, first, NUM: tl.constexpr, counter, value, row, col, alone, sole, valid, DTYPE: tl.constexpr):
-    """:func:`dq_reduce_add`, or with ``SOLE_DQ`` where ``alone`` (no other kv-tile adds into this
+    """:func:`dq_reduce_add` (one stage a consumer: DQ_STAGES 1, so its wait also frees the bf16 stage), or with ``SOLE_DQ`` where ``alone`` (no other kv-tile adds into this
     step's dQ cell: ``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``) the tile's dQ itself:
     read back from the stage in rows (a few addresses a thread, not one a column pair of the
     product's layout), x ``scale`` in DTYPE, stored into dQ (``[Tq, Hq, D]`` as rows
