@@ -611,21 +611,10 @@ def test_dq_cell_counts_count_every_kv_tile_that_adds_into_a_cell(bounds, schedu
     the tiles. The preprocess then writes the dQ zeros of the cells no kv-tile visits and leaves
     the others (NaN-poisoned) to the kernel."""
     from jagflash.core.mask import dkdv_q_ranges
-    from jagflash.core.plan.build import make_plan
 
     left, right = bounds
-    q_lens = [5, 300, 0, 64, 257, 9, 40, 130]
-    k_lens = [256, 300, 7, 0, 10, 257, 1, 129]
-    hq, hkv, dim = 4, 2, 128
-    qo = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    ko = torch.tensor([0, *torch.tensor(k_lens).cumsum(0).tolist()], dtype=torch.int32)
-    tq, tk = int(qo[-1]), int(ko[-1])
-    q, k = torch.zeros(tq, hq, dim, dtype=torch.float16), torch.zeros(tk, hkv, dim, dtype=torch.float16)
-    plan = make_plan(
-        qo, ko, total_q=tq, total_kv=tk, heads_q=hq, heads_kv=hkv, window=bounds, block_m=128, block_n=128,
-        dkdv_blocks=(64, 128), backward=True, schedule="dynamic", backward_schedule=schedule,
-    )
-    config = bwd_sm90.dkdv_config(plan, q, k, left=left, right=right, q_shared=False, fused_dq=True)
+    q_lens, k_lens, hq, qo, ko, plan, config = _cells_batch(bounds, schedule)
+    tq, dim = int(qo[-1]), 128
     lse = torch.zeros(hq, tq)
     counts = bwd_preprocess.dq_cell_counts(plan, lse, qo, ko, heads_q=hq, left=left, right=right, config=config)
     vec_tile, _ = bwd_preprocess.vector_tiles(lse, qo)
@@ -649,6 +638,27 @@ def test_dq_cell_counts_count_every_kv_tile_that_adds_into_a_cell(bounds, schedu
     assert torch.equal(dq[~visited], torch.zeros_like(dq[~visited]))
 
 
+def _cells_batch(bounds, schedule):
+    """The dQ cell tests' batch (GQA: 4 query heads, 2 K/V heads, D 128; queries without keys and
+    keys without queries, lengths around the tiles) and its one-pass backward plan and policy
+    config: ``(q_lens, k_lens, hq, q_offsets, kv_offsets, plan, config)``."""
+    from jagflash.core.plan.build import make_plan
+
+    q_lens = [5, 300, 0, 64, 257, 9, 40, 130]
+    k_lens = [256, 300, 7, 0, 10, 257, 1, 129]
+    hq, hkv, dim = 4, 2, 128
+    qo = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    ko = torch.tensor([0, *torch.tensor(k_lens).cumsum(0).tolist()], dtype=torch.int32)
+    tq, tk = int(qo[-1]), int(ko[-1])
+    q, k = torch.zeros(tq, hq, dim, dtype=torch.float16), torch.zeros(tk, hkv, dim, dtype=torch.float16)
+    plan = make_plan(
+        qo, ko, total_q=tq, total_kv=tk, heads_q=hq, heads_kv=hkv, window=bounds, block_m=128, block_n=128,
+        dkdv_blocks=(64, 128), backward=True, schedule="dynamic", backward_schedule=schedule,
+    )
+    config = bwd_sm90.dkdv_config(plan, q, k, left=bounds[0], right=bounds[1], q_shared=False, fused_dq=True)
+    return q_lens, k_lens, hq, qo, ko, plan, config
+
+
 def _cell_adds(counts, vec_tile, q_lens, qo, hq) -> torch.Tensor:
     """``[Tq, Hq]``: each query row's dQ cell count (``dq_cell_counts``' first column half)."""
     adds = torch.zeros(int(qo[-1]), hq, dtype=torch.int32)
@@ -670,20 +680,8 @@ def test_sole_dq_passes_leave_the_kernel_its_one_add_cells(own) -> None:
     interpreter)."""
     import dataclasses
 
-    from jagflash.core.plan.build import make_plan
-
-    q_lens = [5, 300, 0, 64, 257, 9, 40, 130]
-    k_lens = [256, 300, 7, 0, 10, 257, 1, 129]
-    hq, hkv, dim = 4, 2, 128
-    qo = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    ko = torch.tensor([0, *torch.tensor(k_lens).cumsum(0).tolist()], dtype=torch.int32)
-    tq, tk = int(qo[-1]), int(ko[-1])
-    q, k = torch.zeros(tq, hq, dim, dtype=torch.float16), torch.zeros(tk, hkv, dim, dtype=torch.float16)
-    plan = make_plan(
-        qo, ko, total_q=tq, total_kv=tk, heads_q=hq, heads_kv=hkv, window=(-1, 0), block_m=128, block_n=128,
-        dkdv_blocks=(64, 128), backward=True, schedule="dynamic", backward_schedule="dynamic-grouped",
-    )
-    config = bwd_sm90.dkdv_config(plan, q, k, left=-1, right=0, q_shared=False, fused_dq=True)
+    q_lens, k_lens, hq, qo, ko, plan, config = _cells_batch((-1, 0), "dynamic-grouped")
+    tq, dim = int(qo[-1]), 128
     config = dataclasses.replace(config, SOLE_DQ=True, OWN_SPAN=256 if own else 0, RING_TILES=True)
     lse = torch.zeros(hq, tq)
     counts = bwd_preprocess.dq_cell_counts(plan, lse, qo, ko, heads_q=hq, left=-1, right=0, config=config)

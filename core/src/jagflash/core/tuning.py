@@ -342,10 +342,9 @@ def bwd_config(
     )
 
 
-#: ``SOLE_DQ`` of the one pass (D 128, no broadcast-Q) with a block mask over K/V sequences of at
-#: most this many keys on average, where most dQ cells have one add or none (bench/NOTES.md,
-#: session 35, H100: bs-lognormal-d25 -16 %, d10 -29 %, local+global -1.5 %; its kernel is 7-12 %
-#: slower where few cells are single: bs-dense8k-d25 +2-4 %, jagged-tiny +10 %, heavy-tail +5 %).
+#: ``SOLE_DQ`` of the one pass (D 128, no broadcast-Q) with a block mask over K/V sequences of at most this many keys on
+#: average, where most dQ cells have one add or none (bench/NOTES.md, session 35, H100: bs-lognormal-d25 -16 %, d10 -29 %,
+#: local+global -1.5 %; its kernel is 7-12 % slower where few cells are single: bs-dense8k-d25 +2-4 %, jagged-tiny +10 %).
 SOLE_MEAN_KV = 2048
 
 
@@ -406,8 +405,7 @@ def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, p
         ) if bad]
     if getattr(config, "SOLE_DQ", False):
         reasons += [f"SOLE_DQ {why}" for why, bad in (
-            ("needs the one pass (FUSED_DQ)", not config.FUSED_DQ),
-            ("is not for broadcast-Q (Q_SHARED: every sequence adds into the shared rows)", config.Q_SHARED),
+            ("needs the one pass (FUSED_DQ)", not config.FUSED_DQ), ("is not for broadcast-Q (Q_SHARED: every sequence adds into them)", config.Q_SHARED),
             (f"needs 64-column dQ halves (DQ_COLS {config.DQ_COLS}, HEAD_DIM {config.HEAD_DIM})", (config.DQ_COLS, config.HEAD_DIM) != (64, 128)),
             (f"needs 64-query steps and padding (BLOCK_M {config.BLOCK_M}, PAD {config.PAD})", config.BLOCK_M != 64 or config.PAD % 64),
         ) if bad]
