@@ -35,7 +35,7 @@ from jagflash.core.tuning import VEC_PAD
 def _vectors_kernel(
     O, DO, LSE, DELTA_IN, LSE2, DELTA, DQ_ACC, q_offsets, kv_offsets, VEC_TILE, vec_rows, n_seqs, search_steps,
     stride_ot, stride_oh, stride_dot, stride_doh, stride_lh, stride_ls, stride_acc,
-    CELLS, DQ, stride_dqt,
+    CELLS, cell_row, DQ, stride_dqt,
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, GIVEN_DELTA: tl.constexpr, PAD: tl.constexpr,
     ZERO_ACC: tl.constexpr, ACC_SHARED: tl.constexpr, OWN_SPAN: tl.constexpr, SOLE: tl.constexpr,
 ):
@@ -54,8 +54,8 @@ def _vectors_kernel(
     row once (the offsets end at the row count); ``ACC_SHARED`` (broadcast-Q): its rows are the
     shared block's, zeroed through the first sequence's; ``OWN_SPAN`` > 0: the rows of the
     sequences of at most OWN_SPAN keys are left alone (the dK/dV kernel zeroes them itself).
-    ``SOLE`` (``SOLE_DQ``): this program's 64 rows of head h are dQ cell ``program_id(0) * Hq +
-    h`` of :func:`dq_cell_counts` (BLOCK 64, PAD a multiple of 64); where no kv-tile adds into it
+    ``SOLE`` (``SOLE_DQ``): this program's 64 rows of head h are dQ cell ``(program_id(0), h)`` of
+    :func:`dq_cell_counts` (``cell_row`` ints a step; BLOCK 64, PAD a multiple of 64); where no kv-tile adds into it
     (``CELLS`` holds 0), its dQ rows (``DQ``, rows ``stride_dqt`` apart) are written as zeros
     here, as nothing else writes them; its accumulator rows are zeroed only where two kv-tiles or
     more add into it (one writes dQ itself)."""
@@ -78,7 +78,7 @@ def _vectors_kernel(
             if OWN_SPAN > 0:
                 keep = keep & ~owned_seq(kv_offsets, b, owned, OWN_SPAN)
             if SOLE:
-                adds = tl.load(CELLS + 2 * (tl.program_id(0) * tl.num_programs(1) + h))
+                adds = tl.load(CELLS + tl.program_id(0) * cell_row + 2 * h)
                 keep = keep & (adds > 1)
                 if adds == 0:
                     tl.store(DQ + r64 * stride_dqt + h * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK, HEAD_DIM], DQ.dtype.element_ty), mask=valid[:, None])
@@ -137,15 +137,15 @@ def _scaled_cast_rows_kernel(
 
 @triton.jit
 def _cells_cast_kernel(
-    SRC, DST, CELLS, q_offsets, kv_offsets, VEC_TILE, n_seqs, search_steps, scale, HEAD_DIM: tl.constexpr,
+    SRC, DST, CELLS, cell_row, q_offsets, kv_offsets, VEC_TILE, n_seqs, search_steps, scale, HEAD_DIM: tl.constexpr,
     BLOCK: tl.constexpr, PAD: tl.constexpr, OWN_SPAN: tl.constexpr,
 ):
-    """:func:`_scaled_cast_kernel` of dQ cell ``program_id(0) * Hq + h`` (``h``:
+    """:func:`_scaled_cast_kernel` of dQ cell ``(program_id(0), h)`` (``h``:
     ``program_id(1)``; BLOCK packed rows, :func:`_packed_rows`) if two kv-tiles or more add into
     it (``CELLS``: :func:`dq_cell_counts`), but the rows of the sequences the dK/dV kernel owns;
     SRC and DST ``[Tq, Hq * HEAD_DIM]``, contiguous."""
     h = tl.program_id(1)
-    if tl.load(CELLS + 2 * (tl.program_id(0) * tl.num_programs(1) + h)) > 1:
+    if tl.load(CELLS + tl.program_id(0) * cell_row + 2 * h) > 1:
         p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         b, owned, q_start, r, keep = _packed_rows(p, VEC_TILE, q_offsets, n_seqs, search_steps, PAD)
         if OWN_SPAN > 0:
@@ -184,8 +184,8 @@ def scaled_cast(src: torch.Tensor, scale: float, out: torch.Tensor, owned: tuple
         kv_offsets, span = (q_offsets, 0) if owned is None else owned[1:]
         n_seqs = q_offsets.numel() - 1
         hq = out.shape[1]
-        _cells_cast_kernel[(counts.shape[0] // hq, hq)](
-            src, out, counts, q_offsets, kv_offsets, vec_tile, n_seqs, n_seqs.bit_length(), scale, HEAD_DIM=out.shape[2],
+        _cells_cast_kernel[(counts.shape[0], hq)](
+            src, out, counts, counts.stride(0), q_offsets, kv_offsets, vec_tile, n_seqs, n_seqs.bit_length(), scale, HEAD_DIM=out.shape[2],
             BLOCK=64, PAD=VEC_PAD, OWN_SPAN=span, num_warps=4,
         )
     elif owned is None or not owned[2]:
@@ -243,7 +243,7 @@ def vector_tiles(lse: torch.Tensor, q_offsets: torch.Tensor) -> tuple[torch.Tens
 
 @triton.jit
 def _dq_cells_kernel(
-    CELLS, TILES, COUNT, heads, q_offsets, kv_offsets, VEC_TILE, lists, left, right,
+    CELLS, cell_row, TILES, COUNT, heads, q_offsets, kv_offsets, VEC_TILE, lists, left, right,
     GROUP: tl.constexpr, HEAD_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr, PAD: tl.constexpr,
     OWN_SPAN: tl.constexpr,
@@ -272,26 +272,27 @@ def _dq_cells_kernel(
             p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
             for t in range(p0, p3, STEP):
                 m0 = block_at(listed, t, BLOCK_M, SPARSE, SUB)
-                cell = (step0 + m0 // BLOCK_M).to(tl.int64) * (heads * GROUP) + head
+                cell = (step0 + m0 // BLOCK_M).to(tl.int64) * cell_row + 2 * head
                 tail = (m0 + BLOCK_M > lq).to(tl.int32)  # (a cell past its sequence's end is summed: a whole-box store would cross into the next)
-                tl.atomic_add(CELLS + 2 * cell + tl.arange(0, 2), tl.full([2], add, tl.int32) + tail, sem="relaxed")
+                tl.atomic_add(CELLS + cell + tl.arange(0, 2), tl.full([2], add, tl.int32) + tail, sem="relaxed")
 
 
 def dq_cell_counts(plan, lse, q_offsets, kv_offsets, *, heads_q: int, left: int, right: int, config, lists=None) -> torch.Tensor:
-    """The adds into each dQ cell of the one-pass backward with ``SOLE_DQ``: ``[cells, 2]``
+    """The adds into each dQ cell of the one-pass backward with ``SOLE_DQ``: ``[steps, W]``
     int32 (a cell: a 64-query step of the packed vectors' rows, :func:`vector_tiles`, times one
-    query head; one count per column half, as each consumer warpgroup adds its own). ``plan``:
+    query head; head h's two ints, one per column half, at ``2h``; ``W`` is ``2 Hq`` rounded up to
+    4, so that the dK/dV kernel's producer loads a step's count by TMA, 16 bytes a box). ``plan``:
     the launch's plan (its dK/dV pass's table), ``config`` its ``BwdConfig``, ``lists`` a block
     mask's transposed lists (``BlockMask.kernel_lists()[1]``) or None. One program per table row
     walks its kv-tile's steps (:func:`_dq_cells_kernel`)."""
     from jagflash.core.plan.model import PASSES  # (the plan's modules import this one's users)
 
     vec_tile, vec_rows = vector_tiles(lse, q_offsets)
-    counts = torch.zeros((cdiv(vec_rows, 64) * heads_q, 2), dtype=torch.int32, device=lse.device)
+    counts = torch.zeros((cdiv(vec_rows, 64), cdiv(2 * heads_q, 4) * 4), dtype=torch.int32, device=lse.device)
     lay = plan.info.layout("dkdv")
     if lay.rows:
         _dq_cells_kernel[(lay.rows,)](
-            counts, plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):], lay.heads, q_offsets, kv_offsets, vec_tile,
+            counts, counts.stride(0), plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):], lay.heads, q_offsets, kv_offsets, vec_tile,
             lists, left, right, GROUP=config.GROUP, HEAD_MAJOR=config.HEAD_MAJOR, BLOCK_M=config.BLOCK_M,
             BLOCK_N=config.BLOCK_N, BOUNDED_LEFT=config.BOUNDED_LEFT, BOUNDED_RIGHT=config.BOUNDED_RIGHT,
             SPARSE=config.SPARSE, PAD=config.PAD, OWN_SPAN=config.OWN_SPAN, num_warps=1,
@@ -370,7 +371,8 @@ def backward_vectors(
     counts, dq = cells if sole else (lse2, lse2)
     _vectors_kernel[(cdiv(vec_rows, block), hq)](
         out, dout, lse.contiguous(), delta, lse2, packed_delta, dq_acc if zero else lse2, q_offsets, kv_offsets, vec_tile,
-        vec_rows, n_seqs, n_seqs.bit_length(), *strides, *lse_strides, dq_acc.stride(0) if zero else 0, counts, dq,
+        vec_rows, n_seqs, n_seqs.bit_length(), *strides, *lse_strides, dq_acc.stride(0) if zero else 0, counts,
+        counts.stride(0) if sole else 0, dq,
         dq.stride(0) if sole else 0, HEAD_DIM=dim, BLOCK=block, GIVEN_DELTA=given, PAD=VEC_PAD,
         ZERO_ACC=zero, ACC_SHARED=acc_shared, OWN_SPAN=own, SOLE=sole, num_warps=4,
     )

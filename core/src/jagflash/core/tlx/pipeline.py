@@ -204,10 +204,10 @@ def dq_add_or_store(desc, stages, first, NUM: tl.constexpr, counter, value, row,
     stage = stages[first + counter % NUM]
     tlx.async_descriptor_store_wait(NUM - 1)
     if alone:
-        out = sole[4][first // NUM]
-        tlx.local_store(out, output(value * sole[5], DTYPE))
+        out = sole[1][first // NUM]
+        tlx.local_store(out, output(value * sole[2], DTYPE))
         tlx.fence("async_shared")
-        tlx.async_descriptor_store(sole[3], out, [row, col])
+        tlx.async_descriptor_store(sole[0], out, [row, col])
     else:
         tlx.local_store(stage, value)
         tlx.fence("async_shared")
