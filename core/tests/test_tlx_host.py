@@ -637,7 +637,7 @@ def test_dq_cell_counts_count_every_kv_tile_that_adds_into_a_cell(bounds, schedu
     assert torch.equal(dq[~visited], torch.zeros_like(dq[~visited]))
 
 
-def _cells_batch(bounds, schedule):
+def _cells_batch(bounds, schedule, hq=4, hkv=2):
     """The dQ cell tests' batch (GQA: 4 query heads, 2 K/V heads, D 128; queries without keys and
     keys without queries, lengths around the tiles) and its one-pass backward plan and policy
     config: ``(q_lens, k_lens, hq, q_offsets, kv_offsets, plan, config)``."""
@@ -645,7 +645,7 @@ def _cells_batch(bounds, schedule):
 
     q_lens = [5, 300, 0, 64, 257, 9, 40, 130]
     k_lens = [256, 300, 7, 0, 10, 257, 1, 129]
-    hq, hkv, dim = 4, 2, 128
+    dim = 128
     qo = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     ko = torch.tensor([0, *torch.tensor(k_lens).cumsum(0).tolist()], dtype=torch.int32)
     tq, tk = int(qo[-1]), int(ko[-1])
@@ -667,18 +667,19 @@ def _cell_adds(counts, vec_tile, q_lens, qo, hq) -> torch.Tensor:
     return adds
 
 
+@pytest.mark.parametrize("heads", [(4, 2), (3, 1)], ids=["gqa2", "odd_heads"])
 @pytest.mark.parametrize("own", [False, True], ids=["unowned", "owned"])
-def test_sole_dq_passes_leave_the_kernel_its_one_add_cells(own) -> None:
+def test_sole_dq_passes_leave_the_kernel_its_one_add_cells(own, heads) -> None:
     """``SOLE_DQ`` (the kernel writes the dQ of the cells one kv-tile adds into): the preprocess
     zeroes the accumulator of the cells of two adds or more only, writes the dQ zeros of those
     of none, and the cast writes dQ = scale x the accumulator in the cells of two adds or more
     only, but the sequences the kernel owns (their cells count two a kv-tile, so none is
     written by a step alone; the owner writes their rows). Everything else keeps its NaN poison.
-    Causal, GQA, lengths around the tiles, queries without keys (plain Triton kernels: the
+    Causal, GQA, an odd head count (counts rows padded to 4 ints), lengths around the tiles, queries without keys (plain Triton kernels: the
     interpreter)."""
     import dataclasses
 
-    q_lens, k_lens, hq, qo, ko, plan, config = _cells_batch((-1, 0), "dynamic-grouped")
+    q_lens, k_lens, hq, qo, ko, plan, config = _cells_batch((-1, 0), "dynamic-grouped", *heads)
     tq, dim = int(qo[-1]), 128
     config = dataclasses.replace(config, SOLE_DQ=True, OWN_SPAN=256 if own else 0, RING_TILES=True)
     lse = torch.zeros(hq, tq)
