@@ -24,7 +24,7 @@ must be 16-byte aligned, though (see there). A consumer warpgroup that owns a se
 columns (``jagflash.core.tuning.own_span``) zeroes them before its first add
 (:func:`own_rows_zero`) and writes dQ from them after its last (:func:`own_rows_cast`): the
 exact zeros another sequence's tail adds into them change nothing, before, between or after.
-With ``SOLE_DQ`` a step whose dQ cell no other kv-tile adds into writes its dQ from registers
+With ``SOLE_DQ`` a step whose dQ cell no other kv-tile adds into stores its dQ (through its stage)
 instead of adding it (:func:`dq_add_or_store`): those cells never touch the accumulator.
 
 Importing this module needs the TLX plugin (``triton-utlx``); nothing imports it unless the TLX
