@@ -185,9 +185,23 @@ def dq_reduce_add(desc, stages, first, NUM: tl.constexpr, counter, value, row, c
     16 bytes' worth of elements: an unaligned box start stops the kernel with an illegal
     instruction on the H200 (loads only ever offset the outer dimension, so they never meet
     this)."""
+    dq_stage_add(desc, dq_stage_fill(stages, first, NUM, counter, value), row, col)
+
+
+@triton.jit
+def dq_stage_fill(stages, first, NUM: tl.constexpr, counter, value):
+    """:func:`dq_reduce_add`'s first half: the stage ``counter`` takes, once the TMA store that
+    last read it has read it, holding ``value``."""
     stage = stages[first + counter % NUM]
     tlx.async_descriptor_store_wait(NUM - 1)
     tlx.local_store(stage, value)
+    return stage
+
+
+@triton.jit
+def dq_stage_add(desc, stage, row, col):
+    """:func:`dq_reduce_add`'s second half: the filled ``stage`` fenced for the async proxy, then
+    reduce-added at ``(row, col)`` of ``desc`` by one TMA store."""
     tlx.fence("async_shared")
     tlx.async_descriptor_store(desc, stage, [row, col], store_reduce="add")
 
@@ -201,17 +215,14 @@ def dq_add_or_store(desc, stages, first, NUM: tl.constexpr, counter, value, row,
     ``stride_dqt`` apart; ``sole``: ``(.., .., .., DQ, stride_dqt, scale)``) at ``(row, col)``,
     its first ``valid`` rows only (the rows past the sequence's end are the next sequence's,
     which its own steps write)."""
-    stage = stages[first + counter % NUM]
-    tlx.async_descriptor_store_wait(NUM - 1)
-    tlx.local_store(stage, value)
+    stage = dq_stage_fill(stages, first, NUM, counter, value)
     if alone:
         x = tlx.local_load(stage)
         offs = tl.arange(0, x.shape[0])
         at = sole[3] + ((row + offs).to(tl.int64)[:, None] * sole[4] + tl.multiple_of(col, x.shape[1]) + tl.arange(0, x.shape[1])[None, :])
         tl.store(at, output(x * sole[5], DTYPE), mask=(offs < valid)[:, None])
     else:
-        tlx.fence("async_shared")
-        tlx.async_descriptor_store(desc, stage, [row, col], store_reduce="add")
+        dq_stage_add(desc, stage, row, col)
 
 
 @triton.jit
