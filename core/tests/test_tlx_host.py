@@ -604,9 +604,9 @@ def test_forced_ring_turns_the_fields_that_ride_on_the_ring_with_it() -> None:
 @pytest.mark.parametrize("schedule", ["dynamic", "dynamic-grouped"])
 def test_dq_cell_counts_count_every_kv_tile_that_adds_into_a_cell(bounds, schedule) -> None:
     """``SOLE_DQ``'s counts (a plain Triton kernel: runs under the interpreter): a dQ cell (a
-    64-query step of the packed vector rows, one query head) waits for one add per kv-tile whose
-    q-range (``mask.dkdv_q_ranges``, brute force per sequence here) holds the step, in each
-    column half (two a kv-tile in the sequences the policy owns on dynamic-grouped tables); GQA
+    64-query step of the packed vector rows, one query head) counts one add per kv-tile whose
+    q-range (``mask.dkdv_q_ranges``, brute force per sequence here) holds the step (two a
+    kv-tile in the sequences the policy owns on dynamic-grouped tables); GQA
     (two query heads a K/V head), queries without keys and keys without queries, lengths around
     the tiles. The preprocess then writes the dQ zeros of the cells no kv-tile visits and leaves
     the others (NaN-poisoned) to the kernel."""
@@ -660,12 +660,12 @@ def _cells_batch(bounds, schedule):
 
 
 def _cell_adds(counts, vec_tile, q_lens, qo, hq) -> torch.Tensor:
-    """``[Tq, Hq]``: each query row's dQ cell count (``dq_cell_counts``' first column half)."""
+    """``[Tq, Hq]``: each query row's dQ cell count (``dq_cell_counts``')."""
     adds = torch.zeros(int(qo[-1]), hq, dtype=torch.int32)
     for b, lq in enumerate(q_lens):
         for m0 in range(0, lq, 64):
             cell = (int(vec_tile[b]) + m0 // 64) * hq
-            adds[int(qo[b]) + m0:int(qo[b]) + min(m0 + 64, lq)] = counts[cell:cell + hq, 0]
+            adds[int(qo[b]) + m0:int(qo[b]) + min(m0 + 64, lq)] = counts[cell:cell + hq]
     return adds
 
 

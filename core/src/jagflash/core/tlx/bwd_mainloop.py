@@ -8,7 +8,7 @@ slot); ``seq`` the sequence's ``(lq, lk, q_start, row)`` with ``row`` the kv-til
 for this head (``jagflash.core.mask.tile_list``); ``band`` the mask's ``(left, right)``;
 ``dq`` the one-pass write-back's ``(desc_dq, ds_tiles, dq_stages, dq_col, sole)``, ``sole``
 ``SOLE_DQ``'s ``(CELLS, cell0, hq, DQ, stride_dqt, scale)``: the adds into each dQ cell
-(``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``, two ints a cell; a sequence the kernel
+(``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``, an int a cell; a sequence the kernel
 owns counts two a kv-tile, so none of its cells is written here), this head's step-0 cell
 (a step further on, ``hq`` further), dQ as rows, the softmax scale.
 """
@@ -67,7 +67,7 @@ def dkdv_steps(
         m0 = block_at(listed, t, BLOCK_M, SPARSE, SUB)
         if SOLE_DQ:
             sole = dq[4]
-            alone = tl.load(sole[0] + 2 * (sole[1] + sole[2] * (m0 // BLOCK_M))) == 1
+            alone = tl.load(sole[0] + sole[1] + sole[2] * (m0 // BLOCK_M)) == 1
         if FUSED_DQ:
             zero = opaque_zero(q_cnt)
         else:
