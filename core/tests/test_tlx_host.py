@@ -604,9 +604,9 @@ def test_forced_ring_turns_the_fields_that_ride_on_the_ring_with_it() -> None:
 @pytest.mark.parametrize("schedule", ["dynamic", "dynamic-grouped"])
 def test_dq_cell_counts_count_every_kv_tile_that_adds_into_a_cell(bounds, schedule) -> None:
     """``SOLE_DQ``'s counts (a plain Triton kernel: runs under the interpreter): a dQ cell (a
-    64-query step of the packed vector rows, one query head) waits for one add per kv-tile whose
-    q-range (``mask.dkdv_q_ranges``, brute force per sequence here) holds the step, in each
-    column half (two a kv-tile in the sequences the policy owns on dynamic-grouped tables); GQA
+    64-query step of the packed vector rows, one query head) counts one add per kv-tile whose
+    q-range (``mask.dkdv_q_ranges``, brute force per sequence here) holds the step (two a
+    kv-tile in the sequences the policy owns on dynamic-grouped tables); GQA
     (two query heads a K/V head), queries without keys and keys without queries, lengths around
     the tiles. The preprocess then writes the dQ zeros of the cells no kv-tile visits and leaves
     the others (NaN-poisoned) to the kernel."""
@@ -623,7 +623,7 @@ def test_dq_cell_counts_count_every_kv_tile_that_adds_into_a_cell(bounds, schedu
         for n0 in range(0, lk, 128):
             lo, _, _, hi = (int(x) for x in dkdv_q_ranges(n0, lq, lk, 64, 128, left, right))
             for m0 in range(lo, hi, 64):
-                want[int(vec_tile[b]) + m0 // 64, :2 * hq] += (2 if lk <= config.OWN_SPAN else 1) + (m0 + 64 > lq)  # (owned: 2 a kv-tile; a tail cell: 1 more)
+                want[int(vec_tile[b]) + m0 // 64, 0:4 * hq:4] += (2 if lk <= config.OWN_SPAN else 1) + (m0 + 64 > lq)  # (owned: 2 a kv-tile; a tail cell: 1 more)
     assert want.any()
     assert torch.equal(counts, want)
     acc = torch.zeros(tq, hq * dim)
@@ -659,11 +659,11 @@ def _cells_batch(bounds, schedule, hq=4, hkv=2):
 
 
 def _cell_adds(counts, vec_tile, q_lens, qo, hq) -> torch.Tensor:
-    """``[Tq, Hq]``: each query row's dQ cell count (``dq_cell_counts``' first column half)."""
+    """``[Tq, Hq]``: each query row's dQ cell count (``dq_cell_counts``')."""
     adds = torch.zeros(int(qo[-1]), hq, dtype=torch.int32)
     for b, lq in enumerate(q_lens):
         for m0 in range(0, lq, 64):
-            adds[int(qo[b]) + m0:int(qo[b]) + min(m0 + 64, lq)] = counts[int(vec_tile[b]) + m0 // 64, 0:2 * hq:2]
+            adds[int(qo[b]) + m0:int(qo[b]) + min(m0 + 64, lq)] = counts[int(vec_tile[b]) + m0 // 64, 0:4 * hq:4]
     return adds
 
 
@@ -675,7 +675,7 @@ def test_sole_dq_passes_leave_the_kernel_its_one_add_cells(own, heads) -> None:
     of none, and the cast writes dQ = scale x the accumulator in the cells of two adds or more
     only, but the sequences the kernel owns (their cells count two a kv-tile, so none is
     written by a step alone; the owner writes their rows). Everything else keeps its NaN poison.
-    Causal, GQA, an odd head count (counts rows padded to 4 ints), lengths around the tiles, queries without keys (plain Triton kernels: the
+    Causal, GQA, an odd head count, lengths around the tiles, queries without keys (plain Triton kernels: the
     interpreter)."""
     import dataclasses
 

@@ -8,7 +8,7 @@ slot); ``seq`` the sequence's ``(lq, lk, q_start, row)`` with ``row`` the kv-til
 for this head (``jagflash.core.mask.tile_list``); ``band`` the mask's ``(left, right)``;
 ``dq`` the one-pass write-back's ``(desc_dq, ds_tiles, dq_stages, dq_col, sole)``, ``sole``
 ``SOLE_DQ``'s ``(CELLS, cell0, hq, DQ, stride_dqt, scale)``: the adds into each dQ cell
-(``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``, two ints a cell; a sequence the kernel
+(``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``, an int a cell; a sequence the kernel
 owns counts two a kv-tile, so none of its cells is written here), this head's step-0 cell
 (a step further on, ``hq`` further), dQ as rows, the softmax scale.
 """
@@ -131,8 +131,7 @@ def dkdv_steps(
                 dv = tlx.async_dot_wait(0, dv)
                 ring_release(q_empties, slot)  # released before the dQ write-back
                 if SOLE_DQ:
-                    dq_add_or_store(desc_dq, dq_stages, DQ_STAGES * CID, DQ_STAGES, q_cnt, dq_tile, row, dq_col + CID * DQ_COLS, alone, sole,
-                                    lq - m0, DTYPE)
+                    dq_add_or_store(desc_dq, dq_stages, DQ_STAGES * CID, DQ_STAGES, q_cnt, dq_tile, row, dq_col + CID * DQ_COLS, alone, sole, DTYPE)
                 else:
                     dq_reduce_add(desc_dq, dq_stages, DQ_STAGES * CID, DQ_STAGES, q_cnt, dq_tile, row, dq_col + CID * DQ_COLS)
         else:

@@ -78,7 +78,7 @@ def _vectors_kernel(
             if OWN_SPAN > 0:
                 keep = keep & ~owned_seq(kv_offsets, b, owned, OWN_SPAN)
             if SOLE:
-                adds = tl.load(CELLS + tl.program_id(0) * cell_row + 2 * h)
+                adds = tl.load(CELLS + tl.program_id(0) * cell_row + 4 * h)
                 keep = keep & (adds > 1)
                 if adds == 0:
                     tl.store(DQ + r64 * stride_dqt + h * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK, HEAD_DIM], DQ.dtype.element_ty), mask=valid[:, None])
@@ -145,7 +145,7 @@ def _cells_cast_kernel(
     it (``CELLS``: :func:`dq_cell_counts`), but the rows of the sequences the dK/dV kernel owns;
     SRC and DST ``[Tq, Hq * HEAD_DIM]``, contiguous."""
     h = tl.program_id(1)
-    if tl.load(CELLS + tl.program_id(0) * cell_row + 2 * h) > 1:
+    if tl.load(CELLS + tl.program_id(0) * cell_row + 4 * h) > 1:
         p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         b, owned, q_start, r, keep = _packed_rows(p, VEC_TILE, q_offsets, n_seqs, search_steps, PAD)
         if OWN_SPAN > 0:
@@ -248,11 +248,12 @@ def _dq_cells_kernel(
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr, PAD: tl.constexpr,
     OWN_SPAN: tl.constexpr,
 ):
-    """One row of the dK/dV pass's table: +1 to both column halves of every dQ cell its kv-tile
+    """One row of the dK/dV pass's table: +1 to every dQ cell its kv-tile
     adds into, walking the positions the dK/dV kernel walks (the table row decoded by
     ``plan_row``, its q-range by ``dkdv_q_range``, with ``SPARSE`` through the kv-tile's row of
     the transposed lists: ``block_walk`` / ``block_at``). Cell of query head ``h`` at step ``m0``
-    of sequence ``b``: ``((VEC_TILE[b] * PAD + m0) // BLOCK_M) * Hq + h``. A sequence the dK/dV
+    of sequence ``b``: ``[(VEC_TILE[b] * PAD + m0) // BLOCK_M, 4 h]``, one more where the step
+    crosses the sequence's end. A sequence the dK/dV
     kernel owns (``OWN_SPAN``: ``jagflash.core.seqlen.owned_seq``) counts 2 a kv-tile instead,
     so that no cell of it has one add (``SOLE_DQ`` writes those; the owner writes its own)."""
     STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
@@ -272,23 +273,24 @@ def _dq_cells_kernel(
             p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
             for t in range(p0, p3, STEP):
                 m0 = block_at(listed, t, BLOCK_M, SPARSE, SUB)
-                cell = (step0 + m0 // BLOCK_M).to(tl.int64) * cell_row + 2 * head
+                cell = (step0 + m0 // BLOCK_M).to(tl.int64) * cell_row + 4 * head
                 tail = (m0 + BLOCK_M > lq).to(tl.int32)  # (a cell past its sequence's end is summed: a whole-box store would cross into the next)
-                tl.atomic_add(CELLS + cell + tl.arange(0, 2), tl.full([2], add, tl.int32) + tail, sem="relaxed")
+                tl.atomic_add(CELLS + cell, add + tail, sem="relaxed")
 
 
 def dq_cell_counts(plan, lse, q_offsets, kv_offsets, *, heads_q: int, left: int, right: int, config, lists=None) -> torch.Tensor:
     """The adds into each dQ cell of the one-pass backward with ``SOLE_DQ``: ``[steps, W]``
     int32 (a cell: a 64-query step of the packed vectors' rows, :func:`vector_tiles`, times one
-    query head; head h's two ints, one per column half, at ``2h``; ``W`` is ``2 Hq`` rounded up to
-    4, so that the dK/dV kernel's producer loads a step's count by TMA, 16 bytes a box). ``plan``:
+    query head, at ``[step, 4 h]``; both consumer warpgroups' column halves add alike; ``W`` is
+    ``4 Hq``, so that the dK/dV kernel's producer loads a step's count by TMA, a 16-byte box of
+    its own, the count first; the other three ints stay 0). ``plan``:
     the launch's plan (its dK/dV pass's table), ``config`` its ``BwdConfig``, ``lists`` a block
     mask's transposed lists (``BlockMask.kernel_lists()[1]``) or None. One program per table row
     walks its kv-tile's steps (:func:`_dq_cells_kernel`)."""
     from jagflash.core.plan.model import PASSES  # (the plan's modules import this one's users)
 
     vec_tile, vec_rows = vector_tiles(lse, q_offsets)
-    counts = torch.zeros((cdiv(vec_rows, 64), cdiv(2 * heads_q, 4) * 4), dtype=torch.int32, device=lse.device)
+    counts = torch.zeros((cdiv(vec_rows, 64), 4 * heads_q), dtype=torch.int32, device=lse.device)
     lay = plan.info.layout("dkdv")
     if lay.rows:
         _dq_cells_kernel[(lay.rows,)](
