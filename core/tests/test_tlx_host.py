@@ -675,7 +675,8 @@ def test_sole_dq_passes_leave_the_kernel_its_one_add_cells(own, heads) -> None:
     of none, and the cast writes dQ = scale x the accumulator in the cells of two adds or more
     only, but the sequences the kernel owns (their cells count two a kv-tile, so none is
     written by a step alone; the owner writes their rows). Everything else keeps its NaN poison.
-    Causal, GQA, an odd head count, lengths around the tiles, queries without keys (plain Triton kernels: the
+    Delta is rowsum(dO O) where a step reads it, 0 in the cells of none. Causal, GQA, an odd head count, lengths around
+    the tiles, queries without keys (plain Triton kernels: the
     interpreter)."""
     import dataclasses
 
@@ -697,7 +698,10 @@ def test_sole_dq_passes_leave_the_kernel_its_one_add_cells(own, heads) -> None:
     out, dout = torch.randn(tq, hq, dim), torch.randn(tq, hq, dim)
     dq = torch.full((tq, hq, dim), float("nan"))
     span = (ko, config.OWN_SPAN) if own else None
-    bwd_preprocess.backward_vectors(lse, qo, out=out, dout=dout, dq_acc=acc, owned=span, cells=(counts, dq))
+    _, delta, _ = bwd_preprocess.backward_vectors(lse, qo, out=out, dout=dout, dq_acc=acc, owned=span, cells=(counts, dq))
+    rows = torch.cat([int(vec_tile[b]) * tuning.VEC_PAD + torch.arange(lq) for b, lq in enumerate(q_lens)])
+    want = torch.where(adds > 0, (out.double() * dout.double()).sum(-1), 0.0).T  # (a cell no step visits: delta 0, O and dO unread)
+    torch.testing.assert_close(delta[:, rows].double(), want, rtol=1e-5, atol=1e-4)
     summed = (adds > 1) & ~owned
     acc3 = acc.view(tq, hq, dim)
     assert torch.equal(acc3[summed], torch.zeros_like(acc3[summed]))

@@ -57,8 +57,9 @@ def _vectors_kernel(
     ``SOLE`` (``SOLE_DQ``): this program's 64 rows of head h are dQ cell ``(program_id(0), h)`` of
     :func:`dq_cell_counts` (``cell_row`` ints a step; BLOCK 64, PAD a multiple of 64); where no kv-tile adds into it
     (``CELLS`` holds 0), its dQ rows (``DQ``, rows ``stride_dqt`` apart) are written as zeros
-    here, as nothing else writes them; its accumulator rows are zeroed only where two kv-tiles or
-    more add into it (one writes dQ itself)."""
+    here, as nothing else writes them, and its delta is 0 (no step reads it; its O and dO rows are
+    not loaded); its accumulator rows are zeroed only where two kv-tiles or more add into it (one
+    writes dQ itself)."""
     p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     h = tl.program_id(1).to(tl.int64)
     in_range = p < vec_rows
@@ -70,15 +71,18 @@ def _vectors_kernel(
     else:
         offs_d = tl.arange(0, HEAD_DIM)
         r64 = (q_start + r)[:, None]
-        o = tl.load(O + r64 * stride_ot + h * stride_oh + offs_d[None, :], mask=valid[:, None], other=0.0)
-        do = tl.load(DO + r64 * stride_dot + h * stride_doh + offs_d[None, :], mask=valid[:, None], other=0.0)
+        live = valid
+        if SOLE:  # (a cell no kv-tile visits: nothing reads its delta, so its O and dO rows stay unread)
+            adds = tl.load(CELLS + tl.program_id(0) * cell_row + 4 * h)
+            live = valid & (adds > 0)
+        o = tl.load(O + r64 * stride_ot + h * stride_oh + offs_d[None, :], mask=live[:, None], other=0.0)
+        do = tl.load(DO + r64 * stride_dot + h * stride_doh + offs_d[None, :], mask=live[:, None], other=0.0)
         delta = attn_delta(o, do)
         if ZERO_ACC:
             keep = (valid & (b == 0)) if ACC_SHARED else valid  # (the first sequence's rows are the block's)
             if OWN_SPAN > 0:
                 keep = keep & ~owned_seq(kv_offsets, b, owned, OWN_SPAN)
             if SOLE:
-                adds = tl.load(CELLS + tl.program_id(0) * cell_row + 4 * h)
                 keep = keep & (adds > 1)
                 if adds == 0:
                     tl.store(DQ + r64 * stride_dqt + h * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK, HEAD_DIM], DQ.dtype.element_ty), mask=valid[:, None])
