@@ -12,6 +12,8 @@ from jagflash.core import tuning
 from jagflash.core.seqlen import plan_row
 from jagflash.core.tlx import bwd_preprocess, bwd_sm90, fwd_sm90
 
+CELL = bwd_preprocess.CELL_INTS.value  # (the ints a dQ cell count takes)
+
 
 def test_one_pass_backward_refuses_a_head_dim_without_dq_tiles() -> None:
     """A head dim the kernel has no dQ tiles for (D 32): refused before any launch, naming the
@@ -623,7 +625,7 @@ def test_dq_cell_counts_count_every_kv_tile_that_adds_into_a_cell(bounds, schedu
         for n0 in range(0, lk, 128):
             lo, _, _, hi = (int(x) for x in dkdv_q_ranges(n0, lq, lk, 64, 128, left, right))
             for m0 in range(lo, hi, 64):
-                want[int(vec_tile[b]) + m0 // 64, 0:4 * hq:4] += (2 if lk <= config.OWN_SPAN else 1) + (m0 + 64 > lq)  # (owned: 2 a kv-tile; a tail cell: 1 more)
+                want[int(vec_tile[b]) + m0 // 64, 0:CELL * hq:CELL] += (2 if lk <= config.OWN_SPAN else 1) + (m0 + 64 > lq)  # (owned: 2 a kv-tile; a tail cell: 1 more)
     assert want.any()
     assert torch.equal(counts, want)
     acc = torch.zeros(tq, hq * dim)
@@ -663,7 +665,7 @@ def _cell_adds(counts, vec_tile, q_lens, qo, hq) -> torch.Tensor:
     adds = torch.zeros(int(qo[-1]), hq, dtype=torch.int32)
     for b, lq in enumerate(q_lens):
         for m0 in range(0, lq, 64):
-            adds[int(qo[b]) + m0:int(qo[b]) + min(m0 + 64, lq)] = counts[int(vec_tile[b]) + m0 // 64, 0:4 * hq:4]
+            adds[int(qo[b]) + m0:int(qo[b]) + min(m0 + 64, lq)] = counts[int(vec_tile[b]) + m0 // 64, 0:CELL * hq:CELL]
     return adds
 
 

@@ -30,6 +30,12 @@ from jagflash.core.seqlen import owned_seq, plan_row, seq_starts, upper_bound
 from jagflash.core.softmax import attn_delta, lse_to_log2
 from jagflash.core.tuning import VEC_PAD
 
+#: The ints a dQ cell's count takes in :func:`dq_cell_counts`' rows, the count first: 128 bytes,
+#: so that the dK/dV kernel's producer loads each into a ring slot of its own by TMA (a TMA load's
+#: shared-memory destination must be 128-byte aligned: 16-byte slots stopped the kernel with a
+#: misaligned address, bench/NOTES.md session 36).
+CELL_INTS = tl.constexpr(32)
+
 
 @triton.jit
 def _vectors_kernel(
@@ -73,7 +79,7 @@ def _vectors_kernel(
         r64 = (q_start + r)[:, None]
         live = valid
         if SOLE:  # (a cell no kv-tile visits: nothing reads its delta, so its O and dO rows stay unread)
-            adds = tl.load(CELLS + tl.program_id(0) * cell_row + 4 * h)
+            adds = tl.load(CELLS + tl.program_id(0) * cell_row + CELL_INTS * h)
             live = valid & (adds > 0)
         o = tl.load(O + r64 * stride_ot + h * stride_oh + offs_d[None, :], mask=live[:, None], other=0.0)
         do = tl.load(DO + r64 * stride_dot + h * stride_doh + offs_d[None, :], mask=live[:, None], other=0.0)
@@ -149,7 +155,7 @@ def _cells_cast_kernel(
     it (``CELLS``: :func:`dq_cell_counts`), but the rows of the sequences the dK/dV kernel owns;
     SRC and DST ``[Tq, Hq * HEAD_DIM]``, contiguous."""
     h = tl.program_id(1)
-    if tl.load(CELLS + tl.program_id(0) * cell_row + 4 * h) > 1:
+    if tl.load(CELLS + tl.program_id(0) * cell_row + CELL_INTS * h) > 1:
         p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         b, owned, q_start, r, keep = _packed_rows(p, VEC_TILE, q_offsets, n_seqs, search_steps, PAD)
         if OWN_SPAN > 0:
@@ -256,7 +262,7 @@ def _dq_cells_kernel(
     adds into, walking the positions the dK/dV kernel walks (the table row decoded by
     ``plan_row``, its q-range by ``dkdv_q_range``, with ``SPARSE`` through the kv-tile's row of
     the transposed lists: ``block_walk`` / ``block_at``). Cell of query head ``h`` at step ``m0``
-    of sequence ``b``: ``[(VEC_TILE[b] * PAD + m0) // BLOCK_M, 4 h]``, one more where the step
+    of sequence ``b``: ``[(VEC_TILE[b] * PAD + m0) // BLOCK_M, CELL_INTS h]``, one more where the step
     crosses the sequence's end. A sequence the dK/dV
     kernel owns (``OWN_SPAN``: ``jagflash.core.seqlen.owned_seq``) counts 2 a kv-tile instead,
     so that no cell of it has one add (``SOLE_DQ`` writes those; the owner writes its own)."""
@@ -277,7 +283,7 @@ def _dq_cells_kernel(
             p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
             for t in range(p0, p3, STEP):
                 m0 = block_at(listed, t, BLOCK_M, SPARSE, SUB)
-                cell = (step0 + m0 // BLOCK_M).to(tl.int64) * cell_row + 4 * head
+                cell = (step0 + m0 // BLOCK_M).to(tl.int64) * cell_row + CELL_INTS * head
                 tail = (m0 + BLOCK_M > lq).to(tl.int32)  # (a cell past its sequence's end is summed: a whole-box store would cross into the next)
                 tl.atomic_add(CELLS + cell, add + tail, sem="relaxed")
 
@@ -285,16 +291,16 @@ def _dq_cells_kernel(
 def dq_cell_counts(plan, lse, q_offsets, kv_offsets, *, heads_q: int, left: int, right: int, config, lists=None) -> torch.Tensor:
     """The adds into each dQ cell of the one-pass backward with ``SOLE_DQ``: ``[steps, W]``
     int32 (a cell: a 64-query step of the packed vectors' rows, :func:`vector_tiles`, times one
-    query head, at ``[step, 4 h]``; both consumer warpgroups' column halves add alike; ``W`` is
-    ``4 Hq``, so that the dK/dV kernel's producer loads a step's count by TMA, a 16-byte box of
-    its own, the count first; the other three ints stay 0). ``plan``:
+    query head, at ``[step, CELL_INTS h]``; both consumer warpgroups' column halves add alike;
+    ``W`` is ``CELL_INTS Hq``: the dK/dV kernel's producer loads a step's count by TMA, a box of
+    its own, the count first; the other ints stay 0). ``plan``:
     the launch's plan (its dK/dV pass's table), ``config`` its ``BwdConfig``, ``lists`` a block
     mask's transposed lists (``BlockMask.kernel_lists()[1]``) or None. One program per table row
     walks its kv-tile's steps (:func:`_dq_cells_kernel`)."""
     from jagflash.core.plan.model import PASSES  # (the plan's modules import this one's users)
 
     vec_tile, vec_rows = vector_tiles(lse, q_offsets)
-    counts = torch.zeros((cdiv(vec_rows, 64), 4 * heads_q), dtype=torch.int32, device=lse.device)
+    counts = torch.zeros((cdiv(vec_rows, 64), CELL_INTS.value * heads_q), dtype=torch.int32, device=lse.device)
     lay = plan.info.layout("dkdv")
     if lay.rows:
         _dq_cells_kernel[(lay.rows,)](

@@ -33,7 +33,12 @@ from jagflash.core.seqlen import plan_row, seq_starts
 from jagflash.core.softmax import LOG2E
 from jagflash.core.tile_scheduler import deal_flags, tile_counter
 from jagflash.core.tlx.bwd_mainloop import dkdv_steps
-from jagflash.core.tlx.bwd_preprocess import backward_vectors, dq_cell_counts, scaled_cast
+from jagflash.core.tlx.bwd_preprocess import (
+    CELL_INTS,
+    backward_vectors,
+    dq_cell_counts,
+    scaled_cast,
+)
 from jagflash.core.tlx.bwd_tiles import (
     ALL_STEPS,
     DKDV_TILE_FIELDS,
@@ -146,7 +151,7 @@ def _dkdv_kernel(
     FIELDS: tl.constexpr = DKDV_TILE_FIELDS + (4 * GROUP if SPARSE else 0) + (1 if OWN_SPAN > 0 else 0)
     ring = alloc_walk_ring(FIELDS if RING_TILES else 1)
     if SOLE_DQ:  # (each step's dQ cell count comes with its vectors)
-        adds_tiles = tlx.local_alloc((1, 4), tl.int32, NUM_Q)
+        adds_tiles = tlx.local_alloc((1, CELL_INTS), tl.int32, NUM_Q)
         descs = (desc_q, desc_do, desc_lse2, desc_delta, desc_adds)
         qring = (q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties, adds_tiles)
     else:
@@ -337,20 +342,20 @@ def _checked_config(plan, q, k, left, right, q_shared, fused_dq, config, who, ma
     return config
 
 
-#: A ``[1, 4]`` int32 tensor a device: the dK/dV kernel's ``desc_adds`` without ``SOLE_DQ`` (never read).
+#: A ``[1, CELL_INTS]`` int32 tensor a device: the dK/dV kernel's ``desc_adds`` without ``SOLE_DQ`` (never read).
 _NO_ADDS: dict = {}
 
 
 def _adds_descriptor(counts, device):
     """``desc_adds`` of a launch: over ``bwd_preprocess.dq_cell_counts``' counts (``[steps, W]``,
-    a ``[1, 4]`` box a step and head), or, without them, over a never-read stand-in."""
+    a ``[1, CELL_INTS]`` box a step and head), or, without them, over a never-read stand-in."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     if counts is None:
         counts = _NO_ADDS.get(device)
         if counts is None:
-            counts = _NO_ADDS.setdefault(device, torch.zeros((1, 4), dtype=torch.int32, device=device))
-    return TensorDescriptor(counts, shape=list(counts.shape), strides=[counts.stride(0), 1], block_shape=[1, 4])
+            counts = _NO_ADDS.setdefault(device, torch.zeros((1, CELL_INTS.value), dtype=torch.int32, device=device))
+    return TensorDescriptor(counts, shape=list(counts.shape), strides=[counts.stride(0), 1], block_shape=[1, CELL_INTS.value])
 
 
 def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc, dq, left, right, scale, q_shared, config, mask,
