@@ -12,6 +12,8 @@ from jagflash.core import tuning
 from jagflash.core.seqlen import plan_row
 from jagflash.core.tlx import bwd_preprocess, bwd_sm90, fwd_sm90
 
+CELL = bwd_preprocess.CELL_INTS.value  # (the ints a dQ cell count takes)
+
 
 def test_one_pass_backward_refuses_a_head_dim_without_dq_tiles() -> None:
     """A head dim the kernel has no dQ tiles for (D 32): refused before any launch, naming the
@@ -623,8 +625,7 @@ def test_dq_cell_counts_count_every_kv_tile_that_adds_into_a_cell(bounds, schedu
         for n0 in range(0, lk, 128):
             lo, _, _, hi = (int(x) for x in dkdv_q_ranges(n0, lq, lk, 64, 128, left, right))
             for m0 in range(lo, hi, 64):
-                cell = (int(vec_tile[b]) + m0 // 64) * hq
-                want[cell:cell + hq] += 2 if lk <= config.OWN_SPAN else 1  # (an owned sequence counts 2 a kv-tile)
+                want[int(vec_tile[b]) + m0 // 64, 0:CELL * hq:CELL] += (2 if lk <= config.OWN_SPAN else 1) + (m0 + 64 > lq)  # (owned: 2 a kv-tile; a tail cell: 1 more)
     assert want.any()
     assert torch.equal(counts, want)
     acc = torch.zeros(tq, hq * dim)
@@ -638,7 +639,7 @@ def test_dq_cell_counts_count_every_kv_tile_that_adds_into_a_cell(bounds, schedu
     assert torch.equal(dq[~visited], torch.zeros_like(dq[~visited]))
 
 
-def _cells_batch(bounds, schedule):
+def _cells_batch(bounds, schedule, hq=4, hkv=2):
     """The dQ cell tests' batch (GQA: 4 query heads, 2 K/V heads, D 128; queries without keys and
     keys without queries, lengths around the tiles) and its one-pass backward plan and policy
     config: ``(q_lens, k_lens, hq, q_offsets, kv_offsets, plan, config)``."""
@@ -646,7 +647,7 @@ def _cells_batch(bounds, schedule):
 
     q_lens = [5, 300, 0, 64, 257, 9, 40, 130]
     k_lens = [256, 300, 7, 0, 10, 257, 1, 129]
-    hq, hkv, dim = 4, 2, 128
+    dim = 128
     qo = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     ko = torch.tensor([0, *torch.tensor(k_lens).cumsum(0).tolist()], dtype=torch.int32)
     tq, tk = int(qo[-1]), int(ko[-1])
@@ -664,23 +665,24 @@ def _cell_adds(counts, vec_tile, q_lens, qo, hq) -> torch.Tensor:
     adds = torch.zeros(int(qo[-1]), hq, dtype=torch.int32)
     for b, lq in enumerate(q_lens):
         for m0 in range(0, lq, 64):
-            cell = (int(vec_tile[b]) + m0 // 64) * hq
-            adds[int(qo[b]) + m0:int(qo[b]) + min(m0 + 64, lq)] = counts[cell:cell + hq]
+            adds[int(qo[b]) + m0:int(qo[b]) + min(m0 + 64, lq)] = counts[int(vec_tile[b]) + m0 // 64, 0:CELL * hq:CELL]
     return adds
 
 
+@pytest.mark.parametrize("heads", [(4, 2), (3, 1)], ids=["gqa2", "odd_heads"])
 @pytest.mark.parametrize("own", [False, True], ids=["unowned", "owned"])
-def test_sole_dq_passes_leave_the_kernel_its_one_add_cells(own) -> None:
+def test_sole_dq_passes_leave_the_kernel_its_one_add_cells(own, heads) -> None:
     """``SOLE_DQ`` (the kernel writes the dQ of the cells one kv-tile adds into): the preprocess
     zeroes the accumulator of the cells of two adds or more only, writes the dQ zeros of those
     of none, and the cast writes dQ = scale x the accumulator in the cells of two adds or more
     only, but the sequences the kernel owns (their cells count two a kv-tile, so none is
     written by a step alone; the owner writes their rows). Everything else keeps its NaN poison.
-    Delta is rowsum(dO O) where a step reads it, 0 in the cells of none. Causal, GQA, lengths around the tiles, queries without keys (plain Triton kernels: the
+    Delta is rowsum(dO O) where a step reads it, 0 in the cells of none. Causal, GQA, an odd head count, lengths around
+    the tiles, queries without keys (plain Triton kernels: the
     interpreter)."""
     import dataclasses
 
-    q_lens, k_lens, hq, qo, ko, plan, config = _cells_batch((-1, 0), "dynamic-grouped")
+    q_lens, k_lens, hq, qo, ko, plan, config = _cells_batch((-1, 0), "dynamic-grouped", *heads)
     tq, dim = int(qo[-1]), 128
     config = dataclasses.replace(config, SOLE_DQ=True, OWN_SPAN=256 if own else 0, RING_TILES=True)
     lse = torch.zeros(hq, tq)

@@ -60,14 +60,11 @@ def dkdv_steps(
     step whose cell this kv-tile alone adds into stores its dQ (:func:`jagflash.core.tlx.pipeline.dq_add_or_store`) instead;
     its count is loaded as the step starts, so that its latency hides behind the step's products."""
     k_tiles, v_tiles = kv
-    q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties = qring
+    q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties = qring[0], qring[1], qring[2], qring[3], qring[4], qring[5]
     lq, lk, q_start, listed = seq
     STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
     for t in range(start, end, STEP):
         m0 = block_at(listed, t, BLOCK_M, SPARSE, SUB)
-        if SOLE_DQ:
-            sole = dq[4]
-            alone = tl.load(sole[0] + sole[1] + sole[2] * (m0 // BLOCK_M)) == 1
         if FUSED_DQ:
             zero = opaque_zero(q_cnt)
         else:
@@ -84,6 +81,10 @@ def dkdv_steps(
         # their dS is exactly 0, so the reduce-add into the next sequence's rows adds 0).
         lse2 = tlx.local_load(lse_tiles[slot])
         delta = tlx.local_load(delta_tiles[slot])
+        if SOLE_DQ:  # (the step's dQ cell count, loaded with its vectors: int 0 of the box)
+            sole = dq[4]
+            adds = tlx.local_load(tlx.local_slice(qring[6][slot], [0, 0], [1, 1]))
+            alone = tl.sum(tl.sum(adds, 1), 0) == 1
         st = tlx.async_dot_wait(1, st)
         pt = tl.math.exp2(st * qk_scale2 - lse2)
         if MASKED:
@@ -130,8 +131,7 @@ def dkdv_steps(
                 dv = tlx.async_dot_wait(0, dv)
                 ring_release(q_empties, slot)  # released before the dQ write-back
                 if SOLE_DQ:
-                    dq_add_or_store(desc_dq, dq_stages, DQ_STAGES * CID, DQ_STAGES, q_cnt, dq_tile, row, dq_col + CID * DQ_COLS, alone, sole,
-                                    lq - m0, DTYPE)
+                    dq_add_or_store(desc_dq, dq_stages, DQ_STAGES * CID, DQ_STAGES, q_cnt, dq_tile, row, dq_col + CID * DQ_COLS, alone, sole, DTYPE)
                 else:
                     dq_reduce_add(desc_dq, dq_stages, DQ_STAGES * CID, DQ_STAGES, q_cnt, dq_tile, row, dq_col + CID * DQ_COLS)
         else:

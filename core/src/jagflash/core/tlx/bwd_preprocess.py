@@ -30,12 +30,18 @@ from jagflash.core.seqlen import owned_seq, plan_row, seq_starts, upper_bound
 from jagflash.core.softmax import attn_delta, lse_to_log2
 from jagflash.core.tuning import VEC_PAD
 
+#: The ints a dQ cell's count takes in :func:`dq_cell_counts`' rows, the count first: 128 bytes,
+#: so that the dK/dV kernel's producer loads each into a ring slot of its own by TMA (a TMA load's
+#: shared-memory destination must be 128-byte aligned: 16-byte slots stopped the kernel with a
+#: misaligned address, bench/NOTES.md session 36).
+CELL_INTS = tl.constexpr(32)
+
 
 @triton.jit
 def _vectors_kernel(
     O, DO, LSE, DELTA_IN, LSE2, DELTA, DQ_ACC, q_offsets, kv_offsets, VEC_TILE, vec_rows, n_seqs, search_steps,
     stride_ot, stride_oh, stride_dot, stride_doh, stride_lh, stride_ls, stride_acc,
-    CELLS, DQ, stride_dqt,
+    CELLS, cell_row, DQ, stride_dqt,
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, GIVEN_DELTA: tl.constexpr, PAD: tl.constexpr,
     ZERO_ACC: tl.constexpr, ACC_SHARED: tl.constexpr, OWN_SPAN: tl.constexpr, SOLE: tl.constexpr,
 ):
@@ -54,8 +60,8 @@ def _vectors_kernel(
     row once (the offsets end at the row count); ``ACC_SHARED`` (broadcast-Q): its rows are the
     shared block's, zeroed through the first sequence's; ``OWN_SPAN`` > 0: the rows of the
     sequences of at most OWN_SPAN keys are left alone (the dK/dV kernel zeroes them itself).
-    ``SOLE`` (``SOLE_DQ``): this program's 64 rows of head h are dQ cell ``program_id(0) * Hq +
-    h`` of :func:`dq_cell_counts` (BLOCK 64, PAD a multiple of 64); where no kv-tile adds into it
+    ``SOLE`` (``SOLE_DQ``): this program's 64 rows of head h are dQ cell ``(program_id(0), h)`` of
+    :func:`dq_cell_counts` (``cell_row`` ints a step; BLOCK 64, PAD a multiple of 64); where no kv-tile adds into it
     (``CELLS`` holds 0), its dQ rows (``DQ``, rows ``stride_dqt`` apart) are written as zeros
     here, as nothing else writes them, and its delta is 0 (no step reads it; its O and dO rows are
     not loaded); its accumulator rows are zeroed only where two kv-tiles or more add into it (one
@@ -73,7 +79,7 @@ def _vectors_kernel(
         r64 = (q_start + r)[:, None]
         live = valid
         if SOLE:  # (a cell no kv-tile visits: nothing reads its delta, so its O and dO rows stay unread)
-            adds = tl.load(CELLS + tl.program_id(0) * tl.num_programs(1) + h)
+            adds = tl.load(CELLS + tl.program_id(0) * cell_row + CELL_INTS * h)
             live = valid & (adds > 0)
         o = tl.load(O + r64 * stride_ot + h * stride_oh + offs_d[None, :], mask=live[:, None], other=0.0)
         do = tl.load(DO + r64 * stride_dot + h * stride_doh + offs_d[None, :], mask=live[:, None], other=0.0)
@@ -141,15 +147,15 @@ def _scaled_cast_rows_kernel(
 
 @triton.jit
 def _cells_cast_kernel(
-    SRC, DST, CELLS, q_offsets, kv_offsets, VEC_TILE, n_seqs, search_steps, scale, HEAD_DIM: tl.constexpr,
+    SRC, DST, CELLS, cell_row, q_offsets, kv_offsets, VEC_TILE, n_seqs, search_steps, scale, HEAD_DIM: tl.constexpr,
     BLOCK: tl.constexpr, PAD: tl.constexpr, OWN_SPAN: tl.constexpr,
 ):
-    """:func:`_scaled_cast_kernel` of dQ cell ``program_id(0) * Hq + h`` (``h``:
+    """:func:`_scaled_cast_kernel` of dQ cell ``(program_id(0), h)`` (``h``:
     ``program_id(1)``; BLOCK packed rows, :func:`_packed_rows`) if two kv-tiles or more add into
     it (``CELLS``: :func:`dq_cell_counts`), but the rows of the sequences the dK/dV kernel owns;
     SRC and DST ``[Tq, Hq * HEAD_DIM]``, contiguous."""
     h = tl.program_id(1)
-    if tl.load(CELLS + tl.program_id(0) * tl.num_programs(1) + h) > 1:
+    if tl.load(CELLS + tl.program_id(0) * cell_row + CELL_INTS * h) > 1:
         p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         b, owned, q_start, r, keep = _packed_rows(p, VEC_TILE, q_offsets, n_seqs, search_steps, PAD)
         if OWN_SPAN > 0:
@@ -188,8 +194,8 @@ def scaled_cast(src: torch.Tensor, scale: float, out: torch.Tensor, owned: tuple
         kv_offsets, span = (q_offsets, 0) if owned is None else owned[1:]
         n_seqs = q_offsets.numel() - 1
         hq = out.shape[1]
-        _cells_cast_kernel[(counts.shape[0] // hq, hq)](
-            src, out, counts, q_offsets, kv_offsets, vec_tile, n_seqs, n_seqs.bit_length(), scale, HEAD_DIM=out.shape[2],
+        _cells_cast_kernel[(counts.shape[0], hq)](
+            src, out, counts, counts.stride(0), q_offsets, kv_offsets, vec_tile, n_seqs, n_seqs.bit_length(), scale, HEAD_DIM=out.shape[2],
             BLOCK=64, PAD=VEC_PAD, OWN_SPAN=span, num_warps=4,
         )
     elif owned is None or not owned[2]:
@@ -247,7 +253,7 @@ def vector_tiles(lse: torch.Tensor, q_offsets: torch.Tensor) -> tuple[torch.Tens
 
 @triton.jit
 def _dq_cells_kernel(
-    CELLS, TILES, COUNT, heads, q_offsets, kv_offsets, VEC_TILE, lists, left, right,
+    CELLS, cell_row, TILES, COUNT, heads, q_offsets, kv_offsets, VEC_TILE, lists, left, right,
     GROUP: tl.constexpr, HEAD_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr, PAD: tl.constexpr,
     OWN_SPAN: tl.constexpr,
@@ -256,7 +262,8 @@ def _dq_cells_kernel(
     adds into, walking the positions the dK/dV kernel walks (the table row decoded by
     ``plan_row``, its q-range by ``dkdv_q_range``, with ``SPARSE`` through the kv-tile's row of
     the transposed lists: ``block_walk`` / ``block_at``). Cell of query head ``h`` at step ``m0``
-    of sequence ``b``: ``((VEC_TILE[b] * PAD + m0) // BLOCK_M) * Hq + h``. A sequence the dK/dV
+    of sequence ``b``: ``[(VEC_TILE[b] * PAD + m0) // BLOCK_M, CELL_INTS h]``, one more where the step
+    crosses the sequence's end. A sequence the dK/dV
     kernel owns (``OWN_SPAN``: ``jagflash.core.seqlen.owned_seq``) counts 2 a kv-tile instead,
     so that no cell of it has one add (``SOLE_DQ`` writes those; the owner writes its own)."""
     STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
@@ -276,25 +283,28 @@ def _dq_cells_kernel(
             p0, _, _, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
             for t in range(p0, p3, STEP):
                 m0 = block_at(listed, t, BLOCK_M, SPARSE, SUB)
-                cell = (step0 + m0 // BLOCK_M).to(tl.int64) * (heads * GROUP) + head
-                tl.atomic_add(CELLS + cell, add, sem="relaxed")
+                cell = (step0 + m0 // BLOCK_M).to(tl.int64) * cell_row + CELL_INTS * head
+                tail = (m0 + BLOCK_M > lq).to(tl.int32)  # (a cell past its sequence's end is summed: a whole-box store would cross into the next)
+                tl.atomic_add(CELLS + cell, add + tail, sem="relaxed")
 
 
 def dq_cell_counts(plan, lse, q_offsets, kv_offsets, *, heads_q: int, left: int, right: int, config, lists=None) -> torch.Tensor:
-    """The adds into each dQ cell of the one-pass backward with ``SOLE_DQ``: ``[cells]`` int32 (a
-    cell: a 64-query step of the packed vectors' rows, :func:`vector_tiles`, times one query
-    head; both consumer warpgroups' column halves add alike). ``plan``:
+    """The adds into each dQ cell of the one-pass backward with ``SOLE_DQ``: ``[steps, W]``
+    int32 (a cell: a 64-query step of the packed vectors' rows, :func:`vector_tiles`, times one
+    query head, at ``[step, CELL_INTS h]``; both consumer warpgroups' column halves add alike;
+    ``W`` is ``CELL_INTS Hq``: the dK/dV kernel's producer loads a step's count by TMA, a box of
+    its own, the count first; the other ints stay 0). ``plan``:
     the launch's plan (its dK/dV pass's table), ``config`` its ``BwdConfig``, ``lists`` a block
     mask's transposed lists (``BlockMask.kernel_lists()[1]``) or None. One program per table row
     walks its kv-tile's steps (:func:`_dq_cells_kernel`)."""
     from jagflash.core.plan.model import PASSES  # (the plan's modules import this one's users)
 
     vec_tile, vec_rows = vector_tiles(lse, q_offsets)
-    counts = torch.zeros(cdiv(vec_rows, 64) * heads_q, dtype=torch.int32, device=lse.device)
+    counts = torch.zeros((cdiv(vec_rows, 64), CELL_INTS.value * heads_q), dtype=torch.int32, device=lse.device)
     lay = plan.info.layout("dkdv")
     if lay.rows:
         _dq_cells_kernel[(lay.rows,)](
-            counts, plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):], lay.heads, q_offsets, kv_offsets, vec_tile,
+            counts, counts.stride(0), plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):], lay.heads, q_offsets, kv_offsets, vec_tile,
             lists, left, right, GROUP=config.GROUP, HEAD_MAJOR=config.HEAD_MAJOR, BLOCK_M=config.BLOCK_M,
             BLOCK_N=config.BLOCK_N, BOUNDED_LEFT=config.BOUNDED_LEFT, BOUNDED_RIGHT=config.BOUNDED_RIGHT,
             SPARSE=config.SPARSE, PAD=config.PAD, OWN_SPAN=config.OWN_SPAN, num_warps=1,
@@ -373,7 +383,8 @@ def backward_vectors(
     counts, dq = cells if sole else (lse2, lse2)
     _vectors_kernel[(cdiv(vec_rows, block), hq)](
         out, dout, lse.contiguous(), delta, lse2, packed_delta, dq_acc if zero else lse2, q_offsets, kv_offsets, vec_tile,
-        vec_rows, n_seqs, n_seqs.bit_length(), *strides, *lse_strides, dq_acc.stride(0) if zero else 0, counts, dq,
+        vec_rows, n_seqs, n_seqs.bit_length(), *strides, *lse_strides, dq_acc.stride(0) if zero else 0, counts,
+        counts.stride(0) if sole else 0, dq,
         dq.stride(0) if sole else 0, HEAD_DIM=dim, BLOCK=block, GIVEN_DELTA=given, PAD=VEC_PAD,
         ZERO_ACC=zero, ACC_SHARED=acc_shared, OWN_SPAN=own, SOLE=sole, num_warps=4,
     )

@@ -33,7 +33,12 @@ from jagflash.core.seqlen import plan_row, seq_starts
 from jagflash.core.softmax import LOG2E
 from jagflash.core.tile_scheduler import deal_flags, tile_counter
 from jagflash.core.tlx.bwd_mainloop import dkdv_steps
-from jagflash.core.tlx.bwd_preprocess import backward_vectors, dq_cell_counts, scaled_cast
+from jagflash.core.tlx.bwd_preprocess import (
+    CELL_INTS,
+    backward_vectors,
+    dq_cell_counts,
+    scaled_cast,
+)
 from jagflash.core.tlx.bwd_tiles import (
     ALL_STEPS,
     DKDV_TILE_FIELDS,
@@ -80,7 +85,7 @@ from jagflash.core.tuning import (
 def _dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, DK, DV, desc_lse2, desc_delta, VEC_TILE, q_offsets, kv_offsets, TILES, COUNT,
     COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, scale, left, right, desc_dq, heads, lists,
-    DQ_ACC, DQ, stride_acc, stride_dqt, CELLS, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+    DQ_ACC, DQ, stride_acc, stride_dqt, desc_adds, desc_dqo, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     Q_SHARED: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_COLS: tl.constexpr,
     NUM_Q: tl.constexpr, DQ_STAGES: tl.constexpr, PAD: tl.constexpr, SPARSE: tl.constexpr, RING_TILES: tl.constexpr,
@@ -128,9 +133,14 @@ def _dkdv_kernel(
         # dS^T, one per consumer, double-buffered by step (the dQ product reads both)
         ds_tiles = tlx.local_alloc((HALF, BLOCK_M), dtype, 4)
         dq_stages = tlx.local_alloc((BLOCK_M, DQ_COLS), tl.float32, 2 * DQ_STAGES)  # per consumer
+        if SOLE_DQ:
+            dq_outs = tlx.local_alloc((BLOCK_M, DQ_COLS), dtype, 2)  # per consumer: a single cell's dQ, for its TMA store
+        else:
+            dq_outs = dq_stages  # unused
     else:
         ds_tiles = tlx.local_alloc((HALF, BLOCK_M), dtype, 2)  # dS^T, one per consumer
         dq_stages = k_tiles  # unused
+        dq_outs = k_tiles  # unused
     kv_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
     kv_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
     q_fulls = tlx.alloc_barriers(num_barriers=NUM_Q, arrive_count=1)
@@ -140,8 +150,13 @@ def _dkdv_kernel(
     # table index.
     FIELDS: tl.constexpr = DKDV_TILE_FIELDS + (4 * GROUP if SPARSE else 0) + (1 if OWN_SPAN > 0 else 0)
     ring = alloc_walk_ring(FIELDS if RING_TILES else 1)
-    descs = (desc_q, desc_do, desc_lse2, desc_delta)
-    qring = (q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties)
+    if SOLE_DQ:  # (each step's dQ cell count comes with its vectors)
+        adds_tiles = tlx.local_alloc((1, CELL_INTS), tl.int32, NUM_Q)
+        descs = (desc_q, desc_do, desc_lse2, desc_delta, desc_adds)
+        qring = (q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties, adds_tiles)
+    else:
+        descs = (desc_q, desc_do, desc_lse2, desc_delta)
+        qring = (q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties)
 
     with tlx.async_tasks():
         with tlx.async_task("default", registers=24):  # producer: TMA loads
@@ -230,13 +245,11 @@ def _dkdv_kernel(
                     dv = tl.zeros([HALF, HEAD_DIM], ACC)
                     if not RING_TILES:
                         lo, full_lo, full_hi, hi = dkdv_tile_range(n0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, FUSED_DQ)
-                    if SOLE_DQ and not RING_TILES:
-                        vec0 = tl.load(VEC_TILE + b) * PAD
                     for g in range(GROUP):
                         head = hk * GROUP + g
                         dq_col = head * HEAD_DIM
                         if SOLE_DQ:
-                            sole = (CELLS, (vec0 // BLOCK_M) * (heads * GROUP) + head, heads * GROUP, DQ, stride_dqt, scale)
+                            sole = (desc_dqo, dq_outs, scale)
                         else:
                             sole = 0  # (unused)
                         dq = (desc_dq, ds_tiles, dq_stages, dq_col, sole)
@@ -329,6 +342,22 @@ def _checked_config(plan, q, k, left, right, q_shared, fused_dq, config, who, ma
     return config
 
 
+#: A ``[1, CELL_INTS]`` int32 tensor a device: the dK/dV kernel's ``desc_adds`` without ``SOLE_DQ`` (never read).
+_NO_ADDS: dict = {}
+
+
+def _adds_descriptor(counts, device):
+    """``desc_adds`` of a launch: over ``bwd_preprocess.dq_cell_counts``' counts (``[steps, W]``,
+    a ``[1, CELL_INTS]`` box a step and head), or, without them, over a never-read stand-in."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if counts is None:
+        counts = _NO_ADDS.get(device)
+        if counts is None:
+            counts = _NO_ADDS.setdefault(device, torch.zeros((1, CELL_INTS.value), dtype=torch.int32, device=device))
+    return TensorDescriptor(counts, shape=list(counts.shape), strides=[counts.stride(0), 1], block_shape=[1, CELL_INTS.value])
+
+
 def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc, dq, left, right, scale, q_shared, config, mask,
             cells=None):
     """One launch of :func:`_dkdv_kernel`; ``vectors``: ``backward_vectors``'s; ``dq_acc`` (fp32
@@ -347,6 +376,8 @@ def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc,
             dq_acc, shape=list(dq_acc.shape), strides=[dq_acc.stride(0), 1],
             block_shape=[config.BLOCK_M, config.DQ_COLS],
         )
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
     programs = min(num_workers(q.device), lay.rows)
     _dkdv_kernel[(programs,)](
         rows_descriptor(q, config.BLOCK_M, dim), rows_descriptor(k, config.BLOCK_N // 2, dim),
@@ -355,7 +386,9 @@ def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc,
         plan.section("dkdv"), plan.meta[PASSES.index("dkdv"):], tile_counter(plan, "dkdv"),
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), scale, left, right, desc_dq, lay.heads,
         None if mask is None else mask.kernel_lists()[1], dk if dq_acc is None else dq_acc, dk if dq is None else dq,
-        0 if dq_acc is None else dq_acc.stride(0), 0 if dq is None else dq.stride(0), dk if cells is None else cells,
+        0 if dq_acc is None else dq_acc.stride(0), 0 if dq is None else dq.stride(0), _adds_descriptor(cells, q.device),
+        TensorDescriptor(dq.view(dq.shape[0], -1) if cells is not None else q.view(q.shape[0], -1), shape=[q.shape[0], q.shape[1] * dim],
+                         strides=[q.shape[1] * dim, 1], block_shape=[config.BLOCK_M, config.DQ_COLS]),
         **config.constexprs(), num_warps=4,
         num_stages=1,
     )

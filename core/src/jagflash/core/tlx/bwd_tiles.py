@@ -27,6 +27,7 @@ import triton.language.extra.tlx as tlx
 
 from jagflash.core.mask import block_at, block_walk, dkdv_q_range, tile_list
 from jagflash.core.seqlen import owned_seq, owns_keys, plan_row, q_row, seq_starts, store_zero_rows
+from jagflash.core.tlx.bwd_preprocess import CELL_INTS
 from jagflash.core.tlx.pipeline import (
     ID_RING,
     record_publish,
@@ -209,17 +210,21 @@ def load_q_step(descs, qring, q_cnt, q_start, m0, head, vec0, HEAD_DIM: tl.const
                 NUM_Q: tl.constexpr, ELEM: tl.constexpr, Q_SHARED: tl.constexpr):
     """Producer side: the q-step at ``m0`` of query head ``head`` (Q, dO and the step's packed
     vectors, ``vec0`` the sequence's first vector row) into slot ``q_cnt`` of the Q/dO ring
-    ``qring`` (``bwd_mainloop``'s layout). ``descs``: ``(desc_q, desc_do, desc_lse2, desc_delta)``."""
-    desc_q, desc_do, desc_lse2, desc_delta = descs
-    q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties = qring
+    ``qring`` (``bwd_mainloop``'s layout). ``descs``: ``(desc_q, desc_do, desc_lse2, desc_delta)``,
+    with ``SOLE_DQ`` also ``desc_adds`` (``bwd_preprocess.dq_cell_counts``' counts, a ``[1, CELL_INTS]``
+    box of the step's row at ``4 head``, the count first), loaded into ``qring[6]``'s slot."""
+    desc_q, desc_do, desc_lse2, desc_delta = descs[0], descs[1], descs[2], descs[3]
+    q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties = qring[0], qring[1], qring[2], qring[3], qring[4], qring[5]
     slot, phase = ring_slot(q_cnt, NUM_Q)
     col = head * HEAD_DIM
     tlx.barrier_wait(q_empties[slot], phase ^ 1)
-    tlx.barrier_expect_bytes(q_fulls[slot], 2 * ELEM * BLOCK_M * HEAD_DIM + 2 * 4 * BLOCK_M)
+    tlx.barrier_expect_bytes(q_fulls[slot], 2 * ELEM * BLOCK_M * HEAD_DIM + 2 * 4 * BLOCK_M + (4 * CELL_INTS if len(descs) > 4 else 0))
     tlx.async_descriptor_load(desc_q, q_tiles[slot], [q_row(q_start, m0, Q_SHARED), col], q_fulls[slot])
     tlx.async_descriptor_load(desc_do, do_tiles[slot], [q_start + m0, col], q_fulls[slot])
     tlx.async_descriptor_load(desc_lse2, lse_tiles[slot], [head, vec0 + m0], q_fulls[slot])
     tlx.async_descriptor_load(desc_delta, delta_tiles[slot], [head, vec0 + m0], q_fulls[slot])
+    if len(descs) > 4:
+        tlx.async_descriptor_load(descs[4], qring[6][slot], [(vec0 + m0) // BLOCK_M, CELL_INTS * head], q_fulls[slot])
 
 
 @triton.jit

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from itertools import product
 
+from jagflash.core.tlx.bwd_preprocess import CELL_INTS
 from jagflash.core.tuning import (
     TLX_HEAD_DIMS,
     TLX_ONE_PASS_HEAD_DIMS,
@@ -169,7 +170,7 @@ def _bwd_signature(cfg, dtype: str) -> dict[str, str]:
         "right": "i32",
         "desc_dq": f"tensordesc<fp32[{bm},{cfg.DQ_COLS}]>" if cfg.FUSED_DQ else f"tensordesc<{dtype}[{bm},{d}]>",
         "heads": "i32", "DQ_ACC": "*fp32" if cfg.FUSED_DQ else f"*{dtype}", "DQ": f"*{dtype}", "stride_acc": "i32:16",
-        "stride_dqt": "i32:16", "CELLS": "*i32",
+        "stride_dqt": "i32:16", "desc_adds": f"tensordesc<i32[1,{CELL_INTS.value}]>", "desc_dqo": f"tensordesc<{dtype}[{bm},{cfg.DQ_COLS}]>",
     }
 
 

@@ -24,8 +24,8 @@ must be 16-byte aligned, though (see there). A consumer warpgroup that owns a se
 columns (``jagflash.core.tuning.own_span``) zeroes them before its first add
 (:func:`own_rows_zero`) and writes dQ from them after its last (:func:`own_rows_cast`): the
 exact zeros another sequence's tail adds into them change nothing, before, between or after.
-With ``SOLE_DQ`` a step whose dQ cell no other kv-tile adds into stores its dQ (through its stage)
-instead of adding it (:func:`dq_add_or_store`): those cells never touch the accumulator.
+With ``SOLE_DQ`` a step whose dQ cell no other kv-tile adds into stores its dQ (a TMA store from a bf16
+stage) instead of adding it (:func:`dq_add_or_store`): those cells never touch the accumulator.
 
 Importing this module needs the TLX plugin (``triton-utlx``); nothing imports it unless the TLX
 backend is selected.
@@ -207,21 +207,23 @@ def dq_stage_add(desc, stage, row, col):
 
 
 @triton.jit
-def dq_add_or_store(desc, stages, first, NUM: tl.constexpr, counter, value, row, col, alone, sole, valid, DTYPE: tl.constexpr):
-    """:func:`dq_reduce_add`, or with ``SOLE_DQ`` where ``alone`` (no other kv-tile adds into this
-    step's dQ cell: ``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``) the tile's dQ itself:
-    read back from the stage in rows (a few addresses a thread, not one a column pair of the
-    product's layout), x ``scale`` in DTYPE, stored into dQ (``[Tq, Hq, D]`` as rows
-    ``stride_dqt`` apart; ``sole``: ``(.., .., .., DQ, stride_dqt, scale)``) at ``(row, col)``,
-    its first ``valid`` rows only (the rows past the sequence's end are the next sequence's,
-    which its own steps write)."""
-    stage = dq_stage_fill(stages, first, NUM, counter, value)
+def dq_add_or_store(desc, stages, first, NUM: tl.constexpr, counter, value, row, col, alone, sole, DTYPE: tl.constexpr):
+    """:func:`dq_reduce_add` (with ``NUM`` 1, so that its wait also frees the consumer's bf16
+    stage), or with ``SOLE_DQ`` where ``alone`` (no other kv-tile adds into this step's dQ cell:
+    ``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``) the tile's dQ itself: ``value`` x
+    ``scale`` in DTYPE written to the consumer's bf16 stage and stored at ``(row, col)`` of dQ
+    by one plain TMA store (``sole``: ``(desc_dqo, bf16 stages, scale)``). A cell that crosses
+    its sequence's end is never alone (its count is one higher), as a whole-box store would
+    overwrite the next sequence's rows."""
+    stage = stages[first + counter % NUM]
+    tlx.async_descriptor_store_wait(NUM - 1)
     if alone:
-        x = tlx.local_load(stage)
-        offs = tl.arange(0, x.shape[0])
-        at = sole[3] + ((row + offs).to(tl.int64)[:, None] * sole[4] + tl.multiple_of(col, x.shape[1]) + tl.arange(0, x.shape[1])[None, :])
-        tl.store(at, output(x * sole[5], DTYPE), mask=(offs < valid)[:, None])
+        out = sole[1][first // NUM]
+        tlx.local_store(out, output(value * sole[2], DTYPE))
+        tlx.fence("async_shared")
+        tlx.async_descriptor_store(sole[0], out, [row, col])
     else:
+        tlx.local_store(stage, value)
         dq_stage_add(desc, stage, row, col)
 
 
