@@ -344,7 +344,7 @@ def bwd_config(
 
 #: ``SOLE_DQ`` of the one pass (D 128, no broadcast-Q) with a block mask over K/V sequences of at most this many keys on
 #: average, where most dQ cells have one add or none (bench/NOTES.md, session 35, H100: bs-lognormal-d25 -16 %, d10 -29 %,
-#: local+global -1.5 %; its kernel is 7-12 % slower where few cells are single: bs-dense8k-d25 +2-4 %, jagged-tiny +10 %).
+#: local+global -1.5 %; session 36's TMA store: bs-dense8k-d25 level, jagged-tiny +10 %, jagged-heavytail +2-5 %).
 SOLE_MEAN_KV = 2048
 
 

@@ -111,10 +111,11 @@ def _dkdv_kernel(
     ``DQ_ACC`` (the accumulator behind ``desc_dq``, rows ``stride_acc`` apart) zeroed there
     before the first, ``DQ`` (dQ ``[Tq, Hq, D]``, rows ``stride_dqt`` apart) written from it
     after the last (``jagflash.core.tlx.pipeline.own_rows_zero`` / ``own_rows_cast``). With
-    ``SOLE_DQ`` a step whose dQ cell (``CELLS``: ``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``'s
-    counts) no other kv-tile adds into stores its dQ into
-    ``DQ`` (``jagflash.core.tlx.pipeline.dq_add_or_store``) instead of adding it, but in the
-    sequences a program owns. The constexprs are a :class:`jagflash.core.tuning.BwdConfig`'s."""
+    ``SOLE_DQ`` a step whose dQ cell no other kv-tile adds into (its count,
+    ``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``', loaded by the producer with the step's
+    vectors through ``desc_adds``) stores its dQ by TMA through ``desc_dqo`` (dQ as ``[Tq, Hq D]``)
+    instead of adding it (``jagflash.core.tlx.pipeline.dq_add_or_store``), but in the sequences a
+    program owns. The constexprs are a :class:`jagflash.core.tuning.BwdConfig`'s."""
     HALF: tl.constexpr = BLOCK_N // 2
     STEP: tl.constexpr = 1 if SPARSE else BLOCK_M
     SUB: tl.constexpr = BLOCK_N // BLOCK_M
