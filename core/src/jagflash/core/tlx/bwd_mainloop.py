@@ -58,7 +58,7 @@ def dkdv_steps(
     indexed through an opaque zero, so their wgmma descriptors are rebuilt each step instead of
     hoisted out of the loop and spilled (bench/NOTES.md, session 4). With ``SOLE_DQ`` (D 128) a
     step whose cell this kv-tile alone adds into stores its dQ (:func:`jagflash.core.tlx.pipeline.dq_add_or_store`) instead;
-    its count is loaded as the step starts, so that its latency hides behind the step's products."""
+    its count comes with the step's vectors (the producer's TMA load into ``qring[6]``)."""
     k_tiles, v_tiles = kv
     q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties = qring[0], qring[1], qring[2], qring[3], qring[4], qring[5]
     lq, lk, q_start, listed = seq

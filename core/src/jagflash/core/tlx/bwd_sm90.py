@@ -350,13 +350,11 @@ _NO_ADDS: dict = {}
 def _adds_descriptor(counts, device):
     """``desc_adds`` of a launch: over ``bwd_preprocess.dq_cell_counts``' counts (``[steps, W]``,
     a ``[1, CELL_INTS]`` box a step and head), or, without them, over a never-read stand-in."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     if counts is None:
         counts = _NO_ADDS.get(device)
         if counts is None:
             counts = _NO_ADDS.setdefault(device, torch.zeros((1, CELL_INTS.value), dtype=torch.int32, device=device))
-    return TensorDescriptor(counts, shape=list(counts.shape), strides=[counts.stride(0), 1], block_shape=[1, CELL_INTS.value])
+    return vectors_descriptor(counts, CELL_INTS.value)
 
 
 def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc, dq, left, right, scale, q_shared, config, mask,
@@ -377,8 +375,6 @@ def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc,
             dq_acc, shape=list(dq_acc.shape), strides=[dq_acc.stride(0), 1],
             block_shape=[config.BLOCK_M, config.DQ_COLS],
         )
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     programs = min(num_workers(q.device), lay.rows)
     _dkdv_kernel[(programs,)](
         rows_descriptor(q, config.BLOCK_M, dim), rows_descriptor(k, config.BLOCK_N // 2, dim),
@@ -388,8 +384,7 @@ def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), scale, left, right, desc_dq, lay.heads,
         None if mask is None else mask.kernel_lists()[1], dk if dq_acc is None else dq_acc, dk if dq is None else dq,
         0 if dq_acc is None else dq_acc.stride(0), 0 if dq is None else dq.stride(0), _adds_descriptor(cells, q.device),
-        TensorDescriptor(dq.view(dq.shape[0], -1) if cells is not None else q.view(q.shape[0], -1), shape=[q.shape[0], q.shape[1] * dim],
-                         strides=[q.shape[1] * dim, 1], block_shape=[config.BLOCK_M, config.DQ_COLS]),
+        rows_descriptor(q if cells is None else dq, config.BLOCK_M, config.DQ_COLS),  # (desc_dqo: single cells' dQ halves)
         **config.constexprs(), num_warps=4,
         num_stages=1,
     )

@@ -212,7 +212,7 @@ def load_q_step(descs, qring, q_cnt, q_start, m0, head, vec0, HEAD_DIM: tl.const
     vectors, ``vec0`` the sequence's first vector row) into slot ``q_cnt`` of the Q/dO ring
     ``qring`` (``bwd_mainloop``'s layout). ``descs``: ``(desc_q, desc_do, desc_lse2, desc_delta)``,
     with ``SOLE_DQ`` also ``desc_adds`` (``bwd_preprocess.dq_cell_counts``' counts, a ``[1, CELL_INTS]``
-    box of the step's row at ``4 head``, the count first), loaded into ``qring[6]``'s slot."""
+    box of the step's row at ``CELL_INTS head``, the count first), loaded into ``qring[6]``'s slot."""
     desc_q, desc_do, desc_lse2, desc_delta = descs[0], descs[1], descs[2], descs[3]
     q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties = qring[0], qring[1], qring[2], qring[3], qring[4], qring[5]
     slot, phase = ring_slot(q_cnt, NUM_Q)
