@@ -3,14 +3,14 @@
 
 Grouped arguments: ``kv`` is the kv-tile's halves ``(k_tiles, v_tiles)`` (two 64-row buffers
 each, one per consumer); ``qring`` the Q/dO ring ``(q_tiles, do_tiles, lse_tiles, delta_tiles,
-q_fulls, q_empties)`` (each step's Q, dO and packed per-query vectors arrive together in one
-slot); ``seq`` the sequence's ``(lq, lk, q_start, row)`` with ``row`` the kv-tile's block list
+q_fulls, q_empties)``, with ``SOLE_DQ`` also the step's dQ cell counts (each step's Q, dO,
+packed per-query vectors and count arrive together in one slot); ``seq`` the sequence's ``(lq, lk, q_start, row)`` with ``row`` the kv-tile's block list
 for this head (``jagflash.core.mask.tile_list``); ``band`` the mask's ``(left, right)``;
 ``dq`` the one-pass write-back's ``(desc_dq, ds_tiles, dq_stages, dq_col, sole)``, ``sole``
-``SOLE_DQ``'s ``(CELLS, cell0, hq, DQ, stride_dqt, scale)``: the adds into each dQ cell
-(``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``, an int a cell; a sequence the kernel
-owns counts two a kv-tile, so none of its cells is written here), this head's step-0 cell
-(a step further on, ``hq`` further), dQ as rows, the softmax scale.
+``SOLE_DQ``'s ``(desc_dqo, dq_outs, scale)``: dQ's TMA descriptor (64-column halves), each
+consumer's bf16 stage for a single cell's store, the softmax scale (the counts:
+``jagflash.core.tlx.bwd_preprocess.dq_cell_counts``; a sequence the kernel owns counts two a
+kv-tile, so none of its cells is written here).
 """
 
 from __future__ import annotations
