@@ -190,11 +190,20 @@ def dq_reduce_add(desc, stages, first, NUM: tl.constexpr, counter, value, row, c
 
 @triton.jit
 def dq_stage_fill(stages, first, NUM: tl.constexpr, counter, value):
-    """:func:`dq_reduce_add`'s first half: the stage ``counter`` takes, once the TMA store that
-    last read it has read it, holding ``value``."""
+    """:func:`dq_reduce_add`'s first half: the stage ``counter`` takes (:func:`dq_stage_take`),
+    holding ``value``."""
+    stage = dq_stage_take(stages, first, NUM, counter)
+    tlx.local_store(stage, value)
+    return stage
+
+
+@triton.jit
+def dq_stage_take(stages, first, NUM: tl.constexpr, counter):
+    """The stage ``counter`` takes of ``stages[first]`` to ``stages[first + NUM - 1]``, once the
+    TMA store that last read it has read it (with ``NUM`` 1 that wait covers every store this
+    warpgroup issued before: :func:`dq_add_or_store`'s bf16 stage too)."""
     stage = stages[first + counter % NUM]
     tlx.async_descriptor_store_wait(NUM - 1)
-    tlx.local_store(stage, value)
     return stage
 
 
@@ -215,8 +224,7 @@ def dq_add_or_store(desc, stages, first, NUM: tl.constexpr, counter, value, row,
     by one plain TMA store (``sole``: ``(desc_dqo, bf16 stages, scale)``). A cell that crosses
     its sequence's end is never alone (its count is one higher), as a whole-box store would
     overwrite the next sequence's rows."""
-    stage = stages[first + counter % NUM]
-    tlx.async_descriptor_store_wait(NUM - 1)
+    stage = dq_stage_take(stages, first, NUM, counter)
     if alone:
         out = sole[1][first // NUM]
         tlx.local_store(out, output(value * sole[2], DTYPE))
