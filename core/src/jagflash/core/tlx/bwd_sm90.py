@@ -368,13 +368,8 @@ def _launch(dout, q, k, v, vectors, q_offsets, kv_offsets, dk, dv, plan, dq_acc,
     lay = plan.info.layout("dkdv")
     if dq_acc is None:
         desc_dq = rows_descriptor(q, config.BLOCK_M, dim)  # unused
-    else:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        desc_dq = TensorDescriptor(
-            dq_acc, shape=list(dq_acc.shape), strides=[dq_acc.stride(0), 1],
-            block_shape=[config.BLOCK_M, config.DQ_COLS],
-        )
+    else:  # (the fp32 accumulator [rows, Hq * D] in boxes of BLOCK_M x DQ_COLS)
+        desc_dq = rows_descriptor(dq_acc.view(dq_acc.shape[0], -1, dim), config.BLOCK_M, config.DQ_COLS)
     programs = min(num_workers(q.device), lay.rows)
     _dkdv_kernel[(programs,)](
         rows_descriptor(q, config.BLOCK_M, dim), rows_descriptor(k, config.BLOCK_N // 2, dim),
