@@ -348,6 +348,24 @@ def test_tlx_matches_reference(name, head_dim, dtype, deterministic) -> None:
 
 
 @pytest.mark.sm90
+@pytest.mark.parametrize(("name", "head_dim"), [("empty_mask", 128), ("d01_causal_per_head_gqa", 128), ("d05_window", 64),
+                                                ("d05_two_sided_window_mqa", 128), ("d05_cross", 128), ("d1_causal_cross", 64)])
+def test_tlx_forward_solo_matches_reference(name, head_dim, monkeypatch) -> None:
+    """The public call with the forward's ``SOLO`` forced (one consumer warpgroup takes both
+    halves of each tile in turn, in 64-key steps, two per listed block, from each half's own walk
+    of the list row, which the producer publishes; two programs an SM), forward and backward
+    against the fp64 reference, NaN-poisoned."""
+    from jagflash.core.tlx import fwd_sm90
+
+    policy = fwd_sm90.fwd_config
+    monkeypatch.setattr(fwd_sm90, "fwd_config", lambda **kw: dataclasses.replace(policy(**kw), SOLO=True, Q_BUFS=1))
+    case, heads, density, window = TLX_CASES[name]
+    case = dataclasses.replace(case, head_dim=head_dim, dtype=BF, seed=11)
+    _require_tlx(case, False, window)
+    _check(case, heads, density, window=window, seed=5, block_size=TLX_BS, device="cuda", backend="tlx-sm90", deterministic=False)
+
+
+@pytest.mark.sm90
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_tlx_every_block_listed_equals_the_jagged_variant_bitwise(causal, head_dim) -> None:

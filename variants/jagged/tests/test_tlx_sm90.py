@@ -184,6 +184,22 @@ def test_tlx_forward_hold_record_matches_reference(name, causal, q_bufs) -> None
     check_against_reference(run, _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
 
 
+@pytest.mark.parametrize(("stage_o", "tma_o"), [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["odd_lengths", "cross_lq_lt_lk", "cross_lq_gt_lk", "lognormal"])
+def test_tlx_forward_solo_matches_reference(name, causal, stage_o, tma_o) -> None:
+    """``SOLO``: one consumer warpgroup takes both halves of each tile in turn, each over its own
+    kv range in 64-key steps, two programs an SM (launched with 128 registers a thread); with O
+    through the Q slot or not, by TMA or not. Halves past a sequence's end, halves with no key
+    (cross lengths) and tiles of one step are in these batches."""
+    q_lens, k_lens, hq, hkv = CASES[name]
+    case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
+    t = case.build("cuda", requires_grad=False)
+    t.pop("dout")
+    run = _forward(causal, "dynamic", RING_TILES=True, HOLD_RECORD=True, SOLO=True, Q_BUFS=1, STAGE_O=stage_o, TMA_O=tma_o)
+    check_against_reference(run, _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_tlx_forward_idle_halves_match_reference(causal) -> None:
     """A consumer whose 64 rows of a q-tile all lie past the sequence's end issues no matmul:

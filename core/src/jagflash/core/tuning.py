@@ -183,10 +183,9 @@ def dq_cols(head_dim: int) -> int:
 
 
 def default_head_major(left: int, right: int, dynamic: bool) -> bool:
-    """Whether a TLX launch walks its plan's table one (K/V) head at a time (for L2 locality)
-    rather than slot by slot in the table's cost order: without a mask, or on a dynamic plan;
-    a static plan with a mask needs the cost order across heads for its zigzag deal to balance
-    (bench/NOTES.md, sessions 6 and 7)."""
+    """Whether a TLX launch walks its plan's table one (K/V) head at a time (for L2 locality) rather
+    than slot by slot in cost order: without a mask, or on a dynamic plan; a static plan with a
+    mask needs the cost order across heads for its zigzag deal to balance (NOTES, sessions 6-7)."""
     return dynamic or (left < 0 and right < 0)
 
 
@@ -252,6 +251,7 @@ class FwdConfig(_Constexprs):
     TMA_O: bool = False  # with STAGE_O: a half tile inside its sequence leaves by one TMA store
     ZERO_EMPTY: bool = False  # with RING_TILES: the producer writes the rows of tiles that visit no kv-block
     HOLD_RECORD: bool = False  # with RING_TILES: consumers keep a tile's record slot and re-read its fields
+    SOLO: bool = False  # with HOLD_RECORD: one consumer warpgroup takes both halves in turn, two programs an SM
 
 
 def forced_ring(config: FwdConfig | BwdConfig, ring: bool) -> FwdConfig | BwdConfig:
@@ -348,8 +348,6 @@ def bwd_config(
 SOLE_MEAN_KV = 2048
 
 
-
-
 #: The most kv-tiles of a sequence whose dQ one program of the one-pass backward sums
 #: (:func:`own_span`). Measured (bench/NOTES.md, session 31, H100): owning sequences of 1-2
 #: kv-tiles takes jagged-tiny's backward 15 % faster and the heavy-tailed batch's 1-3 %, the
@@ -376,7 +374,7 @@ def own_span(head_dim: int, block_n: int, *, fused_dq: bool, q_shared: bool, gro
 #: (the walk, the tile hand-off, the forward's ring depths and O store, the backward's dQ
 #: write-back: tests and probes force each; depths the shared memory cannot hold fail to
 #: compile, a write-back the kernel cannot do is refused); the rest follow from the call.
-FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O", "ZERO_EMPTY", "HOLD_RECORD", "OWN_SPAN", "SOLE_DQ"})
+FREE_FIELDS = frozenset({"HEAD_MAJOR", "RING_TILES", "NUM_KV", "Q_BUFS", "STAGE_O", "TMA_O", "ZERO_EMPTY", "HOLD_RECORD", "SOLO", "OWN_SPAN", "SOLE_DQ"})
 
 
 def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, plan_blocks: tuple[int, int]) -> list[str]:
@@ -396,6 +394,8 @@ def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, p
         reasons.append("ZERO_EMPTY is the tile ring's producer's: it needs RING_TILES")
     if getattr(config, "HOLD_RECORD", False) and not config.RING_TILES:
         reasons.append("HOLD_RECORD keeps the tile ring's record: it needs RING_TILES")
+    if getattr(config, "SOLO", False) and (config.ZERO_EMPTY or not config.HOLD_RECORD):
+        reasons.append("SOLO re-reads the held record and has no ZERO_EMPTY producer: it needs HOLD_RECORD without ZERO_EMPTY")
     if getattr(config, "OWN_SPAN", 0):
         reasons += [f"OWN_SPAN={config.OWN_SPAN} {why}" for why, bad in (
             ("needs the one pass (FUSED_DQ)", not config.FUSED_DQ), ("needs the tile ring (RING_TILES)", not config.RING_TILES),

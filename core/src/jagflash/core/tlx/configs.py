@@ -43,6 +43,8 @@ SPARSE_SAMPLES = (
     ("bwd", "dynamic", "fp16", 128, "causal"), ("bwd", "dynamic", "bf16", 64, ""),
     ("dkdv", "none", "fp16", 128, "window"), ("dkdv", "none", "bf16", 128, "causal"),
 )
+#: ``(dtype, head dim, mask)`` of the sparse forward sample also compiled with ``SOLO`` (one Q tile).
+SOLO_SAMPLE = ("bf16", 128, "causal")
 #: ``(kernel, deal, dtype, head dim, mask)`` of the dK/dV kernel's configurations with the tile
 #: ring on a batch of short K/V sequences (``tuning.default_ring_tiles``), compiled as samples:
 #: the rest of the space is a batch of long ones (the ring off).
@@ -91,6 +93,8 @@ def fwd_space():
                 total_kv=1, batch=1, sparse=True,
             )
             out.setdefault((cfg, dtype), f"tlx_fwd_{deal}_sparse {dtype} d{dim}{' ' + mask if mask else ''}")
+            if (dtype, dim, mask) == SOLO_SAMPLE:  # (the forward's SOLO, a free field: one sample)
+                out.setdefault((dataclasses.replace(cfg, SOLO=True, Q_BUFS=1), dtype), f"tlx_fwd_{deal}_sparse_solo {dtype} d{dim} {mask}")
     return [(name, cfg, dtype) for (cfg, dtype), name in out.items()]
 
 
@@ -148,10 +152,10 @@ def _lists(cfg) -> tuple[dict[str, object], dict[str, object]]:
 
 
 def _fwd_signature(cfg, dtype: str) -> dict[str, str]:
-    d = cfg.HEAD_DIM
+    d, slot = cfg.HEAD_DIM, cfg.BLOCK_N // 2 if cfg.SOLO else cfg.BLOCK_N  # (SOLO: K/V slots of half a block)
     return {
-        "desc_q": f"tensordesc<{dtype}[{cfg.BLOCK_M // 2},{d}]>", "desc_k": f"tensordesc<{dtype}[{cfg.BLOCK_N},{d}]>",
-        "desc_v": f"tensordesc<{dtype}[{cfg.BLOCK_N},{d}]>", "desc_o": f"tensordesc<{dtype}[{cfg.BLOCK_M // 2},{d}]>", "O": f"*{dtype}", "LSE": "*fp32", "q_offsets": "*i32",
+        "desc_q": f"tensordesc<{dtype}[{cfg.BLOCK_M // 2},{d}]>", "desc_k": f"tensordesc<{dtype}[{slot},{d}]>",
+        "desc_v": f"tensordesc<{dtype}[{slot},{d}]>", "desc_o": f"tensordesc<{dtype}[{cfg.BLOCK_M // 2},{d}]>", "O": f"*{dtype}", "LSE": "*fp32", "q_offsets": "*i32",
         "kv_offsets": "*i32", "TILES": "*i32", "COUNT": "*i64", "COUNTER": "*i32" if cfg.DYNAMIC else "*i64",
         "stride_ot": "i32:16", "stride_oh": "i32:16", "stride_lh": "i32", "stride_ls": "i32", "scale": "fp32",
         "left": "i32", "right": "i32", "heads": "i32",
@@ -189,7 +193,8 @@ def compile_configs():
             sig = {**signature(cfg, dtype), **lists_sig}
             constexprs = {**lists_const, **cfg.constexprs()}
             sig.update(dict.fromkeys(cfg.constexprs(), "constexpr"))
-            out.append((name, kernel, sig, constexprs, options, KNOWN_SPILLS.get(name, 0)))
+            opts = {**options, "maxnreg": 128} if getattr(cfg, "SOLO", False) else options  # (as fwd_sm90.forward launches it)
+            out.append((name, kernel, sig, constexprs, opts, KNOWN_SPILLS.get(name, 0)))
     return out
 
 

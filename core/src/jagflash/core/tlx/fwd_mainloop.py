@@ -32,11 +32,14 @@ from jagflash.core.tlx.pipeline import ring_acquire, ring_release, turn_pass, tu
 
 
 @triton.jit
-def issue_qk(q_buf, k_buf, CID: tl.constexpr):
-    """Start S = Q K^T on the tensor cores, in this warpgroup's turn (:func:`turn_wait`)."""
-    turn_wait(CID)
+def issue_qk(q_buf, k_buf, CID: tl.constexpr, TURNS: tl.constexpr = True):
+    """Start S = Q K^T on the tensor cores, with ``TURNS`` in this warpgroup's turn
+    (:func:`turn_wait`; without, a program's one consumer warpgroup issues when it likes)."""
+    if TURNS:
+        turn_wait(CID)
     qk = tlx.async_dot(q_buf, tlx.local_trans(k_buf))
-    turn_pass(CID)
+    if TURNS:
+        turn_pass(CID)
     return qk
 
 
@@ -86,7 +89,8 @@ def softmax_step(s, qk_scale2, m_i, l_i, FOLD_SCALE: tl.constexpr):
 @triton.jit
 def consume(state, kv_cnt, q_buf, kv, bounds, row, start, end, qk_scale2,
             CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr,
-            BOUNDED_LEFT: tl.constexpr, MASKED: tl.constexpr, FOLD_SCALE: tl.constexpr, SPARSE: tl.constexpr):
+            BOUNDED_LEFT: tl.constexpr, MASKED: tl.constexpr, FOLD_SCALE: tl.constexpr, SPARSE: tl.constexpr,
+            SUB: tl.constexpr = 1, TURNS: tl.constexpr = True):
     """One consumer warpgroup over the kv-blocks at positions ``[start, end)`` (masked or not), pipelined:
     the QK^T of block j is in flight while P V of block j-1 is issued. ``state``'s ``p`` holds
     the probabilities of the previous block, not yet multiplied into ``acc``, in fp32 (converted
@@ -94,9 +98,9 @@ def consume(state, kv_cnt, q_buf, kv, bounds, row, start, end, qk_scale2,
     acc, m_i, l_i, p = state
     STEP: tl.constexpr = 1 if SPARSE else BLOCK_N
     for t in range(start, end, STEP):
-        n0 = block_at(row, t, BLOCK_N, SPARSE)
+        n0 = block_at(row, t, BLOCK_N, SPARSE, SUB)
         k_buf, k_slot = ring_acquire(kv[0], kv[2], kv_cnt, NUM_KV)
-        qk = issue_qk(q_buf, k_buf, CID)
+        qk = issue_qk(q_buf, k_buf, CID, TURNS)
         v_buf, v_slot = ring_acquire(kv[1], kv[4], kv_cnt - 1, NUM_KV)
         acc = tlx.async_dot(mma_operand(p, DTYPE), v_buf, acc)
         qk = tlx.async_dot_wait(1, qk)
@@ -115,7 +119,7 @@ def consume(state, kv_cnt, q_buf, kv, bounds, row, start, end, qk_scale2,
 def attend(kv_cnt, q_buf, kv, bounds, row, blocks, qk_scale2,
            CID: tl.constexpr, DTYPE: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
            BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr, BOUNDED_LEFT: tl.constexpr,
-           FOLD_SCALE: tl.constexpr, SPARSE: tl.constexpr):
+           FOLD_SCALE: tl.constexpr, SPARSE: tl.constexpr, SUB: tl.constexpr = 1, TURNS: tl.constexpr = True):
     """One consumer warpgroup's HALF rows of a q-tile against the kv-blocks at the positions
     ``blocks`` = ``(p0, p1, p2, p3)`` of ``jagflash.core.mask.block_walk`` (of
     ``kv_tile_range``'s range, through the list ``row`` with ``SPARSE``): the first block alone
@@ -129,10 +133,10 @@ def attend(kv_cnt, q_buf, kv, bounds, row, blocks, qk_scale2,
     acc = tl.zeros([HALF, HEAD_DIM], ACC)
     if hi > lo:
         k_buf, k_slot = ring_acquire(kv[0], kv[2], kv_cnt, NUM_KV)
-        qk = issue_qk(q_buf, k_buf, CID)
+        qk = issue_qk(q_buf, k_buf, CID, TURNS)
         qk = tlx.async_dot_wait(0, qk)
         ring_release(kv[3], k_slot)
-        n0 = block_at(row, lo, BLOCK_N, SPARSE)
+        n0 = block_at(row, lo, BLOCK_N, SPARSE, SUB)
         if (lo < full_lo) | (lo >= full_hi):
             s2 = scores(qk, qk_scale2, bounds, n0, BLOCK_N, BOUNDED_LEFT, True, FOLD_SCALE)
         else:
@@ -141,9 +145,9 @@ def attend(kv_cnt, q_buf, kv, bounds, row, blocks, qk_scale2,
         kv_cnt += 1
         second = lo + STEP
         state = (acc, m_i, l_i, p)
-        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, row, second, tl.maximum(full_lo, second), qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, True, FOLD_SCALE, SPARSE)
-        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, row, tl.maximum(full_lo, second), tl.maximum(full_hi, second), qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, False, FOLD_SCALE, SPARSE)
-        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, row, tl.maximum(full_hi, second), hi, qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, True, FOLD_SCALE, SPARSE)
+        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, row, second, tl.maximum(full_lo, second), qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, True, FOLD_SCALE, SPARSE, SUB, TURNS)
+        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, row, tl.maximum(full_lo, second), tl.maximum(full_hi, second), qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, False, FOLD_SCALE, SPARSE, SUB, TURNS)
+        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, row, tl.maximum(full_hi, second), hi, qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, True, FOLD_SCALE, SPARSE, SUB, TURNS)
         acc, m_i, l_i, p = state
         v_buf, v_slot = ring_acquire(kv[1], kv[4], kv_cnt - 1, NUM_KV)
         acc = tlx.async_dot(mma_operand(p, DTYPE), v_buf, acc)

@@ -80,6 +80,9 @@ from jagflash.core.tuning import (
 # also the sequence and the positions ``block_walk`` gives the tile's list row.
 TILE_FIELDS = tl.constexpr(7)
 SPARSE_TILE_FIELDS = tl.constexpr(12)
+#: With ``SOLO`` and ``SPARSE``: the sequence, then the walk positions of each of the tile's two
+#: halves (:func:`half_walk`), four each.
+SOLO_SPARSE_FIELDS = tl.constexpr(16)
 
 
 @triton.jit
@@ -97,11 +100,12 @@ def publish_tile(ring, counter, i, count, TILES, q_offsets, kv_offsets, heads, l
                  O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
                  HEAD_MAJOR: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
-                 ZERO_EMPTY: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr, RECS: tl.constexpr):
+                 ZERO_EMPTY: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr, RECS: tl.constexpr,
+                 SOLO: tl.constexpr = False):
     """Producer side of the forward's tile ring (RECS records deep): decode the tile at table index ``i`` and publish
     it as record ``counter`` (:data:`TILE_FIELDS`; with ``SPARSE`` the list row is walked here,
-    its dependent loads paid once for the three roles), or the walk's end (state -1) when ``i``
-    is past the table. With ``ZERO_EMPTY`` a tile with nothing for the consumers is not
+    its dependent loads paid once for the three roles; with ``SOLO`` too each half's walk, of
+    :data:`SOLO_SPARSE_FIELDS`), or the walk's end (state -1) when ``i`` is past the table. With ``ZERO_EMPTY`` a tile with nothing for the consumers is not
     published: one that visits no kv-block gets its O 0 and LSE -inf here (``store_no_keys``),
     one that is not live nothing. Returns whether a record was published."""
     sent = True
@@ -109,7 +113,7 @@ def publish_tile(ring, counter, i, count, TILES, q_offsets, kv_offsets, heads, l
         live, h, m0, q_start, lq, k_start, lk, b = fwd_tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
         p0 = count * 0
         p1, p2, p3 = p0, p0, p0
-        if SPARSE or ZERO_EMPTY:  # noqa: SIM102 (a compile-time branch around a run-time one)
+        if (SPARSE and not SOLO) or ZERO_EMPTY:  # noqa: SIM102 (a compile-time branch around a run-time one)
             if live:
                 lo, full_lo, full_hi, hi = kv_tile_range(m0, lq, lk, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT)
                 p0, p1, p2, p3 = block_walk(lo, full_lo, full_hi, hi, tile_list(lists, b, h, m0 // BLOCK_M, SPARSE), BLOCK_N, SPARSE, 1, True)
@@ -118,13 +122,24 @@ def publish_tile(ring, counter, i, count, TILES, q_offsets, kv_offsets, heads, l
             if live & (p3 <= p0):
                 store_no_keys(O, LSE, q_start, m0, lq, h, stride_ot, stride_oh, stride_lh, stride_ls, BLOCK_M, HEAD_DIM, DTYPE)
         if sent:
-            if SPARSE:
+            if SPARSE and SOLO:
+                a0, a1, a2, a3 = p0, p0, p0, p0
+                c0, c1, c2, c3 = p0, p0, p0, p0
+                if live:
+                    listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)
+                    a0, a1, a2, a3 = half_walk(m0, 0, lq, lk, left, right, listed, BLOCK_M // 2, BLOCK_N // 2, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE)
+                    c0, c1, c2, c3 = half_walk(m0, 1, lq, lk, left, right, listed, BLOCK_M // 2, BLOCK_N // 2, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE)
+                record_publish(ring[0], ring[1], ring[2], counter,
+                               (live.to(tl.int32), h, m0, q_start, lq, k_start, lk, b, a0, a1, a2, a3, c0, c1, c2, c3), RECS)
+            elif SPARSE:
                 record_publish(ring[0], ring[1], ring[2], counter, (live.to(tl.int32), h, m0, q_start, lq, k_start, lk, b, p0, p1, p2, p3), RECS)
             else:
                 record_publish(ring[0], ring[1], ring[2], counter, (live.to(tl.int32), h, m0, q_start, lq, k_start, lk), RECS)
     else:
         z = count * 0
-        if SPARSE:
+        if SPARSE and SOLO:
+            record_publish(ring[0], ring[1], ring[2], counter, (z - 1, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z), RECS)
+        elif SPARSE:
             record_publish(ring[0], ring[1], ring[2], counter, (z - 1, z, z, z, z, z, z, z, z, z, z, z), RECS)
         else:
             record_publish(ring[0], ring[1], ring[2], counter, (z - 1, z, z, z, z, z, z), RECS)
@@ -137,31 +152,33 @@ def publish_walk(ring, counter, i, r, pid, nprog, COUNTER, count, TILES, q_offse
                  HEAD_MAJOR: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
                  ZERO_EMPTY: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr,
-                 DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr, RECS: tl.constexpr):
+                 DYNAMIC: tl.constexpr, ZIGZAG: tl.constexpr, RECS: tl.constexpr, SOLO: tl.constexpr = False):
     """:func:`publish_tile` of walk index ``i`` (round ``r``) as record ``counter``; with
     ``ZERO_EMPTY`` the walk goes on past the tiles it does not publish, until one is (or the
     walk's end). Returns ``(i, r)`` of the published record."""
     sent = publish_tile(ring, counter, i, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
-                        HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, DTYPE, RECS)
+                        HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, DTYPE, RECS, SOLO)
     if ZERO_EMPTY:
         while not sent:
             i, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
             sent = publish_tile(ring, counter, i, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
-                                HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, DTYPE, RECS)
+                                HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, DTYPE, RECS, SOLO)
     return i, r
 
 
 @triton.jit
 def tile_record(ring, counter, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr, TAKE: tl.constexpr,
-                RECS: tl.constexpr, HOLD: tl.constexpr = False):
+                RECS: tl.constexpr, HOLD: tl.constexpr = False, SOLO: tl.constexpr = False):
     """Record ``counter`` of the forward's tile ring (RECS records deep): ``(state, h, m0, q_start,
     lq, k_start, lk, b, blocks)``, ``blocks`` the tile's ``block_walk`` positions (sent with
     ``SPARSE``; without it the tile's kv range, from its lengths, and ``b`` 0). ``TAKE``: the
     consumers' take (wait for the record; its slot released, or with ``HOLD`` kept until the
     consumer releases it); else a read of a record in a slot still held: the producer's read-back
-    of a record it published, or a holding consumer's second read."""
-    FIELDS: tl.constexpr = SPARSE_TILE_FIELDS if SPARSE else TILE_FIELDS
+    of a record it published, or a holding consumer's second read. With ``SOLO`` (a record of
+    :data:`SOLO_SPARSE_FIELDS` with ``SPARSE``) ``blocks`` is unused: each half's walk comes from
+    :func:`half_blocks`."""
+    FIELDS: tl.constexpr = (SOLO_SPARSE_FIELDS if SOLO else SPARSE_TILE_FIELDS) if SPARSE else TILE_FIELDS
     if TAKE and HOLD:
         rec = record_wait(ring[0], ring[1], counter, FIELDS, RECS)
     elif TAKE:
@@ -178,18 +195,83 @@ def tile_record(ring, counter, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
+def half_walk(m0, c, lq, lk, left, right, listed, HALF: tl.constexpr, SLOT_N: tl.constexpr,
+              BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr):
+    """``SOLO``: the ``block_walk`` positions of half ``c`` of the q-tile at ``m0`` (its HALF
+    rows' own kv range, in steps of SLOT_N keys; with ``SPARSE`` through the tile's list row
+    ``listed``, each listed block of ``2 * SLOT_N`` keys two steps); none for a half that lies
+    past the sequence's end."""
+    r0 = m0 + c * HALF
+    lo, full_lo, full_hi, hi = kv_tile_range(r0, lq, lk, left, right, HALF, SLOT_N, BOUNDED_LEFT, BOUNDED_RIGHT)
+    hi = tl.where(r0 < lq, hi, lo)
+    return block_walk(lo, full_lo, full_hi, hi, listed, SLOT_N, SPARSE, 2, True)
+
+
+@triton.jit
+def half_blocks(ring, counter, c, m0, lq, lk, left, right, HALF: tl.constexpr, SLOT_N: tl.constexpr,
+                BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, SPARSE: tl.constexpr, RECS: tl.constexpr):
+    """``SOLO``: :func:`half_walk` of half ``c`` (a run-time value) of record ``counter``'s tile:
+    read from the record with ``SPARSE`` (the producer walked the list row), else computed."""
+    if SPARSE:
+        return record_read(ring[0], counter, SOLO_SPARSE_FIELDS, RECS, 8 + 4 * c, 4)
+    else:
+        return half_walk(m0, c, lq, lk, left, right, 0, HALF, SLOT_N, BOUNDED_LEFT, BOUNDED_RIGHT, False)
+
+
+@triton.jit
 def load_kv_blocks(desc_k, desc_v, kv, kv_cnt, listed, start, end, k_start, col,
-                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, ELEM: tl.constexpr, NUM_KV: tl.constexpr, SPARSE: tl.constexpr):
+                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, ELEM: tl.constexpr, NUM_KV: tl.constexpr, SPARSE: tl.constexpr,
+                   SUB: tl.constexpr = 1):
     """Producer side: K and V of the kv-blocks at positions ``[start, end)`` (the positions the
     consumers walk: ``fwd_mainloop.attend``) into the K/V ring ``kv`` (its counter
-    ``kv_cnt``, returned advanced)."""
+    ``kv_cnt``, returned advanced); BLOCK_N keys a slot (``SUB`` slots a listed block)."""
     STEP: tl.constexpr = 1 if SPARSE else BLOCK_N
     for t in range(start, end, STEP):
-        n0 = block_at(listed, t, BLOCK_N, SPARSE)
+        n0 = block_at(listed, t, BLOCK_N, SPARSE, SUB)
         ring_load(desc_k, kv[0], kv[2], kv[3], kv_cnt, k_start + n0, col, NUM_KV, ELEM * BLOCK_N * HEAD_DIM)
         ring_load(desc_v, kv[1], kv[4], kv[5], kv_cnt, k_start + n0, col, NUM_KV, ELEM * BLOCK_N * HEAD_DIM)
         kv_cnt += 1
     return kv_cnt
+
+
+@triton.jit
+def store_half(acc, m_i, l_i, O, LSE, desc_o, q_buf, q_empty, busy, r0, lq, q_start, h,
+               stride_ot, stride_oh, stride_lh, stride_ls,
+               HALF: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr, STAGE_O: tl.constexpr, TMA_O: tl.constexpr):
+    """A consumer's epilogue of the HALF rows from ``r0`` of a q-tile (those under ``lq`` of the
+    sequence starting at row ``q_start``; head ``h``): O (normalised, in DTYPE) and LSE from the
+    online softmax's ``(acc, m_i, l_i)``, and the half's Q slot ``q_buf`` handed back (its
+    ``q_empty``) where ``busy`` (the producer loaded Q for the tile)."""
+    if busy and not STAGE_O:
+        tlx.barrier_arrive(q_empty, 1)
+    rows = r0 + tl.arange(0, HALF)
+    out, lse = finish_softmax(acc, m_i, l_i)
+    valid = rows < lq
+    offs_d = tl.arange(0, HEAD_DIM)
+    o_rows = (q_start + rows).to(tl.int64)
+    o_ptrs = O + o_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
+    if STAGE_O:
+        # O through this half's Q slot (its last QK^T has completed): written in the MMA layout,
+        # read back in the store's, where converting the layout in registers takes a 16 KB scratch
+        # buffer of shared memory; a tile that visited no block stores zeros made in the store's
+        # layout. With TMA_O a half whose rows all lie in the sequence leaves by one TMA store
+        # (the slot is free once the copy engine has read it), not by the warpgroup's own stores
+        if busy:
+            tlx.local_store(q_buf, output(out, DTYPE))
+            if TMA_O and (r0 + HALF <= lq):
+                tlx.fence("async_shared")
+                tlx.async_descriptor_store(desc_o, q_buf, [q_start + r0, h * HEAD_DIM])
+                tlx.async_descriptor_store_wait(0)
+            else:
+                tl.store(o_ptrs, tlx.local_load(q_buf), mask=valid[:, None])
+            tlx.barrier_arrive(q_empty, 1)
+        else:
+            tl.store(o_ptrs, tl.zeros([HALF, HEAD_DIM], DTYPE), mask=valid[:, None])
+    else:
+        tl.store(o_ptrs, output(out, DTYPE), mask=valid[:, None])
+    # LSE [Hq, Tq] (stride_lh = Tq, stride_ls = 1) or [B, Hq, L] (L, Hq: q_start = b L); int32
+    # offsets: LSE has D times fewer elements than O, which fits in memory
+    tl.store(LSE + (h * stride_lh + q_start * stride_ls + rows), lse, mask=valid)
 
 
 @triton.jit
@@ -200,15 +282,26 @@ def _fwd_kernel(
     Q_SHARED: tl.constexpr, FOLD_SCALE: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, RING_TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_KV: tl.constexpr, Q_BUFS: tl.constexpr, SPARSE: tl.constexpr, STAGE_O: tl.constexpr, TMA_O: tl.constexpr,
-    ZERO_EMPTY: tl.constexpr, HOLD_RECORD: tl.constexpr,
+    ZERO_EMPTY: tl.constexpr, HOLD_RECORD: tl.constexpr, SOLO: tl.constexpr = False,
 ):
     """O and LSE of the q-tiles of a Plan's forward pass; the constexprs are a
     :class:`jagflash.core.tuning.FwdConfig`'s. ``desc_o``: a TMA descriptor over O's rows in
     blocks of a consumer's half tile (``TMA_O``'s stores). ``lists``: with ``SPARSE``, the forward lists
     of ``jagflash.core.block_mask.BlockMask.kernel_lists`` (blocks of BLOCK_M x BLOCK_N), else
-    None."""
-    STEP: tl.constexpr = 1 if SPARSE else BLOCK_N
+    None.
+
+    ``SOLO`` (with the tile ring and ``HOLD_RECORD``): one consumer warpgroup (232 registers)
+    takes both halves of each tile in turn, each half over its own kv range in steps of BLOCK_N / 2
+    keys (a listed block two steps), through K/V slots of BLOCK_N / 2 rows; no turns. Its shared
+    memory (~96 KB at D 128 with one Q tile and two slots) and registers (launched with 128 a
+    thread) leave room for a second program on the SM, whose tile boundaries then fall between
+    this one's block steps."""
+    NCONS: tl.constexpr = 1 if SOLO else 2  # consumer warpgroups
+    SLOT_N: tl.constexpr = BLOCK_N // 2 if SOLO else BLOCK_N  # keys a K/V slot holds
+    SUB: tl.constexpr = BLOCK_N // SLOT_N  # steps a listed block takes
+    STEP: tl.constexpr = 1 if SPARSE else SLOT_N
     HALF: tl.constexpr = BLOCK_M // 2
+    CONS_REGS: tl.constexpr = 232 if SOLO else 240
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     ELEM: tl.constexpr = tlx.size_of(dtype)
     pid = tl.program_id(0)
@@ -216,23 +309,23 @@ def _fwd_kernel(
 
     # Q, a half per consumer, Q_BUFS tiles deep (2: the next tile's Q loads during this one)
     q_tiles = tlx.local_alloc((HALF, HEAD_DIM), dtype, 2 * Q_BUFS)
-    k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_KV)
-    v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_KV)
+    k_tiles = tlx.local_alloc((SLOT_N, HEAD_DIM), dtype, NUM_KV)
+    v_tiles = tlx.local_alloc((SLOT_N, HEAD_DIM), dtype, NUM_KV)
     q_fulls = tlx.alloc_barriers(num_barriers=2 * Q_BUFS, arrive_count=1)
     q_empties = tlx.alloc_barriers(num_barriers=2 * Q_BUFS, arrive_count=1)
     k_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
-    k_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
+    k_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=NCONS)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
-    v_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=2)
+    v_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=NCONS)
     # The tile ring: with RING_TILES the producer walks the table alone and passes each decoded
     # tile (TILE_FIELDS ints, SPARSE_TILE_FIELDS with a block list) to the consumers; otherwise,
     # on a dynamic plan, the table index.
     # With HOLD_RECORD the consumers keep a tile's record until its end, so the producer, which
     # publishes the next tile while loading this one, needs a third slot.
     RECS: tl.constexpr = 3 if HOLD_RECORD else ID_RING
-    REC_FIELDS: tl.constexpr = SPARSE_TILE_FIELDS if SPARSE else TILE_FIELDS
+    REC_FIELDS: tl.constexpr = (SOLO_SPARSE_FIELDS if SOLO else SPARSE_TILE_FIELDS) if SPARSE else TILE_FIELDS
     if RING_TILES:
-        ring = alloc_walk_ring(REC_FIELDS, RECS)
+        ring = alloc_walk_ring(REC_FIELDS, RECS, NCONS)
     else:
         ring = alloc_walk_ring(1)
 
@@ -242,7 +335,45 @@ def _fwd_kernel(
             kv = (k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties)
             kv_cnt = 0
             tile_cnt = 0
-            if RING_TILES:
+            if SOLO:
+                # The ring's order (below), each half its own steps: the first half's Q and first
+                # step, the next tile published, the first half's other steps, then the second
+                # half's Q and steps. Both halves' Q load for a tile with any step (a half past
+                # the sequence's end reads rows past it, harmlessly), so one count keeps the
+                # Q slots' phases.
+                col = 0
+                i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC, False)
+                i, r = publish_walk(ring, 0, i, r, pid, nprog, COUNTER, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
+                                    HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype, DYNAMIC, ZIGZAG, RECS, SOLO)
+                pub_cnt = 1
+                while i < count:
+                    state, h, m0, q_start, lq, k_start, lk, b, _ = tile_record(ring, pub_cnt - 1, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, False, RECS, False, SOLO)
+                    b0 = half_blocks(ring, pub_cnt - 1, 0, m0, lq, lk, left, right, HALF, SLOT_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, RECS)
+                    b1 = half_blocks(ring, pub_cnt - 1, 1, m0, lq, lk, left, right, HALF, SLOT_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, RECS)
+                    loads = (state > 0) & ((b0[3] > b0[0]) | (b1[3] > b1[0]))
+                    if loads:
+                        qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
+                        tma_load(desc_q, q_tiles[2 * qb], q_fulls[2 * qb], q_empties[2 * qb], q_phase, q_row(q_start, m0, Q_SHARED), h * HEAD_DIM, ELEM * HALF * HEAD_DIM)
+                        listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)
+                        col = (h // GROUP) * HEAD_DIM
+                        kv_cnt = load_kv_blocks(desc_k, desc_v, kv, kv_cnt, listed, b0[0], tl.minimum(b0[0] + STEP, b0[3]), k_start, col, SLOT_N, HEAD_DIM, ELEM, NUM_KV, SPARSE, SUB)
+                    i_next, r = walk_next(i, r, pid, nprog, COUNTER, ring, True, DYNAMIC, ZIGZAG, False)
+                    i_next, r = publish_walk(ring, pub_cnt, i_next, r, pid, nprog, COUNTER, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
+                                             HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype, DYNAMIC, ZIGZAG, RECS, SOLO)
+                    pub_cnt += 1
+                    if loads:
+                        state, h, m0, q_start, lq, k_start, lk, b, _ = tile_record(ring, pub_cnt - 2, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, False, RECS, False, SOLO)
+                        listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)
+                        col = (h // GROUP) * HEAD_DIM
+                        b0 = half_blocks(ring, pub_cnt - 2, 0, m0, lq, lk, left, right, HALF, SLOT_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, RECS)
+                        kv_cnt = load_kv_blocks(desc_k, desc_v, kv, kv_cnt, listed, tl.minimum(b0[0] + STEP, b0[3]), b0[3], k_start, col, SLOT_N, HEAD_DIM, ELEM, NUM_KV, SPARSE, SUB)
+                        qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
+                        tma_load(desc_q, q_tiles[2 * qb + 1], q_fulls[2 * qb + 1], q_empties[2 * qb + 1], q_phase, q_row(q_start, m0, Q_SHARED) + HALF, h * HEAD_DIM, ELEM * HALF * HEAD_DIM)
+                        b1 = half_blocks(ring, pub_cnt - 2, 1, m0, lq, lk, left, right, HALF, SLOT_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, RECS)
+                        kv_cnt = load_kv_blocks(desc_k, desc_v, kv, kv_cnt, listed, b1[0], b1[3], k_start, col, SLOT_N, HEAD_DIM, ELEM, NUM_KV, SPARSE, SUB)
+                        tile_cnt += 1
+                    i = i_next
+            elif RING_TILES:
                 # One tile ahead: tile i was decoded and published in the round before; this round
                 # loads its Q and first block, then claims, decodes and publishes the next tile
                 # (the claim's and the decode's latencies overlap the consumers' work on tile
@@ -289,7 +420,7 @@ def _fwd_kernel(
                         tile_cnt += 1
                     i = i_next
 
-        with tlx.async_task(num_warps=4, registers=240, replicate=2):  # consumers
+        with tlx.async_task(num_warps=4, registers=CONS_REGS, replicate=NCONS):  # consumers
             cid: tl.constexpr = tlx.async_task_replica_id()
             if cid == 1:
                 tlx.named_barrier_arrive(TURN_0, 256)  # let warpgroup 0 issue first
@@ -303,12 +434,38 @@ def _fwd_kernel(
                 if RING_TILES:
                     # taken at the top of the round, so the record is not carried round the loop
                     # (12 more live registers beside the main loop's: spills at D 128)
-                    state, h, m0, q_start, lq, k_start, lk, b, sent = tile_record(ring, i, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, True, RECS, HOLD_RECORD)
+                    state, h, m0, q_start, lq, k_start, lk, b, sent = tile_record(ring, i, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, True, RECS, HOLD_RECORD, SOLO)
                     more = state >= 0
                     live = state > 0
                 else:
                     live, h, m0, q_start, lq, k_start, lk, b = fwd_tile(i, TILES, count, q_offsets, kv_offsets, heads, HEAD_MAJOR, GROUP)
-                if live:
+                if SOLO:
+                    if live:
+                        b0 = half_blocks(ring, i, 0, m0, lq, lk, left, right, HALF, SLOT_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, RECS)
+                        b1 = half_blocks(ring, i, 1, m0, lq, lk, left, right, HALF, SLOT_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, RECS)
+                        busy = (b0[3] > b0[0]) | (b1[3] > b1[0])  # else the producer loaded no Q
+                        for c in range(2):  # (one copy of the half's code, not two)
+                            # the tile's fields from its held record (HOLD_RECORD), each half and
+                            # again after the main loop, rather than carried across it
+                            state, h, m0, q_start, lq, k_start, lk, b, _ = tile_record(ring, i, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, False, RECS, False, SOLO)
+                            qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
+                            if busy:
+                                tlx.barrier_wait(q_fulls[2 * qb + c], q_phase)
+                            if m0 + c * HALF < lq:
+                                blocks = half_blocks(ring, i, c, m0, lq, lk, left, right, HALF, SLOT_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, RECS)
+                                rows = m0 + c * HALF + tl.arange(0, HALF)
+                                bounds = band_bounds(rows, lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
+                                acc, m_i, l_i, kv_cnt = attend(kv_cnt, q_tiles[2 * qb + c], kv, bounds, tile_list(lists, b, h, m0 // BLOCK_M, SPARSE), blocks, qk_scale2, cid, dtype, HALF,
+                                                               HEAD_DIM, SLOT_N, NUM_KV, BOUNDED_LEFT, FOLD_SCALE, SPARSE, SUB, False)
+                                state, h, m0, q_start, lq, k_start, lk, b, _ = tile_record(ring, i, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, False, RECS, False, SOLO)
+                                qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
+                                store_half(acc, m_i, l_i, O, LSE, desc_o, q_tiles[2 * qb + c], q_empties[2 * qb + c], busy, m0 + c * HALF, lq, q_start, h,
+                                           stride_ot, stride_oh, stride_lh, stride_ls, HALF, HEAD_DIM, dtype, STAGE_O, TMA_O)
+                            elif busy:  # (past the sequence's end: its Q slot handed back as it landed)
+                                tlx.barrier_arrive(q_empties[2 * qb + c], 1)
+                        if busy:
+                            tile_cnt += 1
+                elif live:
                     listed = tile_list(lists, b, h, m0 // BLOCK_M, SPARSE)
                     if RING_TILES:
                         blocks = sent  # the producer's walk of the list row (SPARSE), else the range
@@ -336,39 +493,9 @@ def _fwd_kernel(
                             # tile's end (bench/NOTES.md, session 33)
                             state, h, m0, q_start, lq, k_start, lk, b, sent = tile_record(ring, i, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, False, RECS)
                             busy = sent[3] > sent[0]
-                            rows = m0 + cid * HALF + tl.arange(0, HALF)
                             qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
-                        if busy and not STAGE_O:
-                            tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
-                        out, lse = finish_softmax(acc, m_i, l_i)
-                        valid = rows < lq
-                        offs_d = tl.arange(0, HEAD_DIM)
-                        o_rows = (q_start + rows).to(tl.int64)
-                        o_ptrs = O + o_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
-                        if STAGE_O:
-                            # O through this half's Q slot (its last QK^T has completed): written in
-                            # the MMA layout, read back in the store's, where converting the layout
-                            # in registers takes a 16 KB scratch buffer of shared memory; a tile
-                            # that visited no block stores zeros made in the store's layout. With
-                            # TMA_O a half whose rows all lie in the sequence leaves by one TMA
-                            # store (the slot is free once the copy engine has read it), not by
-                            # the warpgroup's own stores
-                            if busy:
-                                tlx.local_store(q_buf, output(out, dtype))
-                                if TMA_O and (m0 + (cid + 1) * HALF <= lq):
-                                    tlx.fence("async_shared")
-                                    tlx.async_descriptor_store(desc_o, q_buf, [q_start + m0 + cid * HALF, h * HEAD_DIM])
-                                    tlx.async_descriptor_store_wait(0)
-                                else:
-                                    tl.store(o_ptrs, tlx.local_load(q_buf), mask=valid[:, None])
-                                tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
-                            else:
-                                tl.store(o_ptrs, tl.zeros([HALF, HEAD_DIM], dtype), mask=valid[:, None])
-                        else:
-                            tl.store(o_ptrs, output(out, dtype), mask=valid[:, None])
-                        # LSE [Hq, Tq] (stride_lh = Tq, stride_ls = 1) or [B, Hq, L] (L, Hq: q_start = b L);
-                        # int32 offsets: LSE has D times fewer elements than O, which fits in memory
-                        tl.store(LSE + (h * stride_lh + q_start * stride_ls + rows), lse, mask=valid)
+                        store_half(acc, m_i, l_i, O, LSE, desc_o, q_tiles[2 * qb + cid], q_empties[2 * qb + cid], busy, m0 + cid * HALF, lq, q_start, h,
+                                   stride_ot, stride_oh, stride_lh, stride_ls, HALF, HEAD_DIM, dtype, STAGE_O, TMA_O)
                     if busy:
                         tile_cnt += 1
                 if HOLD_RECORD:
@@ -471,13 +598,17 @@ def forward(
         return out, lse
     if k.shape[0] == 0:  # no keys anywhere: every row sees nothing (no descriptor over 0 rows)
         return out.zero_(), lse.fill_(float("-inf"))
-    programs = min(num_workers(q.device), lay.rows)
+    # SOLO: two programs an SM, each launched with 128 registers a thread (its producer gives
+    # 104 of its 128 to the consumer warpgroup: 24 + 232), and K/V slots of half a kv-block
+    programs = min(num_workers(q.device) * (2 if config.SOLO else 1), lay.rows)
+    slot_n = config.BLOCK_N // 2 if config.SOLO else config.BLOCK_N
     _fwd_kernel[(programs,)](
-        rows_descriptor(q, config.BLOCK_M // 2, dim), rows_descriptor(k, config.BLOCK_N, dim),
-        rows_descriptor(v, config.BLOCK_N, dim), rows_descriptor(out, config.BLOCK_M // 2, dim), out, lse, q_offsets, kv_offsets,
+        rows_descriptor(q, config.BLOCK_M // 2, dim), rows_descriptor(k, slot_n, dim),
+        rows_descriptor(v, slot_n, dim), rows_descriptor(out, config.BLOCK_M // 2, dim), out, lse, q_offsets, kv_offsets,
         plan.section("fwd"), plan.meta[PASSES.index("fwd"):], tile_counter(plan, "fwd"),
         out.stride(0), out.stride(1), *lse_strides, scale, left, right, lay.heads,
         None if blocks is None else blocks.kernel_lists()[0], **config.constexprs(), num_warps=4, num_stages=1,
+        **({"maxnreg": 128} if config.SOLO else {}),
     )
     return out, lse
 

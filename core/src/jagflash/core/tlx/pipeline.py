@@ -289,14 +289,14 @@ def dq_adds_wait(x, CID: tl.constexpr):
 
 
 @triton.jit
-def alloc_walk_ring(FIELDS: tl.constexpr, NUM: tl.constexpr = ID_RING):
+def alloc_walk_ring(FIELDS: tl.constexpr, NUM: tl.constexpr = ID_RING, READERS: tl.constexpr = 2):
     """The record ring of a kernel's walk (:func:`walk_first`): NUM slots (ID_RING unless a
     kernel's consumers hold their record longer) of FIELDS one-int buffers each and their full /
-    empty barriers (one producer arrival fills a slot, one arrival of each consumer warpgroup
-    empties it): ``(fields, fulls, empties)``."""
+    empty barriers (one producer arrival fills a slot, one arrival of each of the READERS
+    consumer warpgroups empties it): ``(fields, fulls, empties)``."""
     fields = tlx.local_alloc((1,), tl.int32, NUM * FIELDS)
     fulls = tlx.alloc_barriers(num_barriers=NUM, arrive_count=1)
-    empties = tlx.alloc_barriers(num_barriers=NUM, arrive_count=2)
+    empties = tlx.alloc_barriers(num_barriers=NUM, arrive_count=READERS)
     return fields, fulls, empties
 
 
