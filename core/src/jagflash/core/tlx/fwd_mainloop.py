@@ -4,7 +4,9 @@ kv-blocks of ``jagflash.core.mask``'s range.
 Two consumer warpgroups take 64 rows each; they issue their QK^T wgmmas in turn (named barriers
 ``TURN_0`` / ``TURN_1`` of ``jagflash.core.tlx.pipeline``), so one's softmax overlaps the other's
 matmul ("ping-pong"), and each keeps its QK^T of kv-block j in flight while its P V of block j-1
-issues (software pipelining), carrying P in fp32. A positive scale rides in the exponent's fused
+issues (software pipelining), carrying P in fp32. With the forward's ``SOLO`` one warpgroup takes
+both halves in turn (``TURNS`` off: the SM's other program is what overlaps it), in steps of
+half a kv-block (``SUB`` 2 steps a listed block). A positive scale rides in the exponent's fused
 multiply-add (``FOLD_SCALE``). The range's masked head and tail run the masked specialisation of
 the loop, its body the unmasked one.
 
