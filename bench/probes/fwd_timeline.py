@@ -2,7 +2,9 @@
 
 Needs the timeline build of the forward: ``git apply bench/probes/fwd_timeline.patch`` on the
 device copy (the patch adds ``forward(timeline=...)`` and a clock stamp at each phase of every
-role; it is never applied to the library). Then
+role; it is never applied to the library; it was written against 54b8e46's forward and no longer
+applies to later trees, whose forward moved on (session 38 split it into fwd_sm90 / fwd_tiles /
+fwd_mainloop): rebase it there first, or apply it to a ``git archive 54b8e46`` copy). Then
 
     python bench/probes/fwd_timeline.py --workloads bs-lognormal-d25,bs-dense8k-d25
 

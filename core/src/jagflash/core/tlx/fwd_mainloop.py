@@ -27,9 +27,9 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from jagflash.core.dtypes import ACC, mma_operand
+from jagflash.core.dtypes import ACC, mma_operand, output
 from jagflash.core.mask import block_at, bounds_mask
-from jagflash.core.softmax import online_softmax_step, online_softmax_step_scaled
+from jagflash.core.softmax import finish_softmax, online_softmax_step, online_softmax_step_scaled
 from jagflash.core.tlx.pipeline import ring_acquire, ring_release, turn_pass, turn_wait
 
 
@@ -156,3 +156,43 @@ def attend(kv_cnt, q_buf, kv, bounds, row, blocks, qk_scale2,
         acc = tlx.async_dot_wait(0, acc)
         ring_release(kv[5], v_slot)
     return acc, m_i, l_i, kv_cnt
+
+
+@triton.jit
+def store_half(acc, m_i, l_i, O, LSE, desc_o, q_buf, q_empty, busy, r0, lq, q_start, h,
+               stride_ot, stride_oh, stride_lh, stride_ls,
+               HALF: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr, STAGE_O: tl.constexpr, TMA_O: tl.constexpr):
+    """A consumer's epilogue of the HALF rows from ``r0`` of a q-tile (those under ``lq`` of the
+    sequence starting at row ``q_start``; head ``h``): O (normalised, in DTYPE) and LSE from the
+    online softmax's ``(acc, m_i, l_i)``, and the half's Q slot ``q_buf`` handed back (its
+    ``q_empty``) where ``busy`` (the producer loaded Q for the tile)."""
+    if busy and not STAGE_O:
+        tlx.barrier_arrive(q_empty, 1)
+    rows = r0 + tl.arange(0, HALF)
+    out, lse = finish_softmax(acc, m_i, l_i)
+    valid = rows < lq
+    offs_d = tl.arange(0, HEAD_DIM)
+    o_rows = (q_start + rows).to(tl.int64)
+    o_ptrs = O + o_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
+    if STAGE_O:
+        # O through this half's Q slot (its last QK^T has completed): written in the MMA layout,
+        # read back in the store's, where converting the layout in registers takes a 16 KB scratch
+        # buffer of shared memory; a tile that visited no block stores zeros made in the store's
+        # layout. With TMA_O a half whose rows all lie in the sequence leaves by one TMA store
+        # (the slot is free once the copy engine has read it), not by the warpgroup's own stores
+        if busy:
+            tlx.local_store(q_buf, output(out, DTYPE))
+            if TMA_O and (r0 + HALF <= lq):
+                tlx.fence("async_shared")
+                tlx.async_descriptor_store(desc_o, q_buf, [q_start + r0, h * HEAD_DIM])
+                tlx.async_descriptor_store_wait(0)
+            else:
+                tl.store(o_ptrs, tlx.local_load(q_buf), mask=valid[:, None])
+            tlx.barrier_arrive(q_empty, 1)
+        else:
+            tl.store(o_ptrs, tl.zeros([HALF, HEAD_DIM], DTYPE), mask=valid[:, None])
+    else:
+        tl.store(o_ptrs, output(out, DTYPE), mask=valid[:, None])
+    # LSE [Hq, Tq] (stride_lh = Tq, stride_ls = 1) or [B, Hq, L] (L, Hq: q_start = b L); int32
+    # offsets: LSE has D times fewer elements than O, which fits in memory
+    tl.store(LSE + (h * stride_lh + q_start * stride_ls + rows), lse, mask=valid)
