@@ -196,7 +196,7 @@ def test_tlx_forward_solo_matches_reference(name, causal, stage_o, tma_o) -> Non
     case = JaggedCase(q_lens, k_lens or q_lens, hq=hq, hkv=hkv, head_dim=128, dtype=torch.bfloat16, causal=causal)
     t = case.build("cuda", requires_grad=False)
     t.pop("dout")
-    run = _forward(causal, "dynamic", RING_TILES=True, HOLD_RECORD=True, SOLO=True, Q_BUFS=1, STAGE_O=stage_o, TMA_O=tma_o)
+    run = _forward(causal, "dynamic", RING_TILES=True, HOLD_RECORD=True, SOLO=True, Q_BUFS=1, NUM_KV=2, STAGE_O=stage_o, TMA_O=tma_o)
     check_against_reference(run, _reference(causal), t, atol=SPEC.atol[torch.bfloat16])
 
 
