@@ -121,4 +121,5 @@ def test_solo_half_walk_visits_each_half_s_own_steps(sparse) -> None:
             assert p3 == p0, case
         body = rows[len(range(p0, p1, scale)) : len(range(p0, p2, scale))].tolist() if p2 > p1 else []
         for n in body:
-            assert n + 64 <= lk and bool(see[:, n : n + 64].all()), case
+            assert n + 64 <= lk, case
+            assert bool(see[:, n : n + 64].all()), case

@@ -351,6 +351,20 @@ def test_forward_refuses_ring_fields_without_the_ring() -> None:
     assert not tuning.config_reasons(dataclasses.replace(want, RING_TILES=True, ZERO_EMPTY=True, HOLD_RECORD=True), want, (128, 128))
 
 
+def test_forward_solo_needs_the_held_record_and_no_zero_empty() -> None:
+    """``SOLO``'s consumer re-reads each tile's record per half (``HOLD_RECORD``), and its
+    producer has no ``ZERO_EMPTY`` path: refused without the one or with the other, accepted
+    with the held record (the policy's with a block mask) and one Q tile."""
+    import dataclasses
+
+    want = tuning.fwd_config(head_dim=128, group=1, left=-1, right=0, q_shared=False, scale=0.125, dynamic=True, zigzag=False, total_kv=1, batch=1, sparse=True)
+    assert want.HOLD_RECORD
+    assert not want.SOLO
+    for bad in (dataclasses.replace(want, SOLO=True, HOLD_RECORD=False), dataclasses.replace(want, SOLO=True, ZERO_EMPTY=True)):
+        assert any(r.startswith("SOLO") for r in tuning.config_reasons(bad, want, (128, 128)))
+    assert not tuning.config_reasons(dataclasses.replace(want, SOLO=True, Q_BUFS=1), want, (128, 128))
+
+
 def test_default_walk_is_the_slot_walk_only_on_a_static_plan_with_a_mask() -> None:
     """Measured (bench/NOTES.md, sessions 6 and 7): the head walk wins unmasked and on a dynamic
     plan; with a mask a static plan's zigzag deal needs the slot walk's cost order."""
