@@ -149,7 +149,6 @@ def _fwd_kernel(
                 # half's Q and steps. Both halves' Q load for a tile with any step (a half past
                 # the sequence's end reads rows past it, harmlessly), so one count keeps the
                 # Q slots' phases.
-                col = 0
                 i, r = walk_first(pid, COUNTER, ring, True, DYNAMIC, False)
                 i, r = publish_walk(ring, 0, i, r, pid, nprog, COUNTER, count, TILES, q_offsets, kv_offsets, heads, lists, left, right, O, LSE, stride_ot, stride_oh, stride_lh, stride_ls,
                                     HEAD_MAJOR, GROUP, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, ZERO_EMPTY, HEAD_DIM, dtype, DYNAMIC, ZIGZAG, RECS, SOLO)
