@@ -101,7 +101,7 @@ def _fwd_kernel(
     ``SOLO`` (with the tile ring and ``HOLD_RECORD``): one consumer warpgroup (232 registers)
     takes both halves of each tile in turn, each half over its own kv range in steps of BLOCK_N / 2
     keys (a listed block two steps), through K/V slots of BLOCK_N / 2 rows; no turns. Its shared
-    memory (~96 KB at D 128 with one Q tile and two slots) and registers (launched with 128 a
+    memory (~99 KB at D 128 with one Q tile and two slots) and registers (launched with 128 a
     thread) leave room for a second program on the SM, whose tile boundaries then fall between
     this one's block steps."""
     NCONS: tl.constexpr = 1 if SOLO else 2  # consumer warpgroups
