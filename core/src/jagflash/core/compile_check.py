@@ -7,8 +7,10 @@
 The configurations are the declared TLX space of ``jagflash.core.tlx.configs``, each
 ``(name, kernel, signature, constexprs, options, known_spill)``: ``known_spill`` the spilled
 bytes it is known to need (printed in the table, so a known spill stays visible; more fails). Each is compiled
-with ``triton.compile`` for ``GPUTarget("cuda", 90, 32)``; the PTX is assembled again with the
-wheel's ``ptxas -arch=sm_90a -v`` for registers and spills. The table shows registers, spilled
+with ``triton.compile`` for ``GPUTarget("cuda", 90, 32)`` (always compiled, never taken from the
+cache), and its registers and spills are read from that compile's own ``ptxas -v`` log: the
+figures are those of the cubin that runs (Triton's ptxas options, ``--regAllocOptLevel=2`` among
+them), for one ptxas run a configuration. The table shows registers, spilled
 bytes, shared memory, and whether wgmma, setmaxnreg and TMA (cp.async.bulk.tensor) made it into
 the PTX. Exit status 1 when a configuration fails to compile, spills (unless allowed), or needs
 more shared memory than an sm_90 block can have.
@@ -22,6 +24,8 @@ kv loop was found 100 instructions longer than the uTLX tutorial's (bench/NOTES.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -146,16 +150,23 @@ def launch_attrs(fn, signature: dict[str, str]) -> tuple[dict[str, str], dict]:
 
 def compile_one(name, kernel, signature, constexprs, options, known_spill: int = 0, *, loops: bool = False) -> Report:
     import triton
+    from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     rep = Report(name, known_spill=known_spill)
+    log = io.StringIO()
     try:
         fn = getattr(kernel, "fn", kernel)
         jit = kernel if hasattr(kernel, "fn") else None
         signature, attrs = launch_attrs(fn, signature)
         src = ASTSource(jit or fn, signature, constexprs, attrs)
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+        # Triton prints its ptxas run's -v log when asked: compiled here, not read from the
+        # cache (a cached kernel has no log), and that log is the report's registers and spills.
+        with knobs.compilation.scope(), knobs.nvidia.scope(), contextlib.redirect_stdout(log):
+            knobs.compilation.always_compile = True
+            knobs.nvidia.dump_ptxas_log = True
+            compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     except Exception as e:  # a compile error is the report, not a crash of the whole table
         chain = [e]
         while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
@@ -168,27 +179,20 @@ def compile_one(name, kernel, signature, constexprs, options, known_spill: int =
     rep.wgmma = "wgmma.mma_async" in ptx
     rep.setmaxnreg = "setmaxnreg" in ptx
     rep.tma = "cp.async.bulk.tensor" in ptx
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        cubin = os.path.join(tmp, "k.cubin")
-        res = subprocess.run(
-            [_ptxas(), "-arch=sm_90a", "-v", path, "-o", cubin],
-            capture_output=True, text=True, check=False,
-        )
-        if loops and res.returncode == 0:
+    regs = re.findall(r"Used (\d+) registers", log.getvalue())
+    if not regs:
+        rep.error = "no ptxas -v log from the compile (knobs.nvidia.dump_ptxas_log printed nothing)"
+        return rep
+    rep.registers = max(map(int, regs))
+    rep.spill_bytes = sum(map(int, re.findall(r"(\d+) bytes spill stores", log.getvalue())))
+    if loops:
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = os.path.join(tmp, "k.cubin")
+            with open(cubin, "wb") as f:
+                f.write(compiled.asm["cubin"])
             nvdisasm = os.path.join(os.path.dirname(_ptxas()), "nvdisasm")
             dis = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True, check=False)
-            rep.loops = sass_loops(dis.stdout)
-    log = res.stdout + res.stderr
-    if res.returncode != 0:
-        rep.error = "ptxas failed: " + log.strip().splitlines()[-1]
-        return rep
-    regs = re.findall(r"Used (\d+) registers", log)
-    spills = re.findall(r"(\d+) bytes spill stores", log)
-    rep.registers = max(map(int, regs)) if regs else -1
-    rep.spill_bytes = sum(map(int, spills)) if spills else 0
+        rep.loops = sass_loops(dis.stdout)
     return rep
 
 
