@@ -365,6 +365,33 @@ def test_forward_solo_needs_the_held_record_and_no_zero_empty() -> None:
     assert not tuning.config_reasons(dataclasses.replace(want, SOLO=True, Q_BUFS=1), want, (128, 128))
 
 
+def test_forward_runs_solo_on_crowded_batches_of_short_kv(monkeypatch) -> None:
+    """The policy's ``SOLO`` (``tuning.default_solo``): a batch of short K/V sequences (the tile
+    ring) at D 128 whose plan holds a tile for each of two programs an SM runs one consumer
+    warpgroup a program, one Q tile, twice the programs at 128 registers a thread; one sequence
+    (too few tiles), D 64, long K/V, broadcast-Q and a block mask do not."""
+    fwd = _Launches(fwd_sm90._fwd_kernel)
+    monkeypatch.setattr(fwd_sm90, "_fwd_kernel", fwd)
+    monkeypatch.setattr(fwd_sm90, "num_workers", lambda device: 3)
+    kw = {"left": -1, "right": -1, "scale": 0.125}
+    for lens, dim, solo in (((10,) * 8, 128, True), ((10,), 128, False), ((10,) * 8, 64, False), ((400,) * 8, 128, False)):
+        offs = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+        q = torch.randn(int(offs[-1]), 1, dim).to(torch.float16)
+        plan, want = fwd_sm90.plan_and_config(q, q, offs, offs, max(lens), **kw)
+        assert (want.SOLO, want.Q_BUFS == 1) == (solo, solo), (lens, dim)
+        assert (plan.info.layout("fwd").rows >= 6) == (solo or dim == 64 or lens[0] == 400)
+        fwd.calls.clear()
+        fwd_sm90.forward(q, q, q, offs, offs, max(lens), **kw)
+        (grid, args), = fwd.calls
+        assert (args["SOLO"], args["maxnreg"]) == (solo, 128 if solo else None)
+        assert grid == (min(6 if solo else 3, plan.info.layout("fwd").rows),)
+    for extra in ({"q_shared": True}, {"sparse": True}):
+        call = {"head_dim": 128, "group": 1, "left": -1, "right": -1, "q_shared": False, "scale": 0.1, "dynamic": True,
+                "zigzag": False, "total_kv": 8, "batch": 8, "crowded": True}
+        assert tuning.fwd_config(**call).SOLO
+        assert not tuning.fwd_config(**{**call, **extra}).SOLO
+
+
 def test_default_walk_is_the_slot_walk_only_on_a_static_plan_with_a_mask() -> None:
     """Measured (bench/NOTES.md, sessions 6 and 7): the head walk wins unmasked and on a dynamic
     plan; with a mask a static plan's zigzag deal needs the slot walk's cost order."""
@@ -446,9 +473,9 @@ class _Launches:
         self.calls = []
 
     def __getitem__(self, grid):
-        def launch(*args, num_warps, num_stages, **kwargs):
+        def launch(*args, num_warps, num_stages, maxnreg=None, **kwargs):
             bound = self.signature.bind(*args, **kwargs)
-            self.calls.append((grid, bound.arguments))
+            self.calls.append((grid, {**bound.arguments, "maxnreg": maxnreg}))
 
         return launch
 
@@ -458,8 +485,9 @@ def test_launches_bind_to_the_kernels_signatures(monkeypatch, schedule) -> None:
     """forward, backward (one pass) and backward_dkdv launch their kernels with every argument
     bound once; a dynamic plan hands each launch a zeroed int32 tile counter of its own, the others
     pass an unused tensor and DYNAMIC off; a forced config reaches the kernel as its constexprs
-    (by default: two Q tiles; the tile ring, as these K/V sequences average 100 keys, under one
-    K/V tile)."""
+    (by default: the tile ring, as these K/V sequences average 100 keys, under one K/V tile, and
+    ``SOLO`` with one Q tile on twice the programs, as the plan holds a tile for each; forced
+    off, the ring takes ``SOLO`` with it)."""
 
     from jagflash.core.plan.build import make_plan
 
@@ -479,14 +507,14 @@ def test_launches_bind_to_the_kernels_signatures(monkeypatch, schedule) -> None:
     _, lse = fwd_sm90.forward(q, q, q, offs, offs, 200, **kw)
     forced = tuning.forced_ring(_config_of(fwd.calls[0][1]), False)
     fwd_sm90.forward(q, q, q, offs, offs, 200, config=forced, **kw)
-    assert [(a["Q_BUFS"], a["RING_TILES"]) for _, a in fwd.calls] == [(2, True), (2, False)]
+    assert [(a["Q_BUFS"], a["RING_TILES"], a["SOLO"]) for _, a in fwd.calls] == [(1, True, True), (1, False, False)]
     lse.zero_()
     bwd_sm90.backward(q, q, q, q, q, lse, offs, offs, **kw)
     bwd_sm90.backward_dkdv(q, q, q, q, lse, lse, offs, offs, **kw)
     calls = fwd.calls + dkdv.calls
     assert len(calls) == 4
     for grid, args in calls:
-        assert grid == (3,)
+        assert grid == (6 if args.get("SOLO") else 3,)
         assert args["DYNAMIC"] is (schedule == "dynamic")
         if schedule == "dynamic":
             assert args["COUNTER"].dtype == torch.int32

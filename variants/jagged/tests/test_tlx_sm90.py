@@ -244,6 +244,28 @@ def test_tlx_backend_is_the_default_forward_and_backward(causal) -> None:
     assert last_choice("jagged").name == "tlx-sm90"
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_tlx_policy_solo_on_short_batches_matches_reference(causal) -> None:
+    """The policy's ``SOLO`` (``tuning.default_solo``: short K/V sequences, D 128, a tile for each
+    of two programs an SM) through the public call, forward and backward: 600 sequences of 0 to
+    70 keys, GQA; the forward config the call runs is checked to be ``SOLO``
+    (windows: the sliding-window variant's GPU tests)."""
+    from jagflash.core.tlx import fwd_sm90
+    from jagflash.variants.jagged import jagged_attention
+
+    gen = torch.Generator().manual_seed(7)
+    lens = tuple(torch.randint(0, 71, (600,), generator=gen).tolist())
+    t = JaggedCase(lens, lens, hq=4, hkv=2, head_dim=128, dtype=torch.bfloat16, causal=causal).build("cuda")
+    dout = t.pop("dout")
+    _, config = fwd_sm90.plan_and_config(t["q"], t["k"], t["q_offsets"], t["kv_offsets"], max(lens), left=-1, right=0 if causal else -1, scale=0.1)
+    assert (config.SOLO, config.RING_TILES, config.Q_BUFS) == (True, True, 1)
+
+    def kernel(q, k, v, q_offsets, kv_offsets):
+        return jagged_attention(q, k, v, q_offsets, kv_offsets, causal=causal, return_lse=True)
+
+    check_against_reference(kernel, _reference(causal), t, atol=SPEC.atol[torch.bfloat16], dout=dout)
+
+
 def test_tlx_deterministic_backward_is_bitwise_repeatable() -> None:
     """deterministic=True: 100 backward runs of one causal GQA batch give the same bits (no
     atomics or reduce-adds anywhere)."""

@@ -81,6 +81,31 @@ def test_gpu_dense_forward_and_backward(backend, dtype, nq, nk, head_dim, window
     assert last_choice("sliding_window").name == backend
 
 
+@pytest.mark.parametrize(("window", "causal"), [((20, -1), True), ((8, 8), False), ((0, 3), False)])
+def test_gpu_short_batch_runs_solo(window, causal) -> None:
+    """A batch of 600 short sequences (0 to 70 keys, GQA, D 128): the TLX forward runs the
+    policy's ``SOLO`` (``jagflash.core.tuning.default_solo``; its halves each walk their own
+    window band), forward and backward against the reference."""
+    from jagflash.core.mask import mask_bounds
+    from jagflash.core.tlx import fwd_sm90
+
+    gen = torch.Generator().manual_seed(11)
+    lens = torch.randint(0, 71, (600,), generator=gen).tolist()
+    t = make_jagged(lens, lens, 4, 2, 128, torch.bfloat16, "cuda", seed=3)
+    dout = t.pop("dout")
+    left, right = mask_bounds(causal, window)
+    _, config = fwd_sm90.plan_and_config(t["q"], t["k"], t["q_offsets"], t["kv_offsets"], max(lens), left=left, right=right, scale=0.1)
+    assert config.SOLO
+
+    def kernel(q, k, v, q_offsets, kv_offsets):
+        return sliding_window_attention(q, k, v, q_offsets, kv_offsets, window=window, causal=causal, return_lse=True, backend="tlx-sm90")
+
+    def reference(q, k, v, q_offsets, kv_offsets, dtype):
+        return jagged_reference(q, k, v, q_offsets, kv_offsets, causal=causal, window=window, dtype=dtype)
+
+    check_against_reference(kernel, reference, t, atol=SPEC.atol[torch.bfloat16], dout=dout)
+
+
 def test_gpu_tlx_is_the_default_and_the_deterministic_backward_repeats() -> None:
     t = make_jagged(_lognormal(7), _lognormal(7), 8, 8, 128, torch.bfloat16, "cuda")
     args = (t["q"], t["k"], t["v"], t["q_offsets"], t["kv_offsets"])

@@ -22,43 +22,18 @@ from dataclasses import dataclass, fields, replace
 from jagflash.core.jagged import cdiv, next_pow2
 
 __all__ = [
-    "BACKEND_DEFAULT",
-    "DECODE_MAX_Q",
-    "DECODE_MAX_ROWS",
-    "DEFAULT_BACKWARD_SCHEDULE",
-    "DEFAULT_SCHEDULE",
-    "FREE_FIELDS",
-    "OWN_BY_DEFAULT",
-    "OWN_KV_TILES",
-    "PORTABLE_HEAD_DIMS",
-    "TLX_BLOCK_SIZES",
-    "TLX_HEAD_DIMS",
-    "TLX_ONE_PASS_HEAD_DIMS",
-    "VEC_PAD",
-    "BwdConfig",
-    "DecodeConfig",
-    "FwdConfig",
-    "block_config",
-    "bwd_config",
-    "config_reasons",
-    "decode_config",
-    "decode_reasons",
-    "default_fwd_depths",
-    "default_head_major",
-    "default_ring_tiles",
-    "default_schedules",
-    "dq_cols",
-    "forced_ring",
-    "fwd_config",
-    "grouped_backward",
-    "kernel_flags",
-    "launch_options",
-    "own_span",
-    "plan_blocks",
-    "resolve_schedules",
-    "tlx_sm90_blocks",
-    "use_decode",
-    "use_one_pass",
+    # constants
+    "BACKEND_DEFAULT", "DECODE_MAX_Q", "DECODE_MAX_ROWS", "DEFAULT_BACKWARD_SCHEDULE",
+    "DEFAULT_SCHEDULE", "FREE_FIELDS", "OWN_BY_DEFAULT", "OWN_KV_TILES", "PORTABLE_HEAD_DIMS",
+    "SOLO_PER_SM", "TLX_BLOCK_SIZES", "TLX_HEAD_DIMS", "TLX_ONE_PASS_HEAD_DIMS", "VEC_PAD",
+    # configs
+    "BwdConfig", "DecodeConfig", "FwdConfig",
+    # rules
+    "block_config", "bwd_config", "config_reasons", "decode_config", "decode_reasons",
+    "default_fwd_depths", "default_head_major", "default_ring_tiles", "default_schedules",
+    "default_solo", "dq_cols", "forced_ring", "fwd_config", "grouped_backward", "kernel_flags",
+    "launch_options", "own_span", "plan_blocks", "resolve_schedules", "tlx_sm90_blocks",
+    "use_decode", "use_one_pass",
 ]
 
 # --- portable kernels ------------------------------------------------------------------------
@@ -198,6 +173,19 @@ def default_ring_tiles(total_kv: int, batch: int, block_n: int) -> bool:
     return total_kv <= block_n * max(batch, 1)
 
 
+#: Programs a ``SOLO`` forward runs on each SM (launched with 128 registers a thread).
+SOLO_PER_SM = 2
+
+
+def default_solo(head_dim: int, ring: bool, sparse: bool, q_shared: bool, crowded: bool) -> bool:
+    """Whether a TLX forward runs ``SOLO`` (one consumer warpgroup a program, two programs an SM,
+    one Q tile): with the tile ring on K/V sequences of at most one kv-tile on average, no block
+    mask nor broadcast-Q, at D 128, and ``crowded``: the plan holds a tile for each program. H100,
+    kernel alone (bench/NOTES.md, session 40): jagged-tiny -31 %, short-1tok -45 %; one sequence
+    of 16 +7 % (one tile: its halves in turn); bs-lognormal-d25 +9 %, long batches +10-28 %."""
+    return ring and not sparse and not q_shared and head_dim == 128 and crowded
+
+
 def default_fwd_depths(head_dim: int, left: int, right: int, ring: bool, sparse: bool, q_shared: bool) -> tuple[int, int, bool]:
     """``(NUM_KV, Q_BUFS, STAGE_O)`` of a TLX forward: three K/V slots and one Q tile for a
     causal band without a left bound on the per-consumer walk (no tile ring, no block mask, no
@@ -257,17 +245,17 @@ class FwdConfig(_Constexprs):
 def forced_ring(config: FwdConfig | BwdConfig, ring: bool) -> FwdConfig | BwdConfig:
     """``config`` with its kernel's tile ring forced on or off (tests and probes): the fields
     that ride on the ring follow it, off without it (:func:`config_reasons` refuses them there):
-    ``ZERO_EMPTY``, the backward's ``OWN_SPAN`` (kept with the ring) and the forward's
-    ``HOLD_RECORD`` (on with the ring, as :func:`fwd_config` sets it)."""
+    ``ZERO_EMPTY``, the backward's ``OWN_SPAN`` and the forward's ``SOLO`` (kept with the ring),
+    the forward's ``HOLD_RECORD`` (on with the ring, as :func:`fwd_config` sets it)."""
     if isinstance(config, FwdConfig):
-        return replace(config, RING_TILES=ring, HOLD_RECORD=ring, ZERO_EMPTY=ring and config.ZERO_EMPTY)
+        return replace(config, RING_TILES=ring, HOLD_RECORD=ring, ZERO_EMPTY=ring and config.ZERO_EMPTY, SOLO=ring and config.SOLO)
     return replace(config, RING_TILES=ring, ZERO_EMPTY=ring and config.ZERO_EMPTY, OWN_SPAN=config.OWN_SPAN if ring else 0)
 
 
 @functools.lru_cache(maxsize=256)
 def fwd_config(
     *, head_dim: int, group: int, left: int, right: int, q_shared: bool, scale: float,
-    dynamic: bool, zigzag: bool, total_kv: int, batch: int, sparse: bool = False,
+    dynamic: bool, zigzag: bool, total_kv: int, batch: int, sparse: bool = False, crowded: bool = False,
 ) -> FwdConfig:
     """The :class:`FwdConfig` of a forward call (``sparse``: with a block mask's lists). A
     block-sparse call always hands tiles through the tile ring: its producer walks each list row
@@ -275,15 +263,18 @@ def fwd_config(
     both consumers (bench/NOTES.md, session 17). With the ring the consumers hold each tile's
     record and read its fields again after the main loop (``HOLD_RECORD``: 2-6 % faster on the
     block-sparse and tiny batches, H100, session 33); ``ZERO_EMPTY`` stays off (level or slower
-    there). Every forward asks: kept per arguments (a config is frozen)."""
+    there); ``SOLO`` as :func:`default_solo` (``crowded``: the plan's forward rows are at least
+    :data:`SOLO_PER_SM` an SM). Every forward asks: kept per arguments (a config is frozen)."""
     block_m, block_n = tlx_sm90_blocks(head_dim)["fwd"]
     ring = sparse or default_ring_tiles(total_kv, batch, block_n)
     num_kv, q_bufs, stage_o = default_fwd_depths(head_dim, left, right, ring, sparse, q_shared)
+    solo = default_solo(head_dim, ring, sparse, q_shared, crowded)
     return FwdConfig(
         HEAD_DIM=head_dim, GROUP=group, BOUNDED_LEFT=left >= 0, BOUNDED_RIGHT=right >= 0,
         Q_SHARED=q_shared, FOLD_SCALE=scale > 0, HEAD_MAJOR=default_head_major(left, right, dynamic),
         DYNAMIC=dynamic, ZIGZAG=zigzag, RING_TILES=ring, BLOCK_M=block_m, BLOCK_N=block_n,
-        NUM_KV=num_kv, Q_BUFS=q_bufs, SPARSE=sparse, STAGE_O=stage_o, TMA_O=stage_o and sparse, HOLD_RECORD=ring,
+        NUM_KV=num_kv, Q_BUFS=1 if solo else q_bufs, SPARSE=sparse, STAGE_O=stage_o, TMA_O=stage_o and sparse,
+        HOLD_RECORD=ring, SOLO=solo,
     )
 
 

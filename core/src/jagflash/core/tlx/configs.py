@@ -77,14 +77,15 @@ def fwd_space():
             extras.append(("_unfolded", {"scale": -1.0}))
             if not mask:
                 extras.append(("_bq", {"q_shared": True}))
-        for suffix, kw in extras:
-            call = {"group": 1, "q_shared": False, "scale": 1.0, **kw}
-            # the policy's config on a batch of short K/V sequences (the ring) or of long ones
+        for (suffix, kw), crowded in product(extras, (False, True) if ring else (False,)):
+            call = {"group": 1, "q_shared": False, "scale": 1.0, "crowded": crowded, **kw}
+            # the policy's config on a batch of short K/V sequences (the ring; of a few tiles an SM
+            # or fewer: tuning.default_solo) or of long ones
             cfg = fwd_config(head_dim=dim, left=left, right=right, dynamic=dyn, zigzag=zz, **(SHORT_KV if ring else LONG_KV), **call)
             if ring != cfg.RING_TILES:
                 raise RuntimeError(f"the forward policy no longer rings on {'short' if ring else 'long'} K/V: {cfg}")
-            name = f"tlx_fwd_{deal}{suffix}{'_ring' if ring else ''} {dtype} d{dim}{' ' + mask if mask else ''}"
-            out.setdefault((cfg, dtype), name)
+            kind = ("_solo" if cfg.SOLO else "_ring") if ring else ""
+            out.setdefault((cfg, dtype), f"tlx_fwd_{deal}{suffix}{kind} {dtype} d{dim}{' ' + mask if mask else ''}")
     for kind, deal, dtype, dim, mask in SPARSE_SAMPLES:
         if kind == "fwd":
             (left, right), (dyn, zz) = MASKS[mask], DEALS[deal]

@@ -11,8 +11,9 @@ walk_first``) and splits the work over three warp roles:
 - two consumer warpgroups (``replicate=2``, 240 registers each) take 64 rows each and run the
   main loop of ``jagflash.core.tlx.fwd_mainloop``; a warpgroup whose 64 rows all lie past the
   sequence's end issues no matmul there;
-- with ``SOLO`` (a free field, off) one consumer warpgroup takes both halves of each tile in turn,
-  in steps of half a kv-block, and two programs share each SM (``_fwd_kernel``'s docstring);
+- with ``SOLO`` (the policy's on batches of short K/V sequences: ``jagflash.core.tuning.default_solo``)
+  one consumer warpgroup takes both halves of each tile in turn, in steps of half a kv-block, and
+  two programs share each SM (``_fwd_kernel``'s docstring);
 - the epilogue (in the consumers, ``store_half``) normalises, and writes O and the LSE with masked stores that
   never cross the sequence boundary; with ``STAGE_O`` O goes through the warpgroup's own Q slot
   (free once its last QK^T completes) instead of a layout conversion's 16 KB of scratch, the
@@ -73,6 +74,7 @@ from jagflash.core.tlx.pipeline import (
     walk_start,
 )
 from jagflash.core.tuning import (
+    SOLO_PER_SM,
     TLX_BLOCK_SIZES,
     FwdConfig,
     config_reasons,
@@ -332,7 +334,7 @@ def plan_and_config(q, k, q_offsets, kv_offsets, max_seqlen_q, *, left, right, s
     config = fwd_config(
         head_dim=dim, group=hq // hkv, left=left, right=right, q_shared=q_shared, scale=scale,
         dynamic=dynamic, zigzag=zigzag, total_kv=plan.info.total_kv, batch=plan.info.batch,
-        sparse=blocks is not None,
+        sparse=blocks is not None, crowded=plan.info.layout("fwd").rows >= SOLO_PER_SM * num_workers(q.device),
     )
     return plan, config
 
@@ -407,7 +409,7 @@ def forward(
         return out.zero_(), lse.fill_(float("-inf"))
     # SOLO: two programs an SM, each launched with 128 registers a thread (its producer gives
     # 104 of its 128 to the consumer warpgroup: 24 + 232), and K/V slots of half a kv-block
-    programs = min(num_workers(q.device) * (2 if config.SOLO else 1), lay.rows)
+    programs = min(num_workers(q.device) * (SOLO_PER_SM if config.SOLO else 1), lay.rows)
     slot_n = config.BLOCK_N // 2 if config.SOLO else config.BLOCK_N
     _fwd_kernel[(programs,)](
         rows_descriptor(q, config.BLOCK_M // 2, dim), rows_descriptor(k, slot_n, dim),
