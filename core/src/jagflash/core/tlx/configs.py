@@ -79,8 +79,8 @@ def fwd_space():
                 extras.append(("_bq", {"q_shared": True}))
         for (suffix, kw), crowded in product(extras, (False, True) if ring else (False,)):
             call = {"group": 1, "q_shared": False, "scale": 1.0, "crowded": crowded, **kw}
-            # the policy's config on a batch of short K/V sequences (the ring; of a few tiles an SM
-            # or fewer: tuning.default_solo) or of long ones
+            # the policy's config on a batch of short K/V sequences (the ring; with fewer than two
+            # tiles an SM, or at least two: SOLO, tuning.default_solo) or of long ones
             cfg = fwd_config(head_dim=dim, left=left, right=right, dynamic=dyn, zigzag=zz, **(SHORT_KV if ring else LONG_KV), **call)
             if ring != cfg.RING_TILES:
                 raise RuntimeError(f"the forward policy no longer rings on {'short' if ring else 'long'} K/V: {cfg}")
