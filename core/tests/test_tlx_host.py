@@ -523,6 +523,63 @@ def test_launches_bind_to_the_kernels_signatures(monkeypatch, schedule) -> None:
         assert len({args["COUNTER"].data_ptr() for _, args in calls}) == 4
 
 
+def test_tlx_plans_and_configs_take_64_masks_as_tiles(monkeypatch) -> None:
+    """With a 64 x 64 mask the TLX plan tiles the forward by 128 x 128 (the dK/dV pass by its
+    64-query steps, the portable dQ pass by the mask's blocks), costs the tiles by the tiled
+    grid, and the launches get ``FINE`` with the tiled lists (their bits last); a 128 x 128 mask's
+    do not."""
+    from jagflash.core.block_mask import BlockMask
+    from jagflash.core.block_tiles import tiled
+    from jagflash.core.plan.build import make_plan
+    from jagflash.core.tlx import bwd_sm90, fwd_sm90
+
+    assert tuning.plan_blocks("tlx-sm90", 128, (64, 64)) == {"fwd": (128, 128), "dq": (64, 64), "dkdv": (64, 128)}
+    assert tuning.plan_blocks("portable", 128, (64, 64)) == dict.fromkeys(("fwd", "dq", "dkdv"), (64, 64))
+    fwd, dkdv = _Launches(fwd_sm90._fwd_kernel), _Launches(bwd_sm90._dkdv_kernel)
+    monkeypatch.setattr(fwd_sm90, "_fwd_kernel", fwd)
+    monkeypatch.setattr(bwd_sm90, "_dkdv_kernel", dkdv)
+    monkeypatch.setattr(fwd_sm90, "num_workers", lambda device: 3)
+    monkeypatch.setattr(bwd_sm90, "num_workers", lambda device: 3)
+    lq, lk = (300, 90, 200), (260, 70, 500)
+    offs_q, offs_k = (torch.tensor([0, *torch.tensor(x).cumsum(0).tolist()], dtype=torch.int32) for x in (lq, lk))
+    m = BlockMask.from_dense(torch.rand(3, 2, 5, 8, generator=torch.Generator().manual_seed(7)) < 0.4, offs_q, offs_k, (64, 64))
+    q = torch.randn(sum(lq), 2, 128).to(torch.float16)
+    k = torch.randn(sum(lk), 2, 128).to(torch.float16)
+    kw = {"left": -1, "right": 0, "scale": 0.125}
+    plan = make_plan(offs_q, offs_k, total_q=sum(lq), total_kv=sum(lk), heads_q=2, heads_kv=2, window=(-1, 0),
+                     **dict(zip(("block_m", "block_n"), (128, 128))), dq_blocks=(64, 64), dkdv_blocks=(64, 128),
+                     schedule="dynamic", block_mask=m)
+    coarse = make_plan(offs_q, offs_k, total_q=sum(lq), total_kv=sum(lk), heads_q=2, heads_kv=2, window=(-1, 0),
+                       block_m=128, block_n=128, dq_blocks=(64, 64), dkdv_blocks=(64, 128), schedule="dynamic",
+                       block_mask=tiled(m))
+    assert torch.equal(plan.tiles, coarse.tiles)
+    for given in (None, plan):
+        fwd_sm90.forward(q, k, k, offs_q, offs_k, max(lq), blocks=m, plan=given, **kw)
+        bwd_sm90.backward(q, q, k, k, q, torch.zeros(2, sum(lq)), offs_q, offs_k, blocks=m, plan=given, **kw)
+    want = tiled(m).kernel_lists()
+    for (_, args), lists in [(c, want[0]) for c in fwd.calls] + [(c, want[1]) for c in dkdv.calls]:
+        assert args["SPARSE"]
+        assert args["FINE"]
+        assert len(args["lists"]) == 6
+        for got, exp in zip(args["lists"], lists):
+            assert torch.equal(got, exp) if isinstance(exp, torch.Tensor) else got == exp
+    fwd.calls.clear()
+    fwd_sm90.forward(q, k, k, offs_q, offs_k, max(lq), blocks=tiled(m), **kw)
+    assert fwd.calls[0][1]["FINE"]
+    plain = BlockMask.from_dense(torch.ones(3, 1, 3, 4, dtype=torch.bool), offs_q, offs_k, (128, 128))
+    fwd.calls.clear()
+    fwd_sm90.forward(q, k, k, offs_q, offs_k, max(lq), blocks=plain, **kw)
+    assert not fwd.calls[0][1]["FINE"]
+    assert len(fwd.calls[0][1]["lists"]) == 5
+    good = tuning.fwd_config(head_dim=128, group=1, left=-1, right=0, q_shared=False, scale=0.1, dynamic=True,
+                             zigzag=False, total_kv=1, batch=1, sparse=True, fine=True)
+    assert good.FINE
+    assert not tuning.config_reasons(good, good, (128, 128))
+    bad = tuning.fwd_config(head_dim=128, group=1, left=-1, right=0, q_shared=False, scale=0.1, dynamic=True,
+                            zigzag=False, total_kv=1, batch=1, sparse=False, fine=True)
+    assert "FINE masks the steps of a block mask's tiles: it needs SPARSE" in tuning.config_reasons(bad, bad, (128, 128))
+
+
 @pytest.mark.interpret
 @pytest.mark.parametrize(("heads", "group", "slots"), [(8, 1, 5), (8, 4, 3), (16, 4, 1), (6, 2, 7)])
 def test_head_walk_visits_every_table_row_once_kv_head_by_kv_head(heads, group, slots) -> None:

@@ -5,7 +5,8 @@ refusals (the TLX backend's included). The ``test_gpu_*`` tests (marked ``gpu``)
 portable kernels in bf16/fp16 at head dims 64/128, both block sizes, on skewed batches; the
 ``test_tlx_*`` tests (marked ``sm90``) the TLX kernels on 128 x 128 masks: forward, one-pass and
 deterministic backward against the fp64 reference, every block listed == the jagged variant's
-TLX forward bitwise, rows and keys that see nothing, the 64 x 64 refusal.
+TLX forward bitwise, rows and keys that see nothing, the 64 x 64 refusal, and the TLX kernels
+called directly on 64 x 64 masks (their 128 x 128 tiles with bits).
 
 On a CPU these run the portable kernels under Triton's interpreter (nox sets
 TRITON_INTERPRET=1), block size 64 to keep the tile loops short; on a GPU the same tests run
@@ -363,6 +364,79 @@ def test_tlx_forward_solo_matches_reference(name, head_dim, monkeypatch) -> None
     case = dataclasses.replace(case, head_dim=head_dim, dtype=BF, seed=11)
     _require_tlx(case, False, window)
     _check(case, heads, density, window=window, seed=5, block_size=TLX_BS, device="cuda", backend="tlx-sm90", deterministic=False)
+
+
+class _TlxKernels(torch.autograd.Function):
+    """The variant's TLX kernels called directly (``kernels_tlx_sm90``: forward, then the one-pass
+    or the deterministic backward), for masks the spec does not route to ``tlx-sm90`` yet."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_offsets, kv_offsets, mask, left, right, deterministic):
+        from jagflash.variants.block_sparse import kernels_tlx_sm90 as tlx
+
+        scale = q.shape[-1] ** -0.5
+        out, lse = tlx.forward(q, k, v, q_offsets, kv_offsets, int(seq_lengths(q_offsets).max()), left=left, right=right,
+                               scale=scale, blocks=mask)
+        ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
+        ctx.call = (mask, left, right, scale, deterministic)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        from jagflash.variants.block_sparse import kernels_tlx_sm90 as tlx
+
+        q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
+        mask, left, right, scale, deterministic = ctx.call
+        dq, dk, dv = tlx.backward(dout.contiguous(), q, k, v, out, lse, q_offsets, kv_offsets, None, left=left, right=right,
+                                  scale=scale, deterministic=deterministic, blocks=mask)
+        return dq, dk, dv, *([None] * 6)
+
+
+#: ``(case, head dim, dtype, deterministic)`` of the TLX kernels on 64 x 64 masks (walked as
+#: 128 x 128 tiles with each tile's four bits: ``jagflash.core.block_tiles``).
+#: ``solo``: the forward's ``SOLO`` forced (64-key steps, two a tile).
+TLX_FINE_RUNS = [
+    ("empty_mask", 128, BF, False, False), ("d01_causal_per_head_gqa", 128, BF, False, False),
+    ("d01_causal_per_head_gqa", 64, HF, True, False), ("d05_window", 128, HF, False, False),
+    ("d05_two_sided_window_mqa", 64, BF, False, False), ("d05_cross", 128, BF, True, False),
+    ("d1_causal_cross", 128, BF, False, False), ("d01_causal_per_head_gqa", 128, BF, False, True),
+    ("d05_cross", 128, BF, False, True), ("d05_window", 64, HF, False, True),
+]
+
+
+@pytest.mark.sm90
+@pytest.mark.parametrize(
+    ("name", "head_dim", "dtype", "deterministic", "solo"), TLX_FINE_RUNS,
+    ids=[f"{n}-d{d}-{str(t).split('.')[-1]}-{'det' if det else 'one_pass'}{'-solo' if so else ''}" for n, d, t, det, so in TLX_FINE_RUNS],
+)
+def test_tlx_kernels_on_64_masks_match_reference(name, head_dim, dtype, deterministic, solo, monkeypatch) -> None:
+    """The TLX forward (``SOLO`` forced or not) and backward on 64 x 64 masks, each step masking
+    the 64 x 64 blocks its 128 x 128 tile's bits leave out, against the fp64 reference with the
+    64 x 64 mask; NaN-poisoned outputs. (The public call routes 64 x 64 masks to the portable
+    kernels until these have passed on a GPU: the spec's ``block_size_64x64``.)"""
+    from jagflash.core.mask import mask_bounds
+    from jagflash.core.tlx import fwd_sm90
+
+    if solo:
+        policy = fwd_sm90.fwd_config
+        monkeypatch.setattr(fwd_sm90, "fwd_config", lambda **kw: dataclasses.replace(policy(**kw), SOLO=True, Q_BUFS=1))
+    case, heads, density, window = TLX_CASES[name]
+    case = dataclasses.replace(case, head_dim=head_dim, dtype=dtype, seed=13)
+    _require_tlx(case, deterministic, window)
+    t = case.build("cuda")
+    dout = t.pop("dout")
+    m = _random_mask(t, case.hq if heads > 1 else 1, density, 9, (64, 64))
+    left, right = mask_bounds(case.causal, window)
+
+    def kernel(q, k, v, q_offsets, kv_offsets):
+        return _TlxKernels.apply(q, k, v, q_offsets, kv_offsets, m, left, right, deterministic)
+
+    def reference(q, k, v, q_offsets, kv_offsets, dtype):
+        return jagged_reference(
+            q, k, v, q_offsets, kv_offsets, causal=case.causal, window=window or (-1, -1), dtype=dtype, block_mask=m
+        )
+
+    check_against_reference(kernel, reference, t, atol=SPEC.atol[case.dtype], dout=dout)
 
 
 @pytest.mark.sm90

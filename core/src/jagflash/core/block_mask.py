@@ -193,6 +193,9 @@ class BlockMask:
     q_offsets: torch.Tensor
     kv_offsets: torch.Tensor
     block_size: tuple[int, int]
+    #: With a 64 x 64 mask's 128 x 128 tiles (``jagflash.core.block_tiles.tiled``): each listed tile's bits, beside the indices.
+    kv_codes: torch.Tensor | None = None
+    q_codes: torch.Tensor | None = None
 
     @property
     def heads(self) -> int:
@@ -475,14 +478,15 @@ class BlockMask:
     def kernel_lists(self) -> tuple[tuple, tuple]:
         """The lists as the kernels read them: ``(counts, indices, head_stride, seq_stride,
         width)`` of the forward (per q-block) and of the transpose (per kv-block);
-        ``head_stride`` is 0 where every head shares one list."""
+        ``head_stride`` is 0 where every head shares one list; a tiled mask's also its bits
+        (``jagflash.core.block_tiles``), in the indices' layout."""
         nq, nk = self.grid
         hm = self.heads
 
-        def lists(counts, indices, rows, width):
-            return (counts, indices, rows if hm > 1 else 0, hm * rows, width)
+        def lists(counts, indices, rows, width, codes):
+            return (counts, indices, rows if hm > 1 else 0, hm * rows, width, *(() if codes is None else (codes,)))
 
-        return lists(self.kv_counts, self.kv_indices, nq, nk), lists(self.q_counts, self.q_indices, nk, nq)
+        return lists(self.kv_counts, self.kv_indices, nq, nk, self.kv_codes), lists(self.q_counts, self.q_indices, nk, nq, self.q_codes)
 
     def call_reasons(self, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, heads_q: int) -> list[str]:
         """Why this mask cannot serve a call on these offsets with ``heads_q`` query heads

@@ -14,6 +14,7 @@ import torch
 
 from jagflash.core.backend import plan_backend, record_path
 from jagflash.core.block_mask import BlockMask, mask_features
+from jagflash.core.block_tiles import plan_grid
 from jagflash.core.checks import raise_if, resolve_max_seqlen, same_batch
 from jagflash.core.memo import TensorMemo
 from jagflash.core.ops import attention_ops, call_plan_layout, make_problem
@@ -116,7 +117,7 @@ def own_plan(
     hit = PLAN_MEMO.get(key)
     if hit is not None:
         return (*hit, ints)
-    tiles, meta = build_plan(q_offsets, kv_offsets, ints, None if block_mask is None else block_mask.to_dense())
+    tiles, meta = build_plan(q_offsets, kv_offsets, ints, plan_grid(block_mask, blocks["fwd"]))
     PLAN_MEMO.put(key, offsets, (tiles, meta))
     return tiles, meta, ints
 

@@ -25,7 +25,9 @@ each part of the band, so listed blocks outside the band are skipped and the edg
 the band's element mask; a loop whose steps are smaller than the list's blocks (the TLX dK/dV
 kernel: 64-query steps, 128-row q-blocks) walks ``SUB`` steps per listed block.
 :func:`tile_list` gives a tile its row (or 0 without a list). :func:`listed_blocks` is its
-torch twin for the plan's cost model. Every loop that must stay in step with another (the TLX
+torch twin for the plan's cost model. A tiled 64 x 64 mask (``jagflash.core.block_tiles``) adds
+each listed tile's bits, which a step reads with :func:`tile_codes` / :func:`fine_visible` to
+mask the 64 x 64 blocks its tile leaves out. Every loop that must stay in step with another (the TLX
 producer and its consumers, whose ring counters advance once per position) runs the same walk
 of the same range. A new mask changes the iterator's input, never a kernel body.
 
@@ -49,12 +51,14 @@ __all__ = [
     "ceil_to",
     "dkdv_q_range",
     "dkdv_q_ranges",
+    "fine_visible",
     "floor_to",
     "kv_tile_range",
     "kv_tile_ranges",
     "list_row",
     "listed_blocks",
     "mask_bounds",
+    "tile_codes",
     "tile_list",
     "visible_pairs",
 ]
@@ -194,12 +198,38 @@ def band_mask(
 
 
 @triton.jit
+def _row_at(lists, b, h, block):
+    """Row ``block`` of head ``h`` of sequence ``b`` in ``lists`` (:func:`list_row`'s)."""
+    return b.to(tl.int64) * lists[3] + tl.cast(h, tl.int64) * lists[2] + block
+
+
+@triton.jit
 def list_row(lists, b, h, block):
     """A tile's block list ``(count, indices)``: row ``block`` of head ``h`` of sequence ``b``
     in ``lists = (COUNTS, INDICES, head_stride, seq_stride, width)``
     (``jagflash.core.block_mask.BlockMask.kernel_lists``)."""
-    at = b.to(tl.int64) * lists[3] + tl.cast(h, tl.int64) * lists[2] + block
+    at = _row_at(lists, b, h, block)
     return tl.load(lists[0] + at), lists[1] + at * lists[4]
+
+
+@triton.jit
+def tile_codes(lists, b, h, block, FINE: tl.constexpr):
+    """With ``FINE`` (a tiled 64 x 64 mask: ``jagflash.core.block_tiles``, whose ``lists`` end
+    with its bits) the bits of the row :func:`list_row` gives, slot for slot; else 0."""
+    if FINE:
+        return lists[5] + _row_at(lists, b, h, block) * lists[4]
+    else:
+        return 0
+
+
+@triton.jit
+def fine_visible(codes, t, q, k, SUB: tl.constexpr):
+    """Whether query row ``q`` sees key ``k`` (indices in their sequence, broadcastable) by the
+    bits of the tile at position ``t`` of :func:`block_walk` through a tiled 64 x 64 mask
+    (``codes``: :func:`tile_codes`; ``SUB`` steps a listed tile): bit ``2 r + c`` of the tile's
+    code, ``r`` and ``c`` the 64-row and 64-key halves of the tile that ``q`` and ``k`` fall in."""
+    code = tl.load(codes + t // SUB)
+    return ((code >> (2 * ((q // 64) % 2) + (k // 64) % 2)) & 1) != 0
 
 
 @triton.jit

@@ -90,12 +90,12 @@ def plan_blocks(backend: str, head_dim: int, block_size: tuple[int, int] | None 
     ``tlx-sm90`` runs its own forward and dK/dV passes and the portable dQ pass (its tiles:
     :func:`tlx_sm90_blocks`). Every call asks (a plan's check): computed
     once per (backend, head dim). With a block mask's ``block_size``: its blocks in every pass
-    (:func:`block_config`), but the TLX dK/dV pass keeps its own tiles (64-query steps, two per
-    listed q-block of the :data:`TLX_BLOCK_SIZES` masks it takes)."""
+    (:func:`block_config`), but the TLX kernels keep their own tiles (the forward's 128 x 128,
+    over a 64 x 64 mask its tiles: ``jagflash.core.block_tiles``; the dK/dV pass's 64-query steps)."""
     if block_size is not None:
         blocks = {p: (int(block_size[0]), int(block_size[1])) for p in ("fwd", "dq", "dkdv")}
-        if backend == "tlx-sm90":  # its dK/dV pass steps through each listed q-block 64 queries at a time
-            blocks["dkdv"] = tlx_sm90_blocks(head_dim)["dkdv"]
+        if backend == "tlx-sm90":  # (the dQ pass of its two passes is the portable one, by the mask's blocks)
+            blocks.update(tlx_sm90_blocks(head_dim))
         return blocks
     return dict(_plan_blocks(backend, head_dim))
 
@@ -120,7 +120,8 @@ def _plan_blocks(backend: str, head_dim: int) -> tuple[tuple[str, tuple[int, int
 TLX_HEAD_DIMS = (64, 128)
 #: Block sizes of the block masks the TLX kernels take: their forward tile (a q-tile walks its
 #: row of the list) and their dK/dV kv-tile (which walks the transposed row, two 64-query steps
-#: per listed q-block). 64 x 64 masks run on the portable kernels.
+#: per listed q-block). A 64 x 64 mask they walk as these tiles with bits (``block_tiles``), which
+#: the public call takes only once GPU-tested: until then its 64 x 64 masks run on the portable kernels.
 TLX_BLOCK_SIZES = ((128, 128),)
 #: Head dims where the variants run the TLX one-pass backward (:func:`use_one_pass`): where it
 #: measured faster than the two passes and the portable backward (bench/NOTES.md, session 8).
@@ -240,6 +241,7 @@ class FwdConfig(_Constexprs):
     ZERO_EMPTY: bool = False  # with RING_TILES: the producer writes the rows of tiles that visit no kv-block
     HOLD_RECORD: bool = False  # with RING_TILES: consumers keep a tile's record slot and re-read its fields
     SOLO: bool = False  # with HOLD_RECORD: one consumer warpgroup takes both halves in turn, two programs an SM
+    FINE: bool = False  # with SPARSE: a 64 x 64 mask's 128 x 128 tiles, each step masked by its bits (block_tiles)
 
 
 def forced_ring(config: FwdConfig | BwdConfig, ring: bool) -> FwdConfig | BwdConfig:
@@ -255,9 +257,9 @@ def forced_ring(config: FwdConfig | BwdConfig, ring: bool) -> FwdConfig | BwdCon
 @functools.lru_cache(maxsize=256)
 def fwd_config(
     *, head_dim: int, group: int, left: int, right: int, q_shared: bool, scale: float,
-    dynamic: bool, zigzag: bool, total_kv: int, batch: int, sparse: bool = False, crowded: bool = False,
+    dynamic: bool, zigzag: bool, total_kv: int, batch: int, sparse: bool = False, crowded: bool = False, fine: bool = False,
 ) -> FwdConfig:
-    """The :class:`FwdConfig` of a forward call (``sparse``: with a block mask's lists). A
+    """The :class:`FwdConfig` of a forward call (``sparse``: with a block mask's lists, ``fine`` a tiled 64 x 64 one's). A
     block-sparse call always hands tiles through the tile ring: its producer walks each list row
     (dependent loads: the row's count, then searches through its indices) once, for itself and
     both consumers (bench/NOTES.md, session 17). With the ring the consumers hold each tile's
@@ -274,7 +276,7 @@ def fwd_config(
         Q_SHARED=q_shared, FOLD_SCALE=scale > 0, HEAD_MAJOR=default_head_major(left, right, dynamic),
         DYNAMIC=dynamic, ZIGZAG=zigzag, RING_TILES=ring, BLOCK_M=block_m, BLOCK_N=block_n,
         NUM_KV=num_kv, Q_BUFS=1 if solo else q_bufs, SPARSE=sparse, STAGE_O=stage_o, TMA_O=stage_o and sparse,
-        HOLD_RECORD=ring, SOLO=solo,
+        HOLD_RECORD=ring, SOLO=solo, FINE=fine,
     )
 
 
@@ -309,15 +311,16 @@ class BwdConfig(_Constexprs):
     OWN_SPAN: int = 0  # one program sums a sequence's dQ if it has at most this many keys (own_span)
     ZERO_EMPTY: bool = False  # with RING_TILES: the producer writes the dK, dV zeros of kv-tiles no step visits
     SOLE_DQ: bool = False  # a dQ cell one kv-tile adds into is written by that add, not summed (SOLE_MEAN_KV)
+    FINE: bool = False  # with SPARSE: a 64 x 64 mask's 128 x 128 tiles, each step masked by its bits (block_tiles)
 
 
 @functools.lru_cache(maxsize=256)
 def bwd_config(
     *, head_dim: int, group: int, left: int, right: int, q_shared: bool, fused_dq: bool,
-    dynamic: bool, zigzag: bool, total_kv: int, batch: int, sparse: bool = False, grouped: bool = False,
+    dynamic: bool, zigzag: bool, total_kv: int, batch: int, sparse: bool = False, grouped: bool = False, fine: bool = False,
 ) -> BwdConfig:
     """The :class:`BwdConfig` of a backward call (``fused_dq``: the one pass; ``sparse``: with a
-    block mask's transposed lists; ``grouped``: on a ``"dynamic-grouped"`` table, :func:`own_span`,
+    block mask's transposed lists, ``fine`` a tiled 64 x 64 one's; ``grouped``: on a ``"dynamic-grouped"`` table, :func:`own_span`,
     with :data:`OWN_BY_DEFAULT`). The tile ring where the kernel owns sequences and where the
     forward takes it: a block-sparse call (the producer walks each list row once for all three
     roles) and short K/V sequences (:func:`default_ring_tiles`; 11 % faster on jagged-tiny, 1-2 %
@@ -329,7 +332,7 @@ def bwd_config(
         Q_SHARED=q_shared, FUSED_DQ=fused_dq, HEAD_MAJOR=default_head_major(left, right, dynamic),
         DYNAMIC=dynamic, ZIGZAG=zigzag, BLOCK_M=block_m, BLOCK_N=block_n, DQ_COLS=dq_cols(head_dim),
         SPARSE=sparse, RING_TILES=sparse or own > 0 or default_ring_tiles(total_kv, batch, block_n), OWN_SPAN=own,
-        SOLE_DQ=fused_dq and not q_shared and head_dim == 128 and sparse and total_kv <= SOLE_MEAN_KV * batch,
+        SOLE_DQ=fused_dq and not q_shared and head_dim == 128 and sparse and total_kv <= SOLE_MEAN_KV * batch, FINE=fine,
     )
 
 
@@ -387,6 +390,8 @@ def config_reasons(config: FwdConfig | BwdConfig, want: FwdConfig | BwdConfig, p
         reasons.append("HOLD_RECORD keeps the tile ring's record: it needs RING_TILES")
     if getattr(config, "SOLO", False) and (config.ZERO_EMPTY or not config.HOLD_RECORD):
         reasons.append("SOLO re-reads the held record and has no ZERO_EMPTY producer: it needs HOLD_RECORD without ZERO_EMPTY")
+    if config.FINE and not config.SPARSE:
+        reasons.append("FINE masks the steps of a block mask's tiles: it needs SPARSE")
     if getattr(config, "OWN_SPAN", 0):
         reasons += [f"OWN_SPAN={config.OWN_SPAN} {why}" for why, bad in (
             ("needs the one pass (FUSED_DQ)", not config.FUSED_DQ), ("needs the tile ring (RING_TILES)", not config.RING_TILES),

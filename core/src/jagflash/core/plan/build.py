@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from jagflash.core.block_tiles import plan_grid
 from jagflash.core.capability import InvalidInput
 from jagflash.core.jagged import cdiv, next_pow2, seq_lengths
 from jagflash.core.mask import dkdv_q_range, kv_tile_range
@@ -68,7 +69,7 @@ def _build_torch(
         sub = fwd.block_n // lay.block_n if side == "q" else fwd.block_m // lay.block_m
         rows, count = _section(
             lq if side == "q" else lk, lq, lk, side, lay, info.left, info.right, sort_kind(info.schedule_of(name)), listed,
-            max(sub, 1),
+            max(sub, 1), fwd.block_m if side == "q" else fwd.block_n,
         )
         tiles[lay.row0 : lay.row0 + lay.rows] = rows
         counts.append(count)
@@ -322,7 +323,8 @@ def build_plan_ints(
     over these offsets: what a call without ``plan=`` passes to its op; a ``block_mask``
     (``jagflash.core.block_mask.BlockMask``) costs its tiles by its listed blocks."""
     ints = plan_info(**info).to_ints()
-    tiles, meta = build_plan(q_offsets, kv_offsets, ints, None if block_mask is None else block_mask.to_dense())
+    fwd = PlanInfo.from_ints(ints).passes[0]
+    tiles, meta = build_plan(q_offsets, kv_offsets, ints, plan_grid(block_mask, (fwd.block_m, fwd.block_n)))
     return tiles, meta, ints
 
 
@@ -390,6 +392,5 @@ def make_plan(
         schedule=schedule, backward_schedule=backward_schedule, backward=backward,
         q_ptr=_ptr(q_offsets), kv_ptr=_ptr(kv_offsets),
     )
-    grid = None if block_mask is None else block_mask.to_dense()
-    tiles, meta = build_plan(q_offsets, kv_offsets, info.to_ints(), grid)
+    tiles, meta = build_plan(q_offsets, kv_offsets, info.to_ints(), plan_grid(block_mask, (block_m, block_n)))
     return Plan(tiles, meta, info, q_offsets, kv_offsets)

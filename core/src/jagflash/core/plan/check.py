@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from jagflash.core.block_tiles import plan_grid
 from jagflash.core.capability import InvalidInput
 from jagflash.core.plan.build import _build, _ptr, offsets_fingerprint
 from jagflash.core.plan.model import (
@@ -162,7 +163,8 @@ def resolve_plan(
             backward_schedule=DEFAULT_BACKWARD_SCHEDULE, backward=any(p != "fwd" for p in passes),
             q_ptr=PTR_SAME_CALL, kv_ptr=PTR_SAME_CALL,
         )
-        tiles, meta = _build(q_offsets, kv_offsets, info, None if block_mask is None else block_mask.to_dense())
+        fwd = info.passes[0]
+        tiles, meta = _build(q_offsets, kv_offsets, info, plan_grid(block_mask, (fwd.block_m, fwd.block_n)))
         return Plan(tiles, meta, info, q_offsets, kv_offsets)
     info = PlanInfo.from_ints(plan_info_ints)
     check_plan(

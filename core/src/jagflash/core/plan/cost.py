@@ -66,12 +66,13 @@ def _seq_cost(lq: torch.Tensor, lk: torch.Tensor, block_m: int, block_n: int) ->
 
 def _section(
     lengths: torch.Tensor, lq: torch.Tensor, lk: torch.Tensor, side: str, lay: PassLayout,
-    left: int, right: int, sort: int, listed: torch.Tensor | None = None, sub: int = 1,
+    left: int, right: int, sort: int, listed: torch.Tensor | None = None, sub: int = 1, grid_block: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One pass's rows ``[lay.rows, 3]`` int32 and its valid-tile count (a device scalar);
     ``listed``: a block mask's grid ``[B, Hm, tiles, partners]`` for this side, or None;
     ``sub``: the pass's partner tiles per partner block of the mask
-    (:func:`jagflash.core.mask.listed_blocks`)."""
+    (:func:`jagflash.core.mask.listed_blocks`); ``grid_block``: the grid's rows per block on
+    this side where they differ from the pass's tile (a tile then costs its block's row)."""
     dev = lengths.device
     batch = lengths.numel()
     block = lay.block_m if side == "q" else lay.block_n
@@ -84,7 +85,7 @@ def _section(
         cost = tile_costs(side, start, lq[seq], lk[seq], lay.block_m, lay.block_n, left, right)
         seq_cost = _seq_cost(lq[seq], lk[seq], lay.block_m, lay.block_n)
     else:
-        cost, seq_cost = _listed_costs(listed, side, seq, start, block, lq, lk, lay, left, right, sub)
+        cost, seq_cost = _listed_costs(listed, side, seq, start, grid_block or block, lq, lk, lay, left, right, sub)
     cost = cost.clamp(min=MIN_SORT_COST)
     if sort == 2:  # grouped: the sequence's cost, q-tiles x kv-tiles, then the tile's
         cost = seq_cost * _TILE_COST_ROOM + cost.clamp(max=_TILE_COST_ROOM - 1)

@@ -20,7 +20,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from jagflash.core.dtypes import mma_operand
-from jagflash.core.mask import band_bounds, block_at, bounds_mask
+from jagflash.core.mask import band_bounds, block_at, bounds_mask, fine_visible
 from jagflash.core.seqlen import q_row
 from jagflash.core.tlx.pipeline import (
     consumers_sync,
@@ -39,6 +39,7 @@ def dkdv_steps(
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, MASKED: tl.constexpr,
     FUSED_DQ: tl.constexpr, Q_SHARED: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
     DQ_STAGES: tl.constexpr, DQ_COLS: tl.constexpr, SPARSE: tl.constexpr, SUB: tl.constexpr, SOLE_DQ: tl.constexpr = False,
+    fine=0, FINE: tl.constexpr = False,
 ):
     """One consumer warpgroup's HALF kv rows (``kv[0][CID]``, ``kv[1][CID]``) against the q-steps
     at positions ``[start, end)`` of ``jagflash.core.mask.block_walk`` (BLOCK_M queries each;
@@ -58,7 +59,9 @@ def dkdv_steps(
     indexed through an opaque zero, so their wgmma descriptors are rebuilt each step instead of
     hoisted out of the loop and spilled (bench/NOTES.md, session 4). With ``SOLE_DQ`` (D 128) a
     step whose cell this kv-tile alone adds into stores its dQ (:func:`jagflash.core.tlx.pipeline.dq_add_or_store`) instead;
-    its count comes with the step's vectors (the producer's TMA load into ``qring[6]``)."""
+    its count comes with the step's vectors (the producer's TMA load into ``qring[6]``). With
+    ``FINE`` (a tiled 64 x 64 mask) every step also drops what its tile's bits leave out
+    (``fine``: the kv-tile's row of bits, ``jagflash.core.mask.tile_codes``)."""
     k_tiles, v_tiles = kv
     q_tiles, do_tiles, lse_tiles, delta_tiles, q_fulls, q_empties = qring[0], qring[1], qring[2], qring[3], qring[4], qring[5]
     lq, lk, q_start, listed = seq
@@ -90,6 +93,8 @@ def dkdv_steps(
         if MASKED:
             q_lo, q_hi = band_bounds(rows, lq, lk, band[0], band[1], BOUNDED_LEFT, BOUNDED_RIGHT)
             pt = tl.where(bounds_mask(kv_rows[:, None], q_lo[None, :], q_hi[None, :], BOUNDED_LEFT), pt, 0.0)
+        if FINE:  # every step: the bits of the tile's 64 x 64 blocks (P = 0 where unlisted, so dS, dK, dV and dQ add 0)
+            pt = tl.where(fine_visible(fine, t, m0, kv_rows, SUB)[:, None], pt, 0.0)
         dpt = tlx.async_dot_wait(0, dpt)
         dv = tlx.async_dot(mma_operand(pt, DTYPE), do_buf, dv)
         dst = mma_operand(pt * (dpt - delta), DTYPE)

@@ -23,8 +23,9 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
+from jagflash.core.block_tiles import kernel_mask
 from jagflash.core.dtypes import ACC, output
-from jagflash.core.mask import block_at, block_walk, dkdv_q_range, tile_list
+from jagflash.core.mask import block_at, block_walk, dkdv_q_range, tile_codes, tile_list
 from jagflash.core.ops import alloc_like
 from jagflash.core.plan.build import make_plan
 from jagflash.core.plan.model import PASSES
@@ -89,7 +90,7 @@ def _dkdv_kernel(
     Q_SHARED: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_COLS: tl.constexpr,
     NUM_Q: tl.constexpr, DQ_STAGES: tl.constexpr, PAD: tl.constexpr, SPARSE: tl.constexpr, RING_TILES: tl.constexpr,
-    OWN_SPAN: tl.constexpr, ZERO_EMPTY: tl.constexpr, SOLE_DQ: tl.constexpr,
+    OWN_SPAN: tl.constexpr, ZERO_EMPTY: tl.constexpr, SOLE_DQ: tl.constexpr, FINE: tl.constexpr = False,
 ):
     """dK and dV of kv-tiles of BLOCK_N rows (one per Plan row of the dK/dV pass), summed over
     the GQA group, and with ``FUSED_DQ`` each tile's share of dQ, reduce-added into an fp32
@@ -260,9 +261,10 @@ def _dkdv_kernel(
                         else:
                             p0, p1, p2, p3 = block_walk(lo, full_lo, full_hi, hi, listed, BLOCK_M, SPARSE, SUB, True)
                         seq = (lq, lk, q_start, listed)
-                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p0, p1, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB, SOLE_DQ)
-                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p1, p2, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB, SOLE_DQ)
-                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p2, p3, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB, SOLE_DQ)
+                        fine = tile_codes(lists, b, head, n0 // BLOCK_N, FINE)  # (FINE: a tiled 64 x 64 mask's bits)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p0, p1, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB, SOLE_DQ, fine, FINE)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p1, p2, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, False, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB, SOLE_DQ, fine, FINE)
+                        dk, dv, q_cnt = dkdv_steps(dk, dv, kv, qring, kv_rows, q_cnt, p2, p3, seq, band, qk_scale2, dq, cid, dtype, BLOCK_M, NUM_Q, BOUNDED_LEFT, BOUNDED_RIGHT, True, FUSED_DQ, Q_SHARED, HEAD_DIM, HALF, DQ_STAGES, DQ_COLS, SPARSE, SUB, SOLE_DQ, fine, FINE)
                     if busy:
                         tlx.barrier_arrive(kv_empties[cid], 1)
                         tile_cnt += 1
@@ -317,6 +319,7 @@ def dkdv_config(plan, q, k, *, left: int, right: int, q_shared: bool, fused_dq: 
         head_dim=q.shape[-1], group=q.shape[1] // k.shape[1], left=left, right=right, q_shared=q_shared,
         fused_dq=fused_dq, dynamic=dynamic, zigzag=zigzag, total_kv=plan.info.total_kv, batch=plan.info.batch,
         sparse=blocks is not None, grouped=plan.info.schedule_of("dkdv") == "dynamic-grouped",
+        fine=blocks is not None and blocks.q_codes is not None,
     )
 
 
@@ -326,6 +329,7 @@ def plan_and_config(q, k, q_offsets, kv_offsets, *, left: int, right: int, deter
     on (``plan``, or the one it builds) and the config the policy picks for its launch:
     ``(plan, config)``. ``total_q``: the rows of dO (``q``'s by default)."""
     tq = q.shape[0] if total_q is None else total_q
+    blocks = kernel_mask(blocks)
     plan, _ = _dkdv_plan(plan, q_offsets, kv_offsets, tq, k.shape[0], q.shape[1], k.shape[1], q.shape[-1], left, right,
                          deterministic, blocks)
     return plan, dkdv_config(plan, q, k, left=left, right=right, q_shared=q_shared, fused_dq=not deterministic, blocks=blocks)
@@ -409,7 +413,9 @@ def backward_dkdv(
     no reduce-adds). ``q_shared``: broadcast-Q, as for the forward (``dout`` then has the
     ``B * Lq`` rows). ``config``: as for the forward (``FUSED_DQ`` off). ``blocks``: a
     ``jagflash.core.block_mask.BlockMask`` (as for the forward): each kv-tile visits the q-steps
-    of the q-blocks its transposed list names."""
+    of the q-blocks its transposed list names (a 64 x 64 mask as 128 x 128 tiles with their blocks'
+    bits: ``jagflash.core.block_tiles``)."""
+    blocks = kernel_mask(blocks)
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     tq = dout.shape[0]  # the rows of dO, LSE and delta (B * Lq for broadcast-Q: see forward)
     dk, dv = alloc_like(k), alloc_like(v)
@@ -456,6 +462,7 @@ def backward(
             f"tlx backward: the one-pass backward takes head dims {TLX_ONE_PASS_HEAD_DIMS} (its dQ tiles are "
             f"{dq_cols(128)} columns wide, the 128-byte swizzle of 16-bit K), got {q.shape[-1]}: run the two passes"
         )
+    blocks = kernel_mask(blocks)
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     lq, hq, dim = q.shape
     tq = dout.shape[0]

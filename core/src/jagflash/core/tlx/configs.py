@@ -45,6 +45,12 @@ SPARSE_SAMPLES = (
 )
 #: ``(dtype, head dim, mask)`` of the sparse forward sample also compiled with ``SOLO`` (one Q tile).
 SOLO_SAMPLE = ("bf16", 128, "causal")
+#: As :data:`SPARSE_SAMPLES`, with a tiled 64 x 64 mask (``FINE``: ``jagflash.core.block_tiles``);
+#: the forward's first also with ``SOLO``.
+FINE_SAMPLES = (
+    ("fwd", "dynamic", "bf16", 128, "causal"), ("bwd", "dynamic", "bf16", 128, "causal"),
+    ("bwd", "dynamic", "fp16", 64, ""), ("dkdv", "none", "bf16", 128, "window"),
+)
 #: ``(kernel, deal, dtype, head dim, mask)`` of the dK/dV kernel's configurations with the tile
 #: ring on a batch of short K/V sequences (``tuning.default_ring_tiles``), compiled as samples:
 #: the rest of the space is a batch of long ones (the ring off).
@@ -86,16 +92,17 @@ def fwd_space():
                 raise RuntimeError(f"the forward policy no longer rings on {'short' if ring else 'long'} K/V: {cfg}")
             kind = ("_solo" if cfg.SOLO else "_ring") if ring else ""
             out.setdefault((cfg, dtype), f"tlx_fwd_{deal}{suffix}{kind} {dtype} d{dim}{' ' + mask if mask else ''}")
-    for kind, deal, dtype, dim, mask in SPARSE_SAMPLES:
+    for (kind, deal, dtype, dim, mask), fine in [(s, False) for s in SPARSE_SAMPLES] + [(s, True) for s in FINE_SAMPLES]:
         if kind == "fwd":
             (left, right), (dyn, zz) = MASKS[mask], DEALS[deal]
             cfg = fwd_config(
                 head_dim=dim, group=1, left=left, right=right, q_shared=False, scale=1.0, dynamic=dyn, zigzag=zz,
-                total_kv=1, batch=1, sparse=True,
+                total_kv=1, batch=1, sparse=True, fine=fine,
             )
-            out.setdefault((cfg, dtype), f"tlx_fwd_{deal}_sparse {dtype} d{dim}{' ' + mask if mask else ''}")
+            tag = "_fine" if fine else "_sparse"
+            out.setdefault((cfg, dtype), f"tlx_fwd_{deal}{tag} {dtype} d{dim}{' ' + mask if mask else ''}")
             if (dtype, dim, mask) == SOLO_SAMPLE:  # (the forward's SOLO, a free field: one sample)
-                out.setdefault((dataclasses.replace(cfg, SOLO=True, Q_BUFS=1), dtype), f"tlx_fwd_{deal}_sparse_solo {dtype} d{dim} {mask}")
+                out.setdefault((dataclasses.replace(cfg, SOLO=True, Q_BUFS=1), dtype), f"tlx_fwd_{deal}{tag}_solo {dtype} d{dim} {mask}")
     return [(name, cfg, dtype) for (cfg, dtype), name in out.items()]
 
 
@@ -120,6 +127,7 @@ def bwd_space():
             name = f"tlx_{'bwd' if fused else 'dkdv'}_{deal}{suffix} {dtype} d{dim}{' ' + mask if mask else ''}"
             out.setdefault((cfg, dtype), name)
     samples = [(s, "_sparse", {"sparse": True, **LONG_KV}) for s in SPARSE_SAMPLES if s[0] != "fwd"]
+    samples += [(s, "_fine", {"sparse": True, "fine": True, **LONG_KV}) for s in FINE_SAMPLES if s[0] != "fwd"]
     samples += [(s, "_ring", SHORT_KV) for s in RING_SAMPLES]
     samples += [(s, "_own", {"grouped": True, **LONG_KV}) for s in OWN_SAMPLES]
     samples += [(OWN_SPARSE, "_own_sparse", {"grouped": True, "sparse": True, **LONG_KV})]
@@ -147,8 +155,8 @@ LISTS_TYPE = ("*i32", "*i32", "i32", "i32", "i32")
 def _lists(cfg) -> tuple[dict[str, object], dict[str, object]]:
     """The ``lists`` argument's signature and constexpr entries: a tuple with ``SPARSE``, else
     the constant None the launches pass."""
-    if cfg.SPARSE:
-        return {"lists": LISTS_TYPE}, {}
+    if cfg.SPARSE:  # (a tiled 64 x 64 mask's also its bits: FINE)
+        return {"lists": LISTS_TYPE + (("*i32",) if cfg.FINE else ())}, {}
     return {"lists": "constexpr"}, {"lists": None}
 
 
@@ -303,4 +311,10 @@ KNOWN_SPILLS: dict[str, int] = {
     # With SOLE_DQ: single cells by TMA store, the count from the producer (session 36; the store
     # through registers spilled 128 B, session 35): reloads at the step loops' entries, none inside.
     "tlx_bwd_dynamic_own_sparse_sole bf16 d128 causal": 60,
+    # A tiled 64 x 64 mask (FINE, session 41): the row's bits and the half's first row live across
+    # the loops; none inside them (the forward's +44 B against its 128 x 128 sample, outside).
+    "tlx_fwd_dynamic_fine bf16 d128 causal": 84,
+    "tlx_bwd_dynamic_fine bf16 d128 causal": 32,
+    "tlx_bwd_dynamic_fine fp16 d64": 52,
+    "tlx_dkdv_none_fine bf16 d128 window": 300,
 }

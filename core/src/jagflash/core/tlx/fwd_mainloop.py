@@ -28,7 +28,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from jagflash.core.dtypes import ACC, mma_operand, output
-from jagflash.core.mask import block_at, bounds_mask
+from jagflash.core.mask import block_at, bounds_mask, fine_visible
 from jagflash.core.softmax import finish_softmax, online_softmax_step, online_softmax_step_scaled
 from jagflash.core.tlx.pipeline import ring_acquire, ring_release, turn_pass, turn_wait
 
@@ -64,18 +64,22 @@ def pass_kv_blocks(kv_cnt, start, end, kv, CID: tl.constexpr, STEP: tl.constexpr
 
 
 @triton.jit
-def scores(qk, qk_scale2, bounds, n0, BLOCK_N: tl.constexpr, BOUNDED_LEFT: tl.constexpr,
-           MASKED: tl.constexpr, FOLD_SCALE: tl.constexpr):
-    """Scores of the kv-block at ``n0``, masked (in the masked specialisation) by each row's
-    visible keys ``bounds``: raw with ``FOLD_SCALE`` (the scale then rides in the exponent),
-    else in the log2 domain (masked after the multiply, as 0 x -inf would be NaN)."""
+def scores(qk, qk_scale2, bounds, n0, fine, t, BLOCK_N: tl.constexpr, BOUNDED_LEFT: tl.constexpr,
+           MASKED: tl.constexpr, FOLD_SCALE: tl.constexpr, FINE: tl.constexpr, SUB: tl.constexpr):
+    """Scores of the kv-block at ``n0`` (position ``t`` of the walk), masked (in the masked
+    specialisation) by each row's visible keys ``bounds``, and with ``FINE`` in every step by
+    the bits of a tiled 64 x 64 mask (``fine``: the row's codes and the half's first row,
+    ``jagflash.core.mask.fine_visible``): raw with ``FOLD_SCALE`` (the scale then rides in the
+    exponent), else in the log2 domain (masked after the multiply, as 0 x -inf would be NaN)."""
     if FOLD_SCALE:
         s2 = qk
     else:
         s2 = qk * qk_scale2
+    cols = n0 + tl.arange(0, BLOCK_N)
     if MASKED:
-        cols = n0 + tl.arange(0, BLOCK_N)
         s2 = tl.where(bounds_mask(cols[None, :], bounds[0][:, None], bounds[1][:, None], BOUNDED_LEFT), s2, float("-inf"))
+    if FINE:
+        s2 = tl.where(fine_visible(fine[0], t, fine[1], cols, SUB)[None, :], s2, float("-inf"))
     return s2
 
 
@@ -92,7 +96,7 @@ def softmax_step(s, qk_scale2, m_i, l_i, FOLD_SCALE: tl.constexpr):
 def consume(state, kv_cnt, q_buf, kv, bounds, row, start, end, qk_scale2,
             CID: tl.constexpr, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr,
             BOUNDED_LEFT: tl.constexpr, MASKED: tl.constexpr, FOLD_SCALE: tl.constexpr, SPARSE: tl.constexpr,
-            SUB: tl.constexpr = 1, TURNS: tl.constexpr = True):
+            SUB: tl.constexpr = 1, TURNS: tl.constexpr = True, fine=0, FINE: tl.constexpr = False):
     """One consumer warpgroup over the kv-blocks at positions ``[start, end)`` (masked or not), pipelined:
     the QK^T of block j is in flight while P V of block j-1 is issued. ``state``'s ``p`` holds
     the probabilities of the previous block, not yet multiplied into ``acc``, in fp32 (converted
@@ -107,7 +111,7 @@ def consume(state, kv_cnt, q_buf, kv, bounds, row, start, end, qk_scale2,
         acc = tlx.async_dot(mma_operand(p, DTYPE), v_buf, acc)
         qk = tlx.async_dot_wait(1, qk)
         ring_release(kv[3], k_slot)
-        s2 = scores(qk, qk_scale2, bounds, n0, BLOCK_N, BOUNDED_LEFT, MASKED, FOLD_SCALE)
+        s2 = scores(qk, qk_scale2, bounds, n0, fine, t, BLOCK_N, BOUNDED_LEFT, MASKED, FOLD_SCALE, FINE, SUB)
         p_new, alpha, m_i, l_i = softmax_step(s2, qk_scale2, m_i, l_i, FOLD_SCALE)
         acc = tlx.async_dot_wait(0, acc)
         ring_release(kv[5], v_slot)
@@ -121,7 +125,8 @@ def consume(state, kv_cnt, q_buf, kv, bounds, row, start, end, qk_scale2,
 def attend(kv_cnt, q_buf, kv, bounds, row, blocks, qk_scale2,
            CID: tl.constexpr, DTYPE: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
            BLOCK_N: tl.constexpr, NUM_KV: tl.constexpr, BOUNDED_LEFT: tl.constexpr,
-           FOLD_SCALE: tl.constexpr, SPARSE: tl.constexpr, SUB: tl.constexpr = 1, TURNS: tl.constexpr = True):
+           FOLD_SCALE: tl.constexpr, SPARSE: tl.constexpr, SUB: tl.constexpr = 1, TURNS: tl.constexpr = True,
+           fine=0, FINE: tl.constexpr = False):
     """One consumer warpgroup's HALF rows of a q-tile against the kv-blocks at the positions
     ``blocks`` = ``(p0, p1, p2, p3)`` of ``jagflash.core.mask.block_walk`` (of
     ``kv_tile_range``'s range, through the list ``row`` with ``SPARSE``): the first block alone
@@ -140,16 +145,16 @@ def attend(kv_cnt, q_buf, kv, bounds, row, blocks, qk_scale2,
         ring_release(kv[3], k_slot)
         n0 = block_at(row, lo, BLOCK_N, SPARSE, SUB)
         if (lo < full_lo) | (lo >= full_hi):
-            s2 = scores(qk, qk_scale2, bounds, n0, BLOCK_N, BOUNDED_LEFT, True, FOLD_SCALE)
+            s2 = scores(qk, qk_scale2, bounds, n0, fine, lo, BLOCK_N, BOUNDED_LEFT, True, FOLD_SCALE, FINE, SUB)
         else:
-            s2 = scores(qk, qk_scale2, bounds, n0, BLOCK_N, BOUNDED_LEFT, False, FOLD_SCALE)
+            s2 = scores(qk, qk_scale2, bounds, n0, fine, lo, BLOCK_N, BOUNDED_LEFT, False, FOLD_SCALE, FINE, SUB)
         p, _, m_i, l_i = softmax_step(s2, qk_scale2, m_i, l_i, FOLD_SCALE)  # acc is 0: no rescale
         kv_cnt += 1
         second = lo + STEP
         state = (acc, m_i, l_i, p)
-        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, row, second, tl.maximum(full_lo, second), qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, True, FOLD_SCALE, SPARSE, SUB, TURNS)
-        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, row, tl.maximum(full_lo, second), tl.maximum(full_hi, second), qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, False, FOLD_SCALE, SPARSE, SUB, TURNS)
-        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, row, tl.maximum(full_hi, second), hi, qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, True, FOLD_SCALE, SPARSE, SUB, TURNS)
+        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, row, second, tl.maximum(full_lo, second), qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, True, FOLD_SCALE, SPARSE, SUB, TURNS, fine, FINE)
+        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, row, tl.maximum(full_lo, second), tl.maximum(full_hi, second), qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, False, FOLD_SCALE, SPARSE, SUB, TURNS, fine, FINE)
+        state, kv_cnt = consume(state, kv_cnt, q_buf, kv, bounds, row, tl.maximum(full_hi, second), hi, qk_scale2, CID, DTYPE, BLOCK_N, NUM_KV, BOUNDED_LEFT, True, FOLD_SCALE, SPARSE, SUB, TURNS, fine, FINE)
         acc, m_i, l_i, p = state
         v_buf, v_slot = ring_acquire(kv[1], kv[4], kv_cnt - 1, NUM_KV)
         acc = tlx.async_dot(mma_operand(p, DTYPE), v_buf, acc)

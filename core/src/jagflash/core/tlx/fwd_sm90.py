@@ -42,7 +42,8 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from jagflash.core.mask import band_bounds, block_walk, kv_tile_range, tile_list
+from jagflash.core.block_tiles import kernel_mask
+from jagflash.core.mask import band_bounds, block_walk, kv_tile_range, tile_codes, tile_list
 from jagflash.core.ops import alloc
 from jagflash.core.plan.build import make_plan
 from jagflash.core.plan.model import PASSES
@@ -92,7 +93,7 @@ def _fwd_kernel(
     Q_SHARED: tl.constexpr, FOLD_SCALE: tl.constexpr, HEAD_MAJOR: tl.constexpr, DYNAMIC: tl.constexpr,
     ZIGZAG: tl.constexpr, RING_TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_KV: tl.constexpr, Q_BUFS: tl.constexpr, SPARSE: tl.constexpr, STAGE_O: tl.constexpr, TMA_O: tl.constexpr,
-    ZERO_EMPTY: tl.constexpr, HOLD_RECORD: tl.constexpr, SOLO: tl.constexpr = False,
+    ZERO_EMPTY: tl.constexpr, HOLD_RECORD: tl.constexpr, SOLO: tl.constexpr = False, FINE: tl.constexpr = False,
 ):
     """O and LSE of the q-tiles of a Plan's forward pass; the constexprs are a
     :class:`jagflash.core.tuning.FwdConfig`'s. ``desc_o``: a TMA descriptor over O's rows in
@@ -265,7 +266,8 @@ def _fwd_kernel(
                                 rows = m0 + c * HALF + tl.arange(0, HALF)
                                 bounds = band_bounds(rows, lq, lk, left, right, BOUNDED_LEFT, BOUNDED_RIGHT)
                                 acc, m_i, l_i, kv_cnt = attend(kv_cnt, q_tiles[2 * qb + c], kv, bounds, tile_list(lists, b, h, m0 // BLOCK_M, SPARSE), blocks, qk_scale2, cid, dtype, HALF,
-                                                               HEAD_DIM, SLOT_N, NUM_KV, BOUNDED_LEFT, FOLD_SCALE, SPARSE, SUB, False)
+                                                               HEAD_DIM, SLOT_N, NUM_KV, BOUNDED_LEFT, FOLD_SCALE, SPARSE, SUB, False,
+                                                               (tile_codes(lists, b, h, m0 // BLOCK_M, FINE), m0 + c * HALF), FINE)
                                 state, h, m0, q_start, lq, k_start, lk, b, _ = tile_record(ring, i, left, right, BLOCK_M, BLOCK_N, BOUNDED_LEFT, BOUNDED_RIGHT, SPARSE, False, RECS, False, SOLO)
                                 qb, q_phase = ring_slot(tile_cnt, Q_BUFS)
                                 store_half(acc, m_i, l_i, O, LSE, desc_o, q_tiles[2 * qb + c], q_empties[2 * qb + c], busy, m0 + c * HALF, lq, q_start, h,
@@ -294,7 +296,9 @@ def _fwd_kernel(
                         if busy:
                             tlx.barrier_arrive(q_empties[2 * qb + cid], 1)
                     else:
-                        acc, m_i, l_i, kv_cnt = attend(kv_cnt, q_buf, kv, bounds, listed, blocks, qk_scale2, cid, dtype, HALF, HEAD_DIM, BLOCK_N, NUM_KV, BOUNDED_LEFT, FOLD_SCALE, SPARSE)
+                        fine = (tile_codes(lists, b, h, m0 // BLOCK_M, FINE), m0 + cid * HALF)  # (FINE: a tiled 64 x 64 mask's bits)
+                        acc, m_i, l_i, kv_cnt = attend(kv_cnt, q_buf, kv, bounds, listed, blocks, qk_scale2, cid, dtype, HALF, HEAD_DIM, BLOCK_N, NUM_KV, BOUNDED_LEFT, FOLD_SCALE, SPARSE,
+                                                       1, True, fine, FINE)
                         if HOLD_RECORD:
                             # the tile's fields again from its record, still in its slot: carried
                             # across attend's loop in registers they spilled, and their reloads
@@ -322,6 +326,7 @@ def plan_and_config(q, k, q_offsets, kv_offsets, max_seqlen_q, *, left, right, s
     rows (``forward``'s ``Tq``), derived from ``q`` when not given."""
     tq = total_q if total_q is not None else ((q_offsets.numel() - 1) * q.shape[0] if q_shared else q.shape[0])
     hq, dim, hkv = q.shape[1], q.shape[2], k.shape[1]
+    blocks = kernel_mask(blocks)  # (a 64 x 64 mask's tiles: the plan costs them)
     block_m, block_n = block_sizes or tlx_sm90_blocks(dim)["fwd"]
     if plan is None:
         schedule, _ = default_schedules("tlx-sm90", dim, window=(left, right))
@@ -335,6 +340,7 @@ def plan_and_config(q, k, q_offsets, kv_offsets, max_seqlen_q, *, left, right, s
         head_dim=dim, group=hq // hkv, left=left, right=right, q_shared=q_shared, scale=scale,
         dynamic=dynamic, zigzag=zigzag, total_kv=plan.info.total_kv, batch=plan.info.batch,
         sparse=blocks is not None, crowded=plan.info.layout("fwd").rows >= SOLO_PER_SM * num_workers(q.device),
+        fine=blocks is not None and blocks.kv_codes is not None,
     )
     return plan, config
 
@@ -373,8 +379,10 @@ def forward(
     given config must agree with the call's shapes, mask and plan (checked).
 
     ``blocks``: a ``jagflash.core.block_mask.BlockMask`` (block size in
-    :data:`jagflash.core.tuning.TLX_BLOCK_SIZES`, not with ``q_shared``): each q-tile visits
-    only the listed kv-blocks of its band (the plan must tile by the mask's blocks)."""
+    :data:`jagflash.core.tuning.TLX_BLOCK_SIZES`, or 64 x 64, walked as 128 x 128 tiles with
+    their blocks' bits: ``jagflash.core.block_tiles``; not with ``q_shared``): each q-tile visits
+    only the listed kv-blocks of its band (the plan must tile by the mask's, or the tiles', blocks)."""
+    blocks = kernel_mask(blocks)
     if blocks is not None and (q_shared or tuple(blocks.block_size) not in TLX_BLOCK_SIZES):
         raise ValueError(
             f"tlx forward: block masks of {TLX_BLOCK_SIZES} blocks without broadcast-Q, got {tuple(blocks.block_size)}"

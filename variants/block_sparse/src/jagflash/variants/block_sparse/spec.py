@@ -5,7 +5,10 @@ Every call poses the feature ``block_sparse`` and its mask's block size (``block
 interpreter and the reference take both block sizes; the TLX kernels take 128 x 128 masks
 (``jagflash.core.tuning.TLX_BLOCK_SIZES``: their forward q-tile and dK/dV kv-tile are one block),
 so a 64 x 64 mask on a Hopper GPU runs on the portable kernels and ``backend="tlx-sm90"`` is
-refused with the reason ``forward with block_size_64x64 not supported``.
+refused with the reason ``forward with block_size_64x64 not supported``. The TLX kernels walk a
+64 x 64 mask as 128 x 128 tiles with each tile's four bits (``jagflash.core.block_tiles``); the
+spec routes such masks to them once their GPU tests (``test_tlx_kernels_on_64_masks_match_reference``)
+have passed on a Hopper GPU, not before.
 """
 
 from __future__ import annotations
