@@ -74,6 +74,18 @@ def test_tiles_and_their_bits_are_the_mask(lq, lk, heads, density, seed) -> None
             assert torch.equal(bwd[: lq[b], : lk[b]], want[h])
 
 
+def test_tiled_masks_are_remembered_until_the_lists_change() -> None:
+    """A call's plan, forward and backward share one tiled mask; an in-place write into the
+    mask's lists (a new version) makes a new one, with the new bits."""
+    m = _mask((130, 70), (200, 64), 1, 0.5, 4)
+    assert tiled(m) is tiled(m)
+    before = tiled(m)
+    m.kv_counts.zero_()
+    after = tiled(m)
+    assert after is not before
+    assert int(after.kv_counts.sum()) == 0
+
+
 def test_kernel_mask_tiles_64_masks_only() -> None:
     m = _mask((130,), (130,), 1, 0.5, 0)
     assert kernel_mask(None) is None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from jagflash.core.block_mask import BlockMask, _compress
+from jagflash.core.memo import TensorMemo
 
 __all__ = ["FINE_BLOCK", "TILE", "kernel_mask", "plan_grid", "tiled"]
 
@@ -27,10 +28,25 @@ FINE_BLOCK = (64, 64)
 TILE = (128, 128)
 
 
+#: Tiled masks already made, keyed on the mask's lists (a call's plan, forward and backward each
+#: ask for the same one): ``jagflash.core.memo``'s rules, so a write into the lists makes a new one.
+TILED_MEMO = TensorMemo(8)
+
+
 def tiled(mask: BlockMask) -> BlockMask:
     """``mask`` (64 x 64 blocks) as 128 x 128 tiles with each tile's four bits (module docstring)."""
     if tuple(mask.block_size) != FINE_BLOCK:
         raise ValueError(f"tiled: a mask of {FINE_BLOCK} blocks, got {tuple(mask.block_size)}")
+    lists = (mask.kv_counts, mask.kv_indices)
+    key = TILED_MEMO.key(lists, torch.is_inference_mode_enabled())
+    hit = TILED_MEMO.get(key)
+    if hit is None:
+        hit = _tiled(mask)
+        TILED_MEMO.put(key, lists, hit)
+    return hit  # type: ignore[return-value]
+
+
+def _tiled(mask: BlockMask) -> BlockMask:
     grid = mask.to_dense()
     b, hm, nq, nk = grid.shape
     nq2, nk2 = (nq + 1) // 2, (nk + 1) // 2
