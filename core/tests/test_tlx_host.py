@@ -547,7 +547,7 @@ def test_tlx_plans_and_configs_take_64_masks_as_tiles(monkeypatch) -> None:
     k = torch.randn(sum(lk), 2, 128).to(torch.float16)
     kw = {"left": -1, "right": 0, "scale": 0.125}
     plan = make_plan(offs_q, offs_k, total_q=sum(lq), total_kv=sum(lk), heads_q=2, heads_kv=2, window=(-1, 0),
-                     **dict(zip(("block_m", "block_n"), (128, 128))), dq_blocks=(64, 64), dkdv_blocks=(64, 128),
+                     block_m=128, block_n=128, dq_blocks=(64, 64), dkdv_blocks=(64, 128),
                      schedule="dynamic", block_mask=m)
     coarse = make_plan(offs_q, offs_k, total_q=sum(lq), total_kv=sum(lk), heads_q=2, heads_kv=2, window=(-1, 0),
                        block_m=128, block_n=128, dq_blocks=(64, 64), dkdv_blocks=(64, 128), schedule="dynamic",
