@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from jagflash.core.block_tiles import kernel_mask
+from jagflash.core.block_tiles import FINE_BLOCK, kernel_mask
 from jagflash.core.dtypes import ACC, output
 from jagflash.core.mask import block_at, block_walk, dkdv_q_range, tile_codes, tile_list
 from jagflash.core.ops import alloc_like
@@ -292,7 +292,7 @@ def _dkdv_plan(plan, q_offsets, kv_offsets, tq, tk, hq, hkv, dim, left, right, d
     given; with a block mask ``mask``, tiles of its blocks costed by its lists but the dK/dV
     pass's: ``jagflash.core.tuning.plan_blocks``) and its dK/dV layout."""
     if mask is not None and tuple(mask.block_size) not in TLX_BLOCK_SIZES:
-        raise ValueError(f"tlx backward: block masks of {TLX_BLOCK_SIZES} blocks, got {tuple(mask.block_size)}")
+        raise ValueError(f"tlx backward: block masks of {TLX_BLOCK_SIZES} or {FINE_BLOCK} (walked as tiles) blocks, got {tuple(mask.block_size)}")
     if plan is None:
         blocks = plan_blocks("tlx-sm90", dim, None if mask is None else mask.block_size)
         batch = q_offsets.numel() - 1

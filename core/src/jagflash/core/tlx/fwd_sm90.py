@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from jagflash.core.block_tiles import kernel_mask
+from jagflash.core.block_tiles import FINE_BLOCK, kernel_mask
 from jagflash.core.mask import band_bounds, block_walk, kv_tile_range, tile_codes, tile_list
 from jagflash.core.ops import alloc
 from jagflash.core.plan.build import make_plan
@@ -385,7 +385,7 @@ def forward(
     blocks = kernel_mask(blocks)
     if blocks is not None and (q_shared or tuple(blocks.block_size) not in TLX_BLOCK_SIZES):
         raise ValueError(
-            f"tlx forward: block masks of {TLX_BLOCK_SIZES} blocks without broadcast-Q, got {tuple(blocks.block_size)}"
+            f"tlx forward: block masks of {TLX_BLOCK_SIZES} or {FINE_BLOCK} (walked as tiles) blocks without broadcast-Q, got {tuple(blocks.block_size)}"
             f"{' with broadcast-Q' if q_shared else ''}"
         )
     n_seqs = q_offsets.numel() - 1
